@@ -1,0 +1,17 @@
+"""attnlab: attention in large language models, from teaching code to production modules."""
+
+from attnlab import functional, toy
+from attnlab.causal import CausalSelfAttention
+from attnlab.cross_attention import CrossAttention
+from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
+
+__all__ = [
+    "CausalSelfAttention",
+    "CrossAttention",
+    "MultiHeadAttentionWrapper",
+    "SelfAttention",
+    "functional",
+    "toy",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,153 @@
+r"""The article's single-head self-attention, and the wrapper that stacks heads.
+
+Both follow "Understanding and Coding Self-Attention, Multi-Head Attention,
+Causal-Attention, and Cross-Attention in LLMs" (S. Raschka, 2024): parameters are drawn
+with `torch.rand` in the order query, key, value, so that after `torch.manual_seed(123)`
+they reproduce the article's numbers exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import functional as F
+from attnlab._validation import check_features, check_positive_int, check_rank, check_tensor
+
+__all__ = ["MultiHeadAttentionWrapper", "SelfAttention"]
+
+
+class SelfAttention(nn.Module):
+    r"""Single-head scaled dot-product self-attention, as built in the article.
+
+    $$
+    \operatorname{SelfAttention}(X) =
+    \operatorname{softmax}\!\left(\frac{(X W_q)(X W_k)^\top}{\sqrt{d_k}}\right) X W_v
+    $$
+
+    with $W_q, W_k \in \mathbb{R}^{d_{in} \times d_k}$ and
+    $W_v \in \mathbb{R}^{d_{in} \times d_v}$, each initialised uniformly on $[0, 1)$.
+
+    Args:
+        d_in: Features per input token, $d_{in}$.
+        d_out_kq: Size of query and key vectors, $d_k$.
+        d_out_v: Size of value (and output) vectors, $d_v$.
+
+    Shapes:
+        x: `(t, d_in)` or `(b, t, d_in)`. Output: `(t, d_out_v)` or `(b, t, d_out_v)`.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a size is not positive.
+
+    Examples:
+        >>> _ = torch.manual_seed(123)
+        >>> sa = SelfAttention(d_in=3, d_out_kq=2, d_out_v=4)
+        >>> sa(torch.ones(6, 3)).shape
+        torch.Size([6, 4])
+    """
+
+    def __init__(self, d_in: int, d_out_kq: int, d_out_v: int) -> None:
+        super().__init__()
+        self.d_in = check_positive_int("d_in", d_in)
+        self.d_out_kq = check_positive_int("d_out_kq", d_out_kq)
+        self.d_out_v = check_positive_int("d_out_v", d_out_v)
+        # The order of these three calls fixes which random numbers each matrix gets.
+        self.W_query = nn.Parameter(torch.rand(d_in, d_out_kq))
+        self.W_key = nn.Parameter(torch.rand(d_in, d_out_kq))
+        self.W_value = nn.Parameter(torch.rand(d_in, d_out_v))
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}"
+
+    def _check(self, name: str, x: Tensor) -> Tensor:
+        check_tensor(name, x)
+        check_rank(name, x, (2, 3), "(t, d_in) or (b, t, d_in)")
+        check_features(name, x, self.d_in, type(self).__name__, "d_in")
+        if x.dtype != self.W_query.dtype:
+            raise ValueError(
+                f"{name} has dtype {x.dtype} but {type(self).__name__}'s parameters are "
+                f"{self.W_query.dtype}; convert one of them (e.g. module.to({x.dtype}))"
+            )
+        if x.device != self.W_query.device:
+            raise ValueError(
+                f"{name} is on {x.device} but {type(self).__name__}'s parameters are on "
+                f"{self.W_query.device}"
+            )
+        return x
+
+    def _weights(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
+        queries = x @ self.W_query  # (..., t_q, d_out_kq)
+        keys = context @ self.W_key  # (..., t_k, d_out_kq)
+        scores = F.attention_scores(queries, keys)  # (..., t_q, t_k)
+        return F.scaled_softmax(scores, self.d_out_kq, mask)
+
+    def _attend(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
+        weights = self._weights(x, context, mask)  # (..., t_q, t_k)
+        values = context @ self.W_value  # (..., t_k, d_out_v)
+        return F.context_vectors(weights, values)  # (..., t_q, d_out_v)
+
+    def attention_weights(self, x: Tensor) -> Tensor:
+        """Attention weights of `x` attending to itself.
+
+        Args:
+            x: Input tokens, `(t, d_in)` or `(b, t, d_in)`.
+
+        Returns:
+            Weights `(t, t)` or `(b, t, t)`; each row sums to 1.
+        """
+        x = self._check("x", x)
+        return self._weights(x, x, None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Context vectors of `x` attending to itself.
+
+        Args:
+            x: Input tokens, `(t, d_in)` or `(b, t, d_in)`.
+
+        Returns:
+            Context vectors, `(t, d_out_v)` or `(b, t, d_out_v)`.
+        """
+        x = self._check("x", x)
+        return self._attend(x, x, None)
+
+
+class MultiHeadAttentionWrapper(nn.Module):
+    r"""Multi-head attention as `num_heads` independent [`SelfAttention`][attnlab.SelfAttention]s.
+
+    The heads run one after the other and their outputs are concatenated along the
+    feature axis, so the output has `num_heads * d_out_v` features. It is the article's
+    first, deliberately simple take on multi-head attention; `attnlab.MultiHeadAttention`
+    computes the same thing with one fused projection.
+
+    Args:
+        d_in: Features per input token.
+        d_out_kq: Size of query and key vectors of each head.
+        d_out_v: Size of value vectors of each head.
+        num_heads: Number of heads.
+
+    Shapes:
+        x: `(t, d_in)` or `(b, t, d_in)`. Output: `(..., t, num_heads * d_out_v)`.
+
+    Examples:
+        >>> _ = torch.manual_seed(123)
+        >>> mha = MultiHeadAttentionWrapper(d_in=3, d_out_kq=2, d_out_v=1, num_heads=4)
+        >>> mha(torch.ones(6, 3)).shape
+        torch.Size([6, 4])
+    """
+
+    def __init__(self, d_in: int, d_out_kq: int, d_out_v: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.heads = nn.ModuleList(SelfAttention(d_in, d_out_kq, d_out_v) for _ in range(num_heads))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Concatenate the heads' context vectors along the last axis.
+
+        Args:
+            x: Input tokens, `(t, d_in)` or `(b, t, d_in)`.
+
+        Returns:
+            Context vectors, `(..., t, num_heads * d_out_v)`.
+        """
+        return torch.cat([head(x) for head in self.heads], dim=-1)
