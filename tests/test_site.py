@@ -1,0 +1,123 @@
+"""Build the whole site once, strictly, and check what a reader gets.
+
+The build runs every page's blocks (docs/hooks/outputs.py as an MkDocs hook) and executes
+the notebook page, so a block that raises or shows an output it does not print fails here.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    return out, log
+
+
+def _pages(site_dir: Path) -> list[Path]:
+    return sorted(site_dir.rglob("*.html"))
+
+
+def _text_of_code(page: Path) -> str:
+    """The text of the page's code and output blocks, tags stripped."""
+    source = page.read_text(encoding="utf-8")
+    blocks = re.findall(r"<pre[^>]*>(.*?)</pre>", source, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", "\n".join(blocks)))
+
+
+def test_strict_build_has_no_warnings(site: tuple[Path, str]) -> None:
+    _, log = site
+    # The Jupyter kernel's own notice about its local TCP transport is not a build warning.
+    warnings = [
+        line for line in log.splitlines() if "WARNING" in line and "IPKernelApp" not in line
+    ]
+    assert warnings == []
+
+
+EXTERNAL = re.compile(
+    r"""<(?:script|img|iframe|source|audio|video|embed)\b[^>]*\bsrc=["'](?:https?:)?//"""
+    r"""|<link\b[^>]*\bhref=["'](?:https?:)?//[^"']*["'][^>]*>"""
+    r"""|url\(\s*["']?(?:https?:)?//""",
+    re.I,
+)
+
+
+def test_pages_load_nothing_from_other_hosts(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    offenders = {}
+    for path in [*_pages(site_dir), *site_dir.rglob("*.css")]:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        hits = [
+            m.group(0)
+            for m in EXTERNAL.finditer(text)
+            # <link rel="canonical"> names the page's published address; it loads nothing.
+            if 'rel="canonical"' not in m.group(0)
+        ]
+        if hits:
+            offenders[str(path.relative_to(site_dir))] = hits[:3]
+    assert offenders == {}
+
+
+def test_math_is_rendered_by_the_sites_own_katex(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    assert (site_dir / "assets/katex/katex.min.js").is_file()
+    assert (site_dir / "assets/katex/fonts/KaTeX_Main-Regular.woff2").is_file()
+    pages_with_math = [p for p in _pages(site_dir) if 'class="arithmatex"' in p.read_text("utf-8")]
+    assert pages_with_math, "no page has math: arithmatex is not configured"
+    for page in pages_with_math:
+        assert "assets/katex/katex.min.js" in page.read_text("utf-8"), page
+
+
+def test_every_article_output_is_on_its_built_page(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    data = json.loads((ROOT / "tests/data/article_outputs.json").read_text("utf-8"))
+    missing = []
+    for item in data["outputs"]:
+        page = site_dir / Path(item["page"]).relative_to("docs").with_suffix("") / "index.html"
+        shown = [float(n) for n in NUMBER.findall(_text_of_code(page))]
+        wanted = [float(n) for n in NUMBER.findall(item["text"])]
+        windows = (shown[i : i + len(wanted)] for i in range(len(shown) - len(wanted) + 1))
+        found = any(
+            all(abs(a - b) <= 1.01e-4 for a, b in zip(window, wanted, strict=True))
+            for window in windows
+        )
+        if not found:
+            missing.append(f"{item['id']} ({item['page']})")
+    assert missing == []
+
+
+def test_notebook_page_is_executed_and_downloadable(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    page = site_dir / "notebooks/article/index.html"
+    text = page.read_text("utf-8")
+    # The embedded sentence's first value, printed by an executed cell.
+    assert "0.3374" in html.unescape(re.sub(r"<[^>]+>", "", text))
+    notebook = json.loads((site_dir / "notebooks/article/article.ipynb").read_text("utf-8"))
+    code_cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert code_cells
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in code_cells)
