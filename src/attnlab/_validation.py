@@ -7,13 +7,21 @@ so the fast path keeps them.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 __all__ = [
+    "check_attn_mask",
+    "check_bool",
+    "check_choice",
     "check_features",
+    "check_min_rank",
+    "check_nonnegative_int",
     "check_positive_int",
+    "check_probability",
     "check_rank",
     "check_same_dtype_device",
+    "check_scale",
     "check_tensor",
 ]
 
@@ -77,3 +85,97 @@ def check_same_dtype_device(reference: str, ref: Tensor, **others: Tensor | None
                 f"{name} is on {other.device} but {reference} is on {ref.device}; "
                 "they must be on the same device"
             )
+
+
+def check_nonnegative_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an ``int`` >= 0; raise otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} must be a non-negative int, got {value!r} ({type(value).__name__})"
+        )
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``; raise ``TypeError`` otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of the strings ``choices``; raise ``ValueError`` otherwise."""
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_probability(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a real number in [0, 1]; raise otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1], got {value!r} ({type(value).__name__})")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return float(value)
+
+
+def check_scale(name: str, value: object) -> float | None:
+    """Return ``value`` as a float if it is None or a finite real number; raise otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or None, got {value!r} ({type(value).__name__})")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
+    """Raise ``ValueError`` unless ``x`` has at least ``min_rank`` dimensions."""
+    if x.ndim < min_rank:
+        raise ValueError(
+            f"{name} must have at least {min_rank} dimensions {layout}, got {x.ndim} "
+            f"({name}.shape={_shape(x)})"
+        )
+
+
+def check_attn_mask(
+    name: str, mask: object, target: tuple[int, ...], query: Tensor
+) -> Tensor | None:
+    """Check an attention mask in the convention of ``scaled_dot_product_attention``.
+
+    The mask must be None, a bool tensor (True = attend) or a float tensor to add to the
+    scores (of dtype ``query.dtype`` or float32, as PyTorch accepts), on ``query``'s device,
+    and it must broadcast to the shape of the attention weights, ``target``, without
+    growing it.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and mask.dtype not in (query.dtype, torch.float32):
+        raise TypeError(
+            f"{name} must be a bool tensor (True = attend) or a float tensor of the query's "
+            f"dtype {query.dtype} to add to the scores, got {mask.dtype} "
+            f"({name}.shape={_shape(mask)})"
+        )
+    if mask.device != query.device:
+        raise ValueError(f"{name} is on {mask.device} but query is on {query.device}")
+    try:
+        broadcast = tuple(torch.broadcast_shapes(mask.shape, target))
+    except RuntimeError:
+        broadcast = None
+    if broadcast != target:
+        hint = (
+            "; a (b, S) padding mask needs mask[:, None, None, :] to reach (b, 1, 1, S)"
+            if mask.ndim == 2 and len(target) == 4
+            else ""
+        )
+        raise ValueError(
+            f"{name} of shape {_shape(mask)} does not broadcast to the attention weights' "
+            f"shape {target} (batch..., L queries, S keys){hint}"
+        )
+    return mask

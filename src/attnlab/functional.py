@@ -10,6 +10,12 @@ https://arxiv.org/abs/1706.03762) in four steps, one function each:
 4. for decoders, a causal mask that hides later tokens
    ([`causal_mask`][attnlab.functional.causal_mask]).
 
+[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention] puts the
+steps together with the exact semantics of PyTorch's
+`torch.nn.functional.scaled_dot_product_attention` (masks, dropout, custom scale,
+grouped-query attention), and
+[`attention_weights`][attnlab.functional.attention_weights] returns the weights it uses.
+
 Shapes follow PyTorch: any leading batch dimensions, then sequence, then features.
 """
 
@@ -20,12 +26,24 @@ import math
 import torch
 from torch import Tensor
 
-from attnlab._validation import check_positive_int
+from attnlab._validation import (
+    check_attn_mask,
+    check_bool,
+    check_features,
+    check_min_rank,
+    check_positive_int,
+    check_probability,
+    check_same_dtype_device,
+    check_scale,
+    check_tensor,
+)
 
 __all__ = [
     "attention_scores",
+    "attention_weights",
     "causal_mask",
     "context_vectors",
+    "scaled_dot_product_attention",
     "scaled_softmax",
 ]
 
@@ -101,9 +119,7 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
             f"{tuple(scores.shape)}"
         ) from None
-    weights = torch.softmax(masked / math.sqrt(d_k), dim=-1)
-    # A fully masked row is all -inf, and softmax of it is 0/0 = NaN; give it zeros instead.
-    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return _softmax_or_zeros(masked / math.sqrt(d_k))
 
 
 def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
@@ -152,3 +168,253 @@ def causal_mask(
     if isinstance(t_k, bool) or not isinstance(t_k, int) or t_k < 0:
         raise ValueError(f"t_k must be a non-negative int, got {t_k!r}")
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
+
+
+def _softmax_or_zeros(logits: Tensor) -> Tensor:
+    """Softmax over the last axis, with all-zero weights for rows that are entirely -inf."""
+    # A row whose every logit is -inf (every key masked) has no defined softmax: 0/0 = NaN.
+    # PyTorch's SDPA returns zero weights there (its "safe softmax"), and so do we. Filling
+    # those rows with 0 *before* the softmax too keeps NaN out of the backward pass: the
+    # gradient that reaches a fully masked row is then exactly 0, as in PyTorch.
+    blocked = torch.isneginf(logits).all(dim=-1, keepdim=True)  # (..., t_q, 1)
+    weights = torch.softmax(logits.masked_fill(blocked, 0.0), dim=-1)
+    return weights.masked_fill(blocked, 0.0)
+
+
+def _repeat_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Repeat each key/value head so that `num_heads` query heads share it (GQA)."""
+    # Head g of x serves query heads g * r ... g * r + r - 1, as in PyTorch's reference.
+    return x.repeat_interleave(num_heads // x.size(-3), dim=-3)  # (..., num_heads, s, e)
+
+
+def _check_attention_args(
+    query: object,
+    key: object,
+    value: object | None,
+    attn_mask: object,
+    dropout_p: object,
+    is_causal: object,
+    scale: object,
+    enable_gqa: object,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Validate the arguments shared by the two public functions; return the tensors."""
+    q = check_tensor("query", query)
+    k = check_tensor("key", key)
+    v = None if value is None else check_tensor("value", value)
+    check_min_rank("query", q, 2, "(..., L, E)")
+    check_min_rank("key", k, 2, "(..., S, E)")
+    if v is not None:
+        check_min_rank("value", v, 2, "(..., S, Ev)")
+    check_same_dtype_device("query", q, key=k, value=v)
+    check_features("key", k, q.shape[-1], "query", "E")
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same number of positions S, got key.shape="
+            f"{tuple(k.shape)} and value.shape={tuple(v.shape)}"
+        )
+    check_probability("dropout_p", dropout_p)
+    check_scale("scale", scale)
+    check_bool("is_causal", is_causal)
+    if check_bool("enable_gqa", enable_gqa):
+        for name, t in (("key", k), ("value", v)):
+            if t is None:
+                continue
+            check_min_rank(name, t, 3, "(..., H, S, E) with enable_gqa=True")
+            check_min_rank("query", q, 3, "(..., Hq, L, E) with enable_gqa=True")
+            if q.size(-3) % t.size(-3) != 0:
+                raise ValueError(
+                    f"with enable_gqa=True the {t.size(-3)} heads of {name} must divide the "
+                    f"{q.size(-3)} heads of query (query.shape={tuple(q.shape)}, "
+                    f"{name}.shape={tuple(t.shape)})"
+                )
+        k_batch = (*k.shape[:-3], q.size(-3))
+        v_batch = None if v is None else (*v.shape[:-3], q.size(-3))
+    else:
+        k_batch = tuple(k.shape[:-2])
+        v_batch = None if v is None else tuple(v.shape[:-2])
+    batches = [tuple(q.shape[:-2]), k_batch] + ([] if v_batch is None else [v_batch])
+    try:
+        batch = tuple(torch.broadcast_shapes(*batches))
+    except RuntimeError:
+        shapes = ", ".join(
+            f"{n}.shape={tuple(t.shape)}" for n, t in (("query", q), ("key", k), ("value", v))
+            if t is not None
+        )
+        raise ValueError(
+            f"the batch (and head) dimensions of query, key and value do not broadcast: "
+            f"{shapes}; for fewer key/value heads than query heads pass enable_gqa=True"
+        ) from None
+    target = (*batch, q.shape[-2], k.shape[-2])  # (..., L, S)
+    check_attn_mask("attn_mask", attn_mask, target, q)
+    if attn_mask is not None and is_causal:
+        raise ValueError(
+            "pass either attn_mask or is_causal=True, not both; to combine them, build the "
+            "causal mask (attnlab.masks.causal) and AND it with yours"
+        )
+    return q, k, v
+
+
+def _weights(
+    query: Tensor,
+    key: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> Tensor:
+    if enable_gqa:
+        key = _repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    logits = attention_scores(query, key) * scale  # (..., L, S)
+    if is_causal:
+        attn_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (L, S)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # False = this key is hidden from this query: its score becomes -inf, weight 0.
+        logits = logits.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        # A float mask is a bias added to the scores (-inf hides, finite values nudge).
+        logits = logits + attn_mask.to(logits.dtype)
+    weights = _softmax_or_zeros(logits)  # (..., L, S)
+    if dropout_p > 0.0:
+        # Drop whole weights, not values, and rescale the survivors by 1 / (1 - p), like
+        # PyTorch; the same seed draws the same dropout mask as torch's math backend.
+        weights = torch.nn.functional.dropout(weights, p=dropout_p, training=True)
+    return weights
+
+
+def attention_weights(
+    query: Tensor,
+    key: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    r"""The weights that [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention] applies to the values.
+
+    $$
+    \alpha = \operatorname{dropout}\left(\operatorname{softmax}\left(s\, Q K^\top + B\right)\right)
+    $$
+
+    The arguments are those of `scaled_dot_product_attention` without `value`, which the
+    weights do not depend on; see there for the meaning of each.
+
+    Args:
+        query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
+        key: Keys, shape `(..., S, E)` (`(..., H, S, E)` with `enable_gqa`).
+        attn_mask: None, a bool mask (True = attend) or a float mask added to the scores,
+            broadcastable to `(..., L, S)`.
+        dropout_p: Probability of zeroing each weight; the survivors are scaled by
+            $1 / (1 - p)$. Applied whenever it is > 0 (pass 0.0 in evaluation).
+        is_causal: Hide key $j$ from query $i$ when $j > i$ (top-left aligned).
+        scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
+        enable_gqa: Let `H` key heads serve `Hq` query heads (`H` must divide `Hq`).
+
+    Returns:
+        Weights of shape `(..., L, S)`. Each row sums to 1 (without dropout), except a row
+        whose keys are all masked, which is all zeros.
+
+    Raises:
+        TypeError: If an argument has the wrong type (non-float tensors, a mask that is
+            neither bool nor float, a non-bool flag).
+        ValueError: If shapes disagree, the mask does not broadcast, `dropout_p` is not in
+            [0, 1], or both `attn_mask` and `is_causal` are given.
+
+    Examples:
+        >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> k = torch.tensor([[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]])
+        >>> attention_weights(q, k, scale=1.0)
+        tensor([[0.7870, 0.1065, 0.1065],
+                [0.1065, 0.7870, 0.1065]])
+        >>> attention_weights(q, k, is_causal=True, scale=1.0)
+        tensor([[1.0000, 0.0000, 0.0000],
+                [0.1192, 0.8808, 0.0000]])
+        >>> attention_weights(q, k, attn_mask=torch.tensor([[True, True, True], [False] * 3]))
+        tensor([[0.5466, 0.2267, 0.2267],
+                [0.0000, 0.0000, 0.0000]])
+    """
+    q, k, _ = _check_attention_args(
+        query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa
+    )
+    return _weights(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    r"""Scaled dot-product attention from scratch, with the semantics of PyTorch's.
+
+    $$
+    \operatorname{Attention}(Q, K, V) =
+    \operatorname{dropout}\left(\operatorname{softmax}\left(s\, Q K^\top + B\right)\right) V,
+    \qquad s = \frac{1}{\sqrt{E}} \text{ by default}
+    $$
+
+    A drop-in replacement for `torch.nn.functional.scaled_dot_product_attention` with the
+    same arguments, shapes and results, written as plain matmul, mask, softmax, dropout,
+    matmul (the weights come from
+    [`attention_weights`][attnlab.functional.attention_weights]):
+
+    - `attn_mask` is a bool mask where **True takes part** in attention, or a float mask
+      *added* to the scores ($-\infty$ hides a key); it broadcasts to `(..., L, S)`.
+    - `is_causal=True` hides key $j$ from query $i$ when $j > i$, aligned to the
+      **top-left** corner when `L != S` (see `attnlab.masks.causal` for bottom-right).
+    - A query whose keys are **all masked** gets an output of zeros, not NaN. That is what
+      PyTorch 2.13 returns on the CPU with every backend, including the math one (its
+      "safe softmax"); the reference code in PyTorch's docstring would give NaN.
+    - Leading dimensions broadcast; with `enable_gqa=True`, `H` key/value heads are each
+      repeated `Hq / H` times to serve `Hq` query heads (grouped-query attention).
+    - Dropout is applied whenever `dropout_p > 0`: pass `0.0` in evaluation. Seeded the
+      same, it draws the same dropout mask as PyTorch's math backend.
+
+    Args:
+        query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
+        key: Keys, shape `(..., S, E)` (`(..., H, S, E)` with `enable_gqa`).
+        value: Values, shape `(..., S, Ev)` (`(..., H, S, Ev)` with `enable_gqa`).
+        attn_mask: None, a bool mask (True = attend) or a float mask (of the query's dtype
+            or float32) added to the scores, broadcastable to `(..., L, S)`.
+        dropout_p: Probability of zeroing each attention weight.
+        is_causal: Apply a top-left aligned causal mask; not together with `attn_mask`.
+        scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
+        enable_gqa: Let `H` key/value heads serve `Hq` query heads (`H` must divide `Hq`).
+
+    Returns:
+        The context vectors, shape `(..., L, Ev)`.
+
+    Raises:
+        TypeError: If an argument has the wrong type (non-float tensors, a mask that is
+            neither bool nor float, a non-bool flag).
+        ValueError: If shapes disagree (feature size of query and key, positions of key and
+            value, batch or head dimensions), the mask does not broadcast, `dropout_p` is
+            not in [0, 1], or both `attn_mask` and `is_causal` are given.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 6)
+        >>> out = scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> out.shape
+        torch.Size([2, 4, 3, 6])
+        >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, reference, atol=1e-6)
+        True
+        >>> blocked = torch.zeros(3, 5, dtype=torch.bool)  # no query may see any key
+        >>> scaled_dot_product_attention(q, k, v, attn_mask=blocked).abs().max()
+        tensor(0.)
+    """
+    q, k, v = _check_attention_args(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+    )
+    assert v is not None  # checked above; narrows the type
+    weights = _weights(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # (..., L, S)
+    if enable_gqa:
+        v = _repeat_heads(v, q.size(-3))  # (..., Hq, S, Ev)
+    return context_vectors(weights, v)  # (..., L, Ev)
