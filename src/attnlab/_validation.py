@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "broadcast_shape",
     "check_attn_mask",
     "check_bool",
     "check_choice",
@@ -133,6 +134,14 @@ def check_scale(name: str, value: object) -> float | None:
     return float(value)
 
 
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape that ``shapes`` broadcast to, or None if they do not broadcast."""
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        return None
+
+
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
     """Raise ``ValueError`` unless ``x`` has at least ``min_rank`` dimensions."""
     if x.ndim < min_rank:
@@ -164,11 +173,7 @@ def check_attn_mask(
         )
     if mask.device != query.device:
         raise ValueError(f"{name} is on {mask.device} but query is on {query.device}")
-    try:
-        broadcast = tuple(torch.broadcast_shapes(mask.shape, target))
-    except RuntimeError:
-        broadcast = None
-    if broadcast != target:
+    if broadcast_shape(tuple(mask.shape), target) != target:
         hint = (
             "; a (b, S) padding mask needs mask[:, None, None, :] to reach (b, 1, 1, S)"
             if mask.ndim == 2 and len(target) == 4

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab._validation import (
+    broadcast_shape,
     check_attn_mask,
     check_bool,
     check_features,
@@ -216,11 +217,11 @@ def _check_attention_args(
     check_scale("scale", scale)
     check_bool("is_causal", is_causal)
     if check_bool("enable_gqa", enable_gqa):
+        check_min_rank("query", q, 3, "(..., Hq, L, E) with enable_gqa=True")
         for name, t in (("key", k), ("value", v)):
             if t is None:
                 continue
             check_min_rank(name, t, 3, "(..., H, S, E) with enable_gqa=True")
-            check_min_rank("query", q, 3, "(..., Hq, L, E) with enable_gqa=True")
             if q.size(-3) % t.size(-3) != 0:
                 raise ValueError(
                     f"with enable_gqa=True the {t.size(-3)} heads of {name} must divide the "
@@ -233,17 +234,17 @@ def _check_attention_args(
         k_batch = tuple(k.shape[:-2])
         v_batch = None if v is None else tuple(v.shape[:-2])
     batches = [tuple(q.shape[:-2]), k_batch] + ([] if v_batch is None else [v_batch])
-    try:
-        batch = tuple(torch.broadcast_shapes(*batches))
-    except RuntimeError:
+    batch = broadcast_shape(*batches)
+    if batch is None:
         shapes = ", ".join(
-            f"{n}.shape={tuple(t.shape)}" for n, t in (("query", q), ("key", k), ("value", v))
+            f"{n}.shape={tuple(t.shape)}"
+            for n, t in (("query", q), ("key", k), ("value", v))
             if t is not None
         )
         raise ValueError(
             f"the batch (and head) dimensions of query, key and value do not broadcast: "
             f"{shapes}; for fewer key/value heads than query heads pass enable_gqa=True"
-        ) from None
+        )
     target = (*batch, q.shape[-2], k.shape[-2])  # (..., L, S)
     check_attn_mask("attn_mask", attn_mask, target, q)
     if attn_mask is not None and is_causal:
@@ -292,14 +293,15 @@ def attention_weights(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
-    r"""The weights that [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention] applies to the values.
+    r"""Attention weights $\alpha$, the part of scaled dot-product attention before the values.
 
     $$
     \alpha = \operatorname{dropout}\left(\operatorname{softmax}\left(s\, Q K^\top + B\right)\right)
     $$
 
-    The arguments are those of `scaled_dot_product_attention` without `value`, which the
-    weights do not depend on; see there for the meaning of each.
+    [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
+    returns $\alpha V$ with these very weights. The arguments are the same, without `value`,
+    which the weights do not depend on; see there for the details of each.
 
     Args:
         query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
@@ -332,7 +334,7 @@ def attention_weights(
         tensor([[1.0000, 0.0000, 0.0000],
                 [0.1192, 0.8808, 0.0000]])
         >>> attention_weights(q, k, attn_mask=torch.tensor([[True, True, True], [False] * 3]))
-        tensor([[0.5466, 0.2267, 0.2267],
+        tensor([[0.6728, 0.1636, 0.1636],
                 [0.0000, 0.0000, 0.0000]])
     """
     q, k, _ = _check_attention_args(
