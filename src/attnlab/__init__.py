@@ -1,16 +1,19 @@
 """attnlab: attention in large language models, from teaching code to production modules."""
 
-from attnlab import functional, toy
+from attnlab import functional, masks, toy
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
+from attnlab.multihead import MultiHeadAttention
 from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
 
 __all__ = [
     "CausalSelfAttention",
     "CrossAttention",
+    "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
     "SelfAttention",
     "functional",
+    "masks",
     "toy",
 ]
 

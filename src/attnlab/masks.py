@@ -1,0 +1,360 @@
+r"""Attention masks: builders, and conversions between the conventions you will meet.
+
+Three conventions are in common use, and mixing them up is the most frequent attention bug:
+
+| convention | dtype | a key is hidden where | used by |
+|---|---|---|---|
+| *allowed* | bool | False | PyTorch's `scaled_dot_product_attention`, all of attnlab |
+| *blocked* | bool | True | `nn.MultiheadAttention` (`attn_mask`, `key_padding_mask`) |
+| *additive* | float | $-\infty$ | added to the scores; accepted by all of the above |
+
+Every builder here returns an *allowed* mask (True = this query may attend to this key),
+the convention of PyTorch's `scaled_dot_product_attention`; the `*_to_*` functions convert.
+Builders return `(t_q, t_k)` masks that broadcast over batch and heads, except the padding
+masks, which are per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnlab._validation import check_choice, check_nonnegative_int, check_positive_int
+from attnlab.functional import causal_mask
+
+__all__ = [
+    "Alignment",
+    "additive_to_allowed",
+    "allowed_to_additive",
+    "allowed_to_blocked",
+    "blocked_to_allowed",
+    "causal",
+    "key_padding",
+    "padding",
+    "sliding_window",
+]
+
+Alignment = Literal["top-left", "bottom-right"]
+"""Where the diagonal of a causal mask sits when `t_q != t_k`."""
+
+_ALIGNMENTS: tuple[Alignment, ...] = ("top-left", "bottom-right")
+
+
+def _aligned(square: Tensor, t_q: int, t_k: int, align: str) -> Tensor:
+    """Cut a `(t_q, t_k)` block out of a square mask over `max(t_q, t_k)` positions."""
+    n = square.size(0)
+    if align == "top-left":
+        # Query i sits at position i: the queries are the first t_q tokens.
+        return square[:t_q, :t_k]  # (t_q, t_k)
+    # The queries are the *last* t_q tokens of the keys' sequence (decoding with a cache).
+    return square[n - t_q :, n - t_k :]  # (t_q, t_k)
+
+
+def _check_sizes(t_q: object, t_k: object, align: object) -> tuple[int, int]:
+    q = check_nonnegative_int("t_q", t_q)
+    k = q if t_k is None else check_nonnegative_int("t_k", t_k)
+    check_choice("align", align, _ALIGNMENTS)
+    return q, k
+
+
+def causal(
+    t_q: int,
+    t_k: int | None = None,
+    *,
+    align: Alignment = "top-left",
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""Causal mask: query $i$ may attend to key $j$ only if $j$ is not in its future.
+
+    With `t_q == t_k` both alignments give the same lower-triangular mask. They differ
+    when the lengths differ:
+
+    - `"top-left"`: query $i$ sees keys $0 \dots i$, as `is_causal=True` does in
+      PyTorch's `scaled_dot_product_attention` (and in
+      [`causal_mask`][attnlab.functional.causal_mask], which this calls).
+    - `"bottom-right"`: the queries are the *last* `t_q` positions of the keys' sequence,
+      so query $i$ sees keys $0 \dots i + t_k - t_q$. This is what decoding with a KV cache
+      needs (`t_q` new tokens, `t_k` cached plus new), and what `flash_attn`'s `causal=True`
+      does. With `t_q > t_k` its first `t_q - t_k` rows are fully masked.
+
+    Args:
+        t_q: Number of queries (rows).
+        t_k: Number of keys (columns); defaults to `t_q`.
+        align: `"top-left"` or `"bottom-right"`.
+        device: Where to create the mask.
+
+    Returns:
+        An allowed-convention bool mask `(t_q, t_k)`.
+
+    Raises:
+        TypeError: If a length is not an int.
+        ValueError: If a length is negative or `align` is unknown.
+
+    Examples:
+        >>> causal(2, 4)
+        tensor([[ True, False, False, False],
+                [ True,  True, False, False]])
+        >>> causal(2, 4, align="bottom-right")
+        tensor([[ True,  True,  True, False],
+                [ True,  True,  True,  True]])
+    """
+    t_q, t_k = _check_sizes(t_q, t_k, align)
+    if align == "top-left":
+        return causal_mask(t_q, t_k, device=device)
+    n = max(t_q, t_k)
+    return _aligned(causal_mask(n, device=device), t_q, t_k, align)
+
+
+def sliding_window(
+    t_q: int,
+    t_k: int | None = None,
+    *,
+    window: int,
+    align: Alignment = "top-left",
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""Causal mask that also forgets the distant past: each query sees its last `window` keys.
+
+    Query at position $i$ attends to keys at positions $j$ with $i - \text{window} < j \le i$,
+    itself included (local attention as in Longformer, Mistral or Gemma). With
+    `window >= max(t_q, t_k)` it equals [`causal`][attnlab.masks.causal].
+
+    Args:
+        t_q: Number of queries.
+        t_k: Number of keys; defaults to `t_q`.
+        window: How many keys (the query's own position included) each query sees.
+        align: `"top-left"` or `"bottom-right"`, as for `causal`.
+        device: Where to create the mask.
+
+    Returns:
+        An allowed-convention bool mask `(t_q, t_k)`.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a length is negative, `window` is not positive or `align` is
+            unknown.
+
+    Examples:
+        >>> sliding_window(4, window=2)
+        tensor([[ True, False, False, False],
+                [ True,  True, False, False],
+                [False,  True,  True, False],
+                [False, False,  True,  True]])
+    """
+    t_q, t_k = _check_sizes(t_q, t_k, align)
+    check_positive_int("window", window)
+    n = max(t_q, t_k)
+    past = causal_mask(n, device=device)  # (n, n): j <= i
+    too_old = past.tril(diagonal=-window)  # (n, n): j <= i - window
+    return _aligned(past & ~too_old, t_q, t_k, align)
+
+
+def _lengths_tensor(lengths: Tensor | Sequence[int], device: torch.device | str | None) -> Tensor:
+    if isinstance(lengths, Tensor):
+        if lengths.ndim != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise TypeError(
+                f"lengths must be a 1-d integer tensor or a sequence of ints, got a "
+                f"{lengths.dtype} tensor of shape {tuple(lengths.shape)}"
+            )
+        return lengths.to(device) if device is not None else lengths
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise TypeError(
+            f"lengths must be a 1-d integer tensor or a sequence of ints, got "
+            f"{type(lengths).__name__}"
+        )
+    for i, n in enumerate(lengths):
+        check_nonnegative_int(f"lengths[{i}]", n)
+    return torch.tensor(list(lengths), dtype=torch.long, device=device)
+
+
+def padding(
+    lengths: Tensor | Sequence[int],
+    max_len: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""Padding mask of a right-padded batch: True at real tokens, False at padding.
+
+    Sequence $b$ has `lengths[b]` real tokens followed by padding up to `max_len`. This
+    `(b, s)` mask is in the allowed convention; `nn.MultiheadAttention`'s
+    `key_padding_mask` wants the opposite, `allowed_to_blocked(padding(...))`. To use it
+    with SDPA or [`MultiHeadAttention`][attnlab.MultiHeadAttention], it must hide *keys*,
+    which is [`key_padding`][attnlab.masks.key_padding].
+
+    Args:
+        lengths: Real length of each sequence, `(b,)` ints.
+        max_len: Padded length `s`; defaults to `max(lengths)`.
+        device: Where to create the mask (default: that of `lengths`, or the CPU).
+
+    Returns:
+        A bool tensor `(b, s)`.
+
+    Raises:
+        TypeError: If `lengths` is not a sequence of ints or a 1-d integer tensor.
+        ValueError: If a length is negative or longer than `max_len`.
+
+    Examples:
+        >>> padding([3, 1], max_len=4)
+        tensor([[ True,  True,  True, False],
+                [ True, False, False, False]])
+    """
+    n = _lengths_tensor(lengths, device)
+    if n.numel() and int(n.min()) < 0:
+        raise ValueError(f"lengths must be non-negative, got {n.tolist()}")
+    longest = int(n.max()) if n.numel() else 0
+    s = longest if max_len is None else check_nonnegative_int("max_len", max_len)
+    if longest > s:
+        raise ValueError(f"lengths must be at most max_len={s}, got {n.tolist()}")
+    positions = torch.arange(s, device=n.device)  # (s,)
+    return positions < n[:, None]  # (b, s)
+
+
+def key_padding(
+    lengths: Tensor | Sequence[int],
+    max_len: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""Padding mask shaped to hide padded *keys* in attention: `(b, 1, 1, s)`.
+
+    The singleton axes stand for heads and queries, so the mask broadcasts against the
+    weights `(b, num_heads, t, s)`. Passing the `(b, s)` mask of
+    [`padding`][attnlab.masks.padding] instead would line its batch axis up with the
+    *queries* (broadcasting aligns trailing axes): an error at best, a silently wrong
+    result when `b == t`.
+
+    Combine it with a causal mask by `&`: `key_padding(lengths) & causal(t)` has shape
+    `(b, 1, t, t)`.
+
+    Args:
+        lengths: Real length of each sequence, `(b,)` ints.
+        max_len: Padded length `s`; defaults to `max(lengths)`.
+        device: Where to create the mask.
+
+    Returns:
+        An allowed-convention bool tensor `(b, 1, 1, s)`.
+
+    Raises:
+        TypeError: As `padding`.
+        ValueError: As `padding`.
+
+    Examples:
+        >>> key_padding([3, 1], max_len=4).shape
+        torch.Size([2, 1, 1, 4])
+    """
+    return padding(lengths, max_len, device=device)[:, None, None, :]  # (b, 1, 1, s)
+
+
+def _check_bool_mask(name: str, mask: object) -> Tensor:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = f"a {mask.dtype} tensor" if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"{name} must be a bool tensor, got {got}")
+    return mask
+
+
+def allowed_to_blocked(mask: Tensor) -> Tensor:
+    """Convert an allowed mask (True = attend, SDPA) to a blocked one (True = hide).
+
+    Use it to hand an attnlab or SDPA mask to `nn.MultiheadAttention` (`attn_mask` or
+    `key_padding_mask`).
+
+    Args:
+        mask: Bool mask, True where a query may attend to a key.
+
+    Returns:
+        The logical negation: True where the key is hidden.
+
+    Raises:
+        TypeError: If `mask` is not a bool tensor (a float mask is additive; see
+            `additive_to_allowed`).
+
+    Examples:
+        >>> allowed_to_blocked(causal(2))
+        tensor([[False,  True],
+                [False, False]])
+    """
+    return ~_check_bool_mask("mask", mask)
+
+
+def blocked_to_allowed(mask: Tensor) -> Tensor:
+    """Convert a blocked mask (True = hide, `nn.MultiheadAttention`) to an allowed one.
+
+    Args:
+        mask: Bool mask, True where a key is hidden from a query.
+
+    Returns:
+        The logical negation: True where the query may attend to the key.
+
+    Raises:
+        TypeError: If `mask` is not a bool tensor.
+
+    Examples:
+        >>> blocked_to_allowed(torch.tensor([False, True]))
+        tensor([ True, False])
+    """
+    return ~_check_bool_mask("mask", mask)
+
+
+def allowed_to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    r"""Convert an allowed mask to an additive one: 0 where True, $-\infty$ where False.
+
+    Added to the scores before the softmax it has the same effect as the bool mask in
+    every PyTorch attention function (a hidden key gets weight exactly 0).
+
+    Args:
+        mask: Bool mask, True where a query may attend to a key.
+        dtype: Floating-point dtype of the result; use the dtype of your queries.
+
+    Returns:
+        A float tensor of `mask`'s shape.
+
+    Raises:
+        TypeError: If `mask` is not a bool tensor or `dtype` is not floating-point.
+
+    Examples:
+        >>> allowed_to_additive(causal(2))
+        tensor([[0., -inf],
+                [0., 0.]])
+    """
+    _check_bool_mask("mask", mask)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask, float("-inf"))
+
+
+def additive_to_allowed(mask: Tensor) -> Tensor:
+    r"""Convert an additive mask of 0 and $-\infty$ back to an allowed bool mask.
+
+    Values at or below the dtype's lowest finite number (some libraries use
+    `torch.finfo(dtype).min` instead of $-\infty$) also count as hidden.
+
+    Args:
+        mask: Float mask whose entries are 0 (attend) or $-\infty$ (hide).
+
+    Returns:
+        A bool tensor of `mask`'s shape, True where the query may attend.
+
+    Raises:
+        TypeError: If `mask` is not a floating-point tensor.
+        ValueError: If `mask` holds other values: such a mask is a bias (e.g. ALiBi),
+            not only a mask, and a bool mask cannot represent it.
+
+    Examples:
+        >>> additive_to_allowed(torch.tensor([[0.0, float("-inf")]]))
+        tensor([[ True, False]])
+    """
+    if not isinstance(mask, Tensor) or not mask.is_floating_point():
+        got = f"a {mask.dtype} tensor" if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a floating-point (additive) tensor, got {got}")
+    hidden = mask <= torch.finfo(mask.dtype).min
+    if not bool(((mask == 0) | hidden).all()):
+        others = sorted(set(mask[(mask != 0) & ~hidden].tolist()))[:5]
+        raise ValueError(
+            f"mask must hold only 0 and -inf to convert to bool, got other values such as "
+            f"{others}; it adds a bias, which a bool mask cannot express"
+        )
+    return ~hidden

@@ -1,0 +1,418 @@
+r"""Production multi-head attention, equal to PyTorch's `nn.MultiheadAttention`.
+
+Multi-head attention (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762) projects the
+tokens once per role for all heads together, splits the projections into `num_heads`
+heads of `head_dim = d_out / num_heads` features, runs scaled dot-product attention in
+every head at once, and mixes the concatenated heads with an output projection:
+
+$$
+\operatorname{MHA}(X, C) = \operatorname{concat}_h\left(
+\operatorname{softmax}\left(\frac{Q_h K_h^\top}{\sqrt{d_h}}\right) V_h\right) W_o + b_o,
+\quad Q = X W_q + b_q,\ K = C W_k + b_k,\ V = C W_v + b_v
+$$
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import functional as F
+from attnlab._validation import (
+    check_attn_mask,
+    check_bool,
+    check_choice,
+    check_features,
+    check_positive_int,
+    check_probability,
+    check_rank,
+    check_tensor,
+)
+
+__all__ = ["Backend", "MultiHeadAttention"]
+
+Backend = Literal["torch", "scratch"]
+"""Which scaled dot-product attention a [`MultiHeadAttention`][attnlab.MultiHeadAttention] runs.
+
+`"torch"` is PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
+`"scratch"` is attnlab's own
+[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention].
+"""
+
+_BACKENDS: tuple[Backend, ...] = ("torch", "scratch")
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Batch-first multi-head self- and cross-attention with fused projections.
+
+    Each of `W_query`, `W_key`, `W_value` is one `nn.Linear` that projects for all heads at
+    once (the article's [`MultiHeadAttentionWrapper`][attnlab.MultiHeadAttentionWrapper]
+    keeps one small matrix per head instead); `out_proj` mixes the heads. Queries come from
+    `x`; keys and values from `context` if given (cross-attention), else from `x`.
+
+    The attention itself runs on PyTorch's fused `scaled_dot_product_attention` by default
+    (`backend="torch"`), or on attnlab's from-scratch
+    [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
+    (`backend="scratch"`); both give the same outputs. Switch at any time by assigning
+    `module.backend`.
+
+    [`from_torch`][attnlab.MultiHeadAttention.from_torch] and
+    [`to_torch`][attnlab.MultiHeadAttention.to_torch] copy the weights from and to
+    `nn.MultiheadAttention`; the two modules then compute the same function.
+
+    Args:
+        d_in: Features per token of `x`.
+        d_out: Features of the output, split over the heads; a multiple of `num_heads`.
+        num_heads: Number of heads.
+        d_context: Features per token of `context`; defaults to `d_in`.
+        dropout: Probability of dropping an attention weight, in training mode only.
+        bias: Whether the four projections have a bias.
+        backend: `"torch"` (PyTorch's fused kernel) or `"scratch"` (attnlab's).
+
+    Shapes:
+        x: `(b, t, d_in)` or unbatched `(t, d_in)`. context: `(b, s, d_context)` or
+        `(s, d_context)`, batched like `x`. Output: `(b, t, d_out)` or `(t, d_out)`.
+
+    Raises:
+        TypeError: If a size is not an int, `dropout` not a number or `bias` not a bool.
+        ValueError: If a size is not positive, `d_out` is not a multiple of `num_heads`,
+            `dropout` is not in [0, 1] or `backend` is unknown.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> x, context = torch.randn(3, 4, 6), torch.randn(3, 7, 5)
+        >>> self_attn = MultiHeadAttention(d_in=6, d_out=8, num_heads=2)
+        >>> self_attn(x, is_causal=True).shape
+        torch.Size([3, 4, 8])
+        >>> cross_attn = MultiHeadAttention(d_in=6, d_out=8, num_heads=2, d_context=5)
+        >>> cross_attn(x, context).shape
+        torch.Size([3, 4, 8])
+        >>> cross_attn.attention_weights(x, context).shape  # (b, num_heads, t, s)
+        torch.Size([3, 2, 4, 7])
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        num_heads: int,
+        *,
+        d_context: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: Backend = "torch",
+    ) -> None:
+        super().__init__()
+        self.d_in = check_positive_int("d_in", d_in)
+        self.d_out = check_positive_int("d_out", d_out)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.d_context = d_in if d_context is None else check_positive_int("d_context", d_context)
+        if d_out % num_heads != 0:
+            raise ValueError(
+                f"d_out must be a multiple of num_heads, got d_out={d_out} and "
+                f"num_heads={num_heads}"
+            )
+        self.head_dim = d_out // num_heads
+        self.dropout = check_probability("dropout", dropout)
+        self.bias = check_bool("bias", bias)
+        self.backend = backend
+        self.W_query = nn.Linear(self.d_in, d_out, bias=bias)
+        self.W_key = nn.Linear(self.d_context, d_out, bias=bias)
+        self.W_value = nn.Linear(self.d_context, d_out, bias=bias)
+        self.out_proj = nn.Linear(d_out, d_out, bias=bias)
+
+    @property
+    def backend(self) -> Backend:
+        """`"torch"` or `"scratch"`: which scaled dot-product attention `forward` runs."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: Backend) -> None:
+        check_choice("backend", value, _BACKENDS)
+        self._backend: Backend = value
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
+            f"d_context={self.d_context}, dropout={self.dropout}, bias={self.bias}, "
+            f"backend={self.backend!r}"
+        )
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_input(self, name: str, x: object, features: int, param: str) -> Tensor:
+        x = check_tensor(name, x)
+        layout = f"(b, t, {param}) or (t, {param})"
+        check_rank(name, x, (2, 3), layout)
+        check_features(name, x, features, type(self).__name__, param)
+        weight = self.W_query.weight
+        if x.dtype != weight.dtype:
+            raise ValueError(
+                f"{name} has dtype {x.dtype} but {type(self).__name__}'s parameters are "
+                f"{weight.dtype}; convert one of them (e.g. module.to({x.dtype}))"
+            )
+        if x.device != weight.device:
+            raise ValueError(
+                f"{name} is on {x.device} but {type(self).__name__}'s parameters are on "
+                f"{weight.device}"
+            )
+        return x
+
+    def _inputs(self, x: object, context: object) -> tuple[Tensor, Tensor, bool]:
+        """Checked `(b, t, d_in)` and `(b, s, d_context)` tensors, and whether x was unbatched."""
+        x = self._check_input("x", x, self.d_in, "d_in")
+        if context is None:
+            if self.d_context != self.d_in:
+                raise ValueError(
+                    f"context is required: this module's keys and values have "
+                    f"d_context={self.d_context} features but x has d_in={self.d_in}"
+                )
+            context = x
+        else:
+            context = self._check_input("context", context, self.d_context, "d_context")
+            if x.ndim != context.ndim or (x.ndim == 3 and x.shape[0] != context.shape[0]):
+                raise ValueError(
+                    "x and context must both be unbatched or have the same batch size, got "
+                    f"x.shape={tuple(x.shape)} and context.shape={tuple(context.shape)}"
+                )
+        unbatched = x.ndim == 2
+        if unbatched:
+            x, context = x.unsqueeze(0), context.unsqueeze(0)  # (1, t, d_in), (1, s, d_context)
+        return x, context, unbatched
+
+    # -- computation ---------------------------------------------------------------------
+
+    def _heads(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        s = context.shape[1]
+        h, hd = self.num_heads, self.head_dim
+        # One matmul per role for all heads, then split the features into heads.
+        q = self.W_query(x).view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
+        k = self.W_key(context).view(b, s, h, hd).transpose(1, 2)  # (b, h, s, head_dim)
+        v = self.W_value(context).view(b, s, h, hd).transpose(1, 2)  # (b, h, s, head_dim)
+        return q, k, v
+
+    def _check_mask(self, q: Tensor, k: Tensor, attn_mask: object, is_causal: object) -> None:
+        target = (q.shape[0], self.num_heads, q.shape[2], k.shape[2])  # (b, h, t, s)
+        check_attn_mask("attn_mask", attn_mask, target, q)
+        if check_bool("is_causal", is_causal) and attn_mask is not None:
+            raise ValueError("pass either attn_mask or is_causal=True, not both")
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """Attend from the tokens of `x` to those of `context` (or of `x` itself).
+
+        Args:
+            x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
+            context: Key/value tokens, `(b, s, d_context)` or `(s, d_context)`; None for
+                self-attention.
+            attn_mask: Bool mask (True = attend) or float mask added to the scores,
+                broadcastable to `(b, num_heads, t, s)`; e.g. `(t, s)` for all sequences,
+                `(b, 1, 1, s)` from [`masks.key_padding`][attnlab.masks.key_padding].
+            is_causal: Hide key $j$ from query $i$ when $j > i$ (top-left aligned).
+
+        Returns:
+            Context vectors mixed by `out_proj`, `(b, t, d_out)` or `(t, d_out)`.
+
+        Raises:
+            TypeError: If an input is not a floating-point tensor or the mask has a wrong
+                dtype.
+            ValueError: If shapes, dtypes or devices do not fit the module, the mask does
+                not broadcast, or both `attn_mask` and `is_causal` are given.
+        """
+        x, context, unbatched = self._inputs(x, context)
+        q, k, v = self._heads(x, context)
+        self._check_mask(q, k, attn_mask, is_causal)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.backend == "torch":
+            heads = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+            )  # (b, h, t, head_dim)
+        else:
+            heads = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+            )  # (b, h, t, head_dim)
+        b, _, t, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(b, t, self.d_out)  # (b, t, d_out)
+        out: Tensor = self.out_proj(concat)  # (b, t, d_out)
+        return out[0] if unbatched else out
+
+    def attention_weights(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """Per-head attention weights, for pictures and inspection (never with dropout).
+
+        They are the weights `forward` uses in evaluation mode, computed by
+        [`attnlab.functional.attention_weights`][attnlab.functional.attention_weights]
+        whatever the backend (PyTorch's fused kernel does not return them).
+
+        Args:
+            x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
+            context: Key/value tokens, `(b, s, d_context)` or `(s, d_context)`; None for
+                self-attention.
+            attn_mask: As in `forward`.
+            is_causal: As in `forward`.
+
+        Returns:
+            Weights `(b, num_heads, t, s)` or `(num_heads, t, s)`; each row sums to 1 except
+            fully masked rows, which are 0.
+
+        Raises:
+            TypeError: As `forward`.
+            ValueError: As `forward`.
+        """
+        x, context, unbatched = self._inputs(x, context)
+        q, k, _ = self._heads(x, context)
+        self._check_mask(q, k, attn_mask, is_causal)
+        weights = F.attention_weights(q, k, attn_mask=attn_mask, is_causal=is_causal)
+        return weights[0] if unbatched else weights  # (b, h, t, s)
+
+    # -- interoperability with PyTorch ---------------------------------------------------
+
+    @classmethod
+    def from_torch(
+        cls, module: nn.MultiheadAttention, *, backend: Backend = "torch"
+    ) -> MultiHeadAttention:
+        """A `MultiHeadAttention` with the weights of PyTorch's `nn.MultiheadAttention`.
+
+        PyTorch keeps the three input projections packed in one `in_proj_weight` when
+        `kdim == vdim == embed_dim`, and as `q_proj_weight`, `k_proj_weight`,
+        `v_proj_weight` otherwise; both layouts are copied exactly (as are the biases, the
+        output projection, `dropout` and the training mode). The result has
+        `d_in = d_out = embed_dim` and `d_context = kdim`.
+
+        Mind the masks: `nn.MultiheadAttention` hides a key where its bool mask is True,
+        this module where it is False;
+        [`masks.allowed_to_blocked`][attnlab.masks.allowed_to_blocked] converts.
+
+        Args:
+            module: The module to copy. Its `batch_first` does not matter (it changes the
+                input layout, not the weights).
+            backend: Backend of the new module.
+
+        Returns:
+            A new module on the same device and dtype, sharing no storage with `module`.
+
+        Raises:
+            TypeError: If `module` is not an `nn.MultiheadAttention`.
+            ValueError: If it uses features this module does not have: `kdim != vdim`,
+                `add_bias_kv` or `add_zero_attn`.
+
+        Examples:
+            >>> torch_mha = nn.MultiheadAttention(embed_dim=8, num_heads=2, batch_first=True)
+            >>> mha = MultiHeadAttention.from_torch(torch_mha).eval()
+            >>> x = torch.randn(3, 5, 8)
+            >>> torch.allclose(mha(x), torch_mha.eval()(x, x, x)[0], atol=1e-6)
+            True
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
+        if module.kdim != module.vdim:
+            raise ValueError(
+                f"module has kdim={module.kdim} != vdim={module.vdim}; MultiHeadAttention "
+                "takes keys and values from one context tensor, so they must be equal"
+            )
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError(
+                "module uses add_bias_kv or add_zero_attn, which MultiHeadAttention does not "
+                "implement"
+            )
+        weight = module.out_proj.weight
+        new = cls(
+            module.embed_dim,
+            module.embed_dim,
+            module.num_heads,
+            d_context=module.kdim,
+            dropout=module.dropout,
+            bias=module.in_proj_bias is not None,
+            backend=backend,
+        ).to(device=weight.device, dtype=weight.dtype)
+        if module.kdim == module.vdim == module.embed_dim:  # packed: rows are [W_q; W_k; W_v]
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        with torch.no_grad():
+            new.W_query.weight.copy_(w_q)
+            new.W_key.weight.copy_(w_k)
+            new.W_value.weight.copy_(w_v)
+            new.out_proj.weight.copy_(module.out_proj.weight)
+            if module.in_proj_bias is not None:
+                b_q, b_k, b_v = module.in_proj_bias.chunk(3)
+                for linear, b in ((new.W_query, b_q), (new.W_key, b_k), (new.W_value, b_v)):
+                    assert linear.bias is not None
+                    linear.bias.copy_(b)
+                assert new.out_proj.bias is not None
+                new.out_proj.bias.copy_(module.out_proj.bias)
+        return new.train(module.training)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """A batch-first `nn.MultiheadAttention` with this module's weights.
+
+        The inverse of [`from_torch`][attnlab.MultiHeadAttention.from_torch]: PyTorch's
+        module gets packed `in_proj_weight` when `d_context == d_out`, separate
+        `q/k/v_proj_weight` otherwise. Call it as `m(x, context, context)` and convert
+        masks with [`masks.allowed_to_blocked`][attnlab.masks.allowed_to_blocked].
+
+        Returns:
+            A new `nn.MultiheadAttention` (`batch_first=True`, same device, dtype, dropout
+            and training mode).
+
+        Raises:
+            ValueError: If `d_in != d_out`: PyTorch's module has one `embed_dim` for both.
+
+        Examples:
+            >>> mha = MultiHeadAttention(d_in=8, d_out=8, num_heads=4, d_context=6).eval()
+            >>> torch_mha = mha.to_torch()
+            >>> torch_mha.k_proj_weight.shape
+            torch.Size([8, 6])
+            >>> x, c = torch.randn(2, 3, 8), torch.randn(2, 5, 6)
+            >>> torch.allclose(mha(x, c), torch_mha(x, c, c)[0], atol=1e-6)
+            True
+        """
+        if self.d_in != self.d_out:
+            raise ValueError(
+                f"nn.MultiheadAttention has a single embed_dim for input and output, but this "
+                f"module has d_in={self.d_in} and d_out={self.d_out}"
+            )
+        weight = self.W_query.weight
+        module = nn.MultiheadAttention(
+            self.d_out,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.bias,
+            kdim=self.d_context,
+            vdim=self.d_context,
+            batch_first=True,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            weights = (self.W_query.weight, self.W_key.weight, self.W_value.weight)
+            if self.d_context == self.d_out:  # PyTorch packs the three into in_proj_weight
+                module.in_proj_weight.copy_(torch.cat(weights))  # (3 * d_out, d_out)
+            else:
+                module.q_proj_weight.copy_(weights[0])
+                module.k_proj_weight.copy_(weights[1])
+                module.v_proj_weight.copy_(weights[2])
+            module.out_proj.weight.copy_(self.out_proj.weight)
+            if self.bias:
+                biases = [lin.bias for lin in (self.W_query, self.W_key, self.W_value)]
+                assert module.in_proj_bias is not None
+                module.in_proj_bias.copy_(torch.cat([b for b in biases if b is not None]))
+                module.out_proj.bias.copy_(self.out_proj.bias)
+        return module.train(self.training)

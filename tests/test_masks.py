@@ -1,0 +1,181 @@
+"""attnlab.masks: builders against brute-force definitions and PyTorch, conversions both ways."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+import attnlab.functional as AF
+from attnlab import MultiHeadAttention, masks
+
+TorchSDPA = torch.nn.functional.scaled_dot_product_attention
+LENGTH_PAIRS = [(5, 5), (3, 7), (7, 3), (1, 4), (0, 3)]
+
+
+def _brute_force(t_q: int, t_k: int, align: str, window: int | None = None) -> torch.Tensor:
+    """Mask from the definition: key j is visible to query i if it is not in i's future."""
+    offset = 0 if align == "top-left" else t_k - t_q  # position of query i is i + offset
+    out = torch.zeros(t_q, t_k, dtype=torch.bool)
+    for i in range(t_q):
+        for j in range(t_k):
+            pos = i + offset
+            out[i, j] = j <= pos and (window is None or pos - j < window)
+    return out
+
+
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+@pytest.mark.parametrize(("t_q", "t_k"), LENGTH_PAIRS)
+def test_causal_matches_definition(t_q: int, t_k: int, align: masks.Alignment) -> None:
+    assert torch.equal(masks.causal(t_q, t_k, align=align), _brute_force(t_q, t_k, align))
+
+
+def test_causal_top_left_is_functional_causal_mask() -> None:
+    assert torch.equal(masks.causal(3, 6), AF.causal_mask(3, 6))
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(5, 5), (3, 7), (7, 3)])
+def test_causal_top_left_equals_torch_causal_upper_left(t_q: int, t_k: int) -> None:
+    q, k, v = torch.randn(2, t_q, 4), torch.randn(2, t_k, 4), torch.randn(2, t_k, 6)
+    torch.testing.assert_close(
+        AF.scaled_dot_product_attention(q, k, v, attn_mask=masks.causal(t_q, t_k)),
+        TorchSDPA(q, k, v, attn_mask=causal_upper_left(t_q, t_k)),
+    )
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(5, 5), (3, 7), (1, 6)])
+def test_causal_bottom_right_equals_torch_causal_lower_right(t_q: int, t_k: int) -> None:
+    q, k, v = torch.randn(2, t_q, 4), torch.randn(2, t_k, 4), torch.randn(2, t_k, 6)
+    mask = masks.causal(t_q, t_k, align="bottom-right")
+    torch.testing.assert_close(
+        AF.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        TorchSDPA(q, k, v, attn_mask=causal_lower_right(t_q, t_k)),
+    )
+
+
+def test_causal_bottom_right_with_more_queries_has_empty_rows() -> None:
+    mask = masks.causal(6, 4, align="bottom-right")
+    assert mask[:2].any(dim=-1).tolist() == [False, False]
+    assert bool(mask[2:].any(dim=-1).all())
+    # PyTorch warns that its lower-right bias gives NaN here; both actually give zeros.
+    q, k, v = torch.randn(6, 3), torch.randn(4, 3), torch.randn(4, 5)
+    with pytest.warns(UserWarning, match="NaN"):
+        bias = causal_lower_right(6, 4)
+    expected = TorchSDPA(q, k, v, attn_mask=bias)
+    got = AF.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got[:2], torch.zeros(2, 5))
+
+
+def test_causal_alignments_agree_on_square() -> None:
+    assert torch.equal(masks.causal(4, align="bottom-right"), masks.causal(4))
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 9])
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+@pytest.mark.parametrize(("t_q", "t_k"), LENGTH_PAIRS)
+def test_sliding_window_matches_definition(
+    t_q: int, t_k: int, align: masks.Alignment, window: int
+) -> None:
+    got = masks.sliding_window(t_q, t_k, window=window, align=align)
+    assert torch.equal(got, _brute_force(t_q, t_k, align, window))
+
+
+def test_sliding_window_wide_is_causal() -> None:
+    assert torch.equal(masks.sliding_window(4, 6, window=6), masks.causal(4, 6))
+
+
+def test_sliding_window_rows_see_at_most_window_keys() -> None:
+    counts = masks.sliding_window(9, window=3).sum(dim=-1)
+    assert counts.tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("lengths", [[4, 1, 3], torch.tensor([4, 1, 3])])
+def test_padding_marks_real_tokens(lengths: list[int] | torch.Tensor) -> None:
+    expected = torch.tensor(
+        [
+            [True, True, True, True, False],
+            [True, False, False, False, False],
+            [True, True, True, False, False],
+        ]
+    )
+    assert torch.equal(masks.padding(lengths, max_len=5), expected)
+    assert masks.padding(lengths).shape == (3, 4)
+
+
+def test_key_padding_broadcasts_over_heads_and_queries() -> None:
+    mask = masks.key_padding([2, 3], max_len=4)
+    assert mask.shape == (2, 1, 1, 4)
+    assert torch.equal(mask[:, 0, 0], masks.padding([2, 3], max_len=4))
+    combined = mask & masks.causal(4)
+    assert combined.shape == (2, 1, 4, 4)
+
+
+def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    lengths = [5, 3]
+    pad = masks.padding(lengths)
+    expected, _ = mha(x, x, x, key_padding_mask=masks.allowed_to_blocked(pad), need_weights=False)
+    ours = MultiHeadAttention.from_torch(mha, backend="scratch")
+    torch.testing.assert_close(ours(x, attn_mask=masks.key_padding(lengths)), expected)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"),
+    [
+        (lambda: masks.causal(-1), ValueError, "t_q must be a non-negative int"),
+        (lambda: masks.causal(3, 2.0), TypeError, "t_k must be a non-negative int"),
+        (lambda: masks.causal(3, align="bottom"), ValueError, "align must be one of"),
+        (lambda: masks.sliding_window(3, window=0), ValueError, "window must be a positive"),
+        (lambda: masks.padding([2, -1]), ValueError, r"lengths\[1\] must be a non-negative"),
+        (lambda: masks.padding(torch.tensor([2, -1])), ValueError, "non-negative"),
+        (lambda: masks.padding([2, 5], max_len=4), ValueError, "at most max_len=4"),
+        (lambda: masks.padding(torch.ones(2, 3, dtype=torch.long)), TypeError, "1-d integer"),
+        (lambda: masks.padding(torch.tensor([1.0, 2.0])), TypeError, "1-d integer"),
+        (lambda: masks.padding("abc"), TypeError, "sequence of ints"),
+        (lambda: masks.allowed_to_blocked(torch.zeros(2)), TypeError, "bool tensor"),
+        (lambda: masks.allowed_to_additive(torch.ones(2), torch.float32), TypeError, "bool"),
+        (
+            lambda: masks.allowed_to_additive(torch.ones(2, dtype=torch.bool), torch.long),
+            TypeError,
+            "floating-point",
+        ),
+        (lambda: masks.additive_to_allowed(torch.ones(2, dtype=torch.bool)), TypeError, "float"),
+        (lambda: masks.additive_to_allowed(torch.tensor([0.0, -2.5])), ValueError, "bias"),
+    ],
+)
+def test_masks_reject_bad_input(call: object, error: type[Exception], pattern: str) -> None:
+    assert callable(call)
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_conversions_round_trip() -> None:
+    allowed = torch.rand(3, 4, 5) > 0.5
+    assert torch.equal(masks.blocked_to_allowed(masks.allowed_to_blocked(allowed)), allowed)
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        additive = masks.allowed_to_additive(allowed, dtype)
+        assert additive.dtype == dtype
+        assert torch.equal(additive == 0, allowed)
+        assert bool(torch.isneginf(additive[~allowed]).all())
+        assert torch.equal(masks.additive_to_allowed(additive), allowed)
+
+
+def test_additive_to_allowed_accepts_finfo_min() -> None:
+    hf_style = torch.tensor([[0.0, torch.finfo(torch.float32).min]])
+    assert masks.additive_to_allowed(hf_style).tolist() == [[True, False]]
+
+
+def test_three_conventions_give_the_same_attention() -> None:
+    mha = torch.nn.MultiheadAttention(6, 3, batch_first=True).eval()
+    x = torch.randn(2, 5, 6)
+    allowed = masks.sliding_window(5, window=2)
+    blocked = masks.allowed_to_blocked(allowed)
+    additive = masks.allowed_to_additive(allowed)
+    with_blocked, _ = mha(x, x, x, attn_mask=blocked, need_weights=False)
+    with_additive, _ = mha(x, x, x, attn_mask=additive, need_weights=False)
+    torch.testing.assert_close(with_additive, with_blocked)
+    ours = MultiHeadAttention.from_torch(mha)
+    torch.testing.assert_close(ours(x, attn_mask=allowed), with_blocked)
+    torch.testing.assert_close(ours(x, attn_mask=additive), with_blocked)
