@@ -1,6 +1,6 @@
 r"""Attention masks: builders, and conversions between the conventions you will meet.
 
-Three conventions are in common use, and mixing them up is the most frequent attention bug:
+Three conventions are in common use, and mixing them up is a classic silent bug:
 
 | convention | dtype | a key is hidden where | used by |
 |---|---|---|---|
