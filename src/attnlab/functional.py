@@ -44,6 +44,7 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "context_vectors",
+    "flash_attention",
     "scaled_dot_product_attention",
     "scaled_softmax",
 ]
@@ -420,3 +421,8 @@ def scaled_dot_product_attention(
     if enable_gqa:
         v = _repeat_heads(v, q.size(-3))  # (..., Hq, S, Ev)
     return context_vectors(weights, v)  # (..., L, Ev)
+
+
+# FlashAttention lives in its own module (attnlab.flash) and is re-exported here. Imported
+# last: attnlab.flash does not import this module, so there is no cycle.
+from attnlab.flash import flash_attention  # noqa: E402

@@ -1,0 +1,292 @@
+r"""FlashAttention from scratch: exact attention computed in tiles, in memory linear in length.
+
+FlashAttention (Dao et al., 2022, https://arxiv.org/abs/2205.14135) computes
+$\operatorname{softmax}(s\,QK^\top)V$ without ever holding the $L \times S$ matrix of
+scores: it walks over blocks of keys, keeps for every query a running maximum $m$, a
+running sum $\ell$ and an unnormalized output $a$, and rescales them whenever the maximum
+grows (the *online softmax*, Milakov and Gimelshein, 2018, https://arxiv.org/abs/1805.02867).
+The backward pass follows FlashAttention-2 (Dao, 2023, https://arxiv.org/abs/2307.08691):
+the forward saves only the output $O$ and the log-sum-exp of each row, and the backward
+recomputes the probabilities of one block at a time from them.
+
+This is plain PyTorch: each block is a batched matmul over all batch and head dimensions
+at once, so the Python loop runs over blocks only. The chapter
+"FlashAttention from scratch" derives every line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab._validation import (
+    check_bool,
+    check_features,
+    check_min_rank,
+    check_positive_int,
+    check_same_dtype_device,
+    check_scale,
+    check_tensor,
+)
+
+__all__ = ["flash_attention"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def flash_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_size: int | tuple[int, int] = 128,
+) -> Tensor:
+    r"""Scaled dot-product attention in tiles (FlashAttention), with its own backward pass.
+
+    $$
+    O = \operatorname{softmax}\left(s\, Q K^\top\right) V,
+    \qquad s = \frac{1}{\sqrt{E}} \text{ by default}
+    $$
+
+    Computes the same result as `torch.nn.functional.scaled_dot_product_attention(query,
+    key, value, is_causal=is_causal, scale=scale)`, block by block: it never stores the
+    `(..., L, S)` scores, only one `block_q x block_k` tile per batch and head at a time.
+    Beyond its inputs and output it keeps one log-sum-exp per query, for the backward
+    pass, which recomputes each tile of probabilities from it. With `is_causal=True`, query
+    $i$ sees keys $j \le i$ (top-left aligned when `L != S`, as in PyTorch), and tiles that
+    lie entirely above the diagonal are never computed.
+
+    float16 and bfloat16 inputs are computed in float32 and the result cast back.
+    There is no `attn_mask` and no dropout.
+
+    Args:
+        query: Queries, shape `(..., L, E)`.
+        key: Keys, shape `(..., S, E)`, with the same leading dimensions as `query`.
+        value: Values, shape `(..., S, Ev)`, with the same leading dimensions as `query`.
+        is_causal: Hide key $j$ from query $i$ when $j > i$.
+        scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
+        block_size: Rows of a tile, `block_q` for the queries and `block_k` for the keys;
+            one int sets both. Any positive sizes give the same result; they trade the
+            memory of one tile against the number of Python steps.
+
+    Returns:
+        The context vectors, shape `(..., L, Ev)`.
+
+    Raises:
+        TypeError: If an input is not a floating-point tensor, or a flag or size has the
+            wrong type.
+        ValueError: If the shapes, dtypes or devices of `query`, `key` and `value` do not
+            fit together, or a block size is not positive.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 5)
+        >>> out = flash_attention(q, k, v, is_causal=True, block_size=4)
+        >>> out.shape
+        torch.Size([2, 3, 10, 5])
+        >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, reference, atol=1e-6)
+        True
+    """
+    q, k, v = _check_inputs(query, key, value)
+    check_bool("is_causal", is_causal)
+    s = check_scale("scale", scale)
+    block_q, block_k = _check_block_size(block_size)
+    *batch, t_q, e = q.shape
+    t_k, e_v = k.shape[-2], v.shape[-1]
+    s = 1.0 / math.sqrt(e) if s is None else s
+    n = math.prod(batch)
+    dtype = q.dtype
+    if dtype in _LOW_PRECISION:
+        q, k, v = q.float(), k.float(), v.float()
+    out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
+        q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
+        k.reshape(n, t_k, e),  # (n, S, E)
+        v.reshape(n, t_k, e_v),  # (n, S, Ev)
+        is_causal,
+        s,
+        block_q,
+        block_k,
+    )
+    return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., L, Ev)
+
+
+def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Tensor, Tensor]:
+    q = check_tensor("query", query)
+    k = check_tensor("key", key)
+    v = check_tensor("value", value)
+    check_min_rank("query", q, 2, "(..., L, E)")
+    check_min_rank("key", k, 2, "(..., S, E)")
+    check_min_rank("value", v, 2, "(..., S, Ev)")
+    check_same_dtype_device("query", q, key=k, value=v)
+    check_features("key", k, q.shape[-1], "query", "E")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same number of positions S, got "
+            f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
+        )
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(
+            f"flash_attention needs the same batch (and head) dimensions in query, key and "
+            f"value, got query.shape={tuple(q.shape)}, key.shape={tuple(k.shape)}, "
+            f"value.shape={tuple(v.shape)}; expand them first (it does not broadcast)"
+        )
+    return q, k, v
+
+
+def _check_block_size(block_size: object) -> tuple[int, int]:
+    if isinstance(block_size, tuple):
+        if len(block_size) != 2:
+            raise ValueError(
+                f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}"
+            )
+        return (
+            check_positive_int("block_size[0]", block_size[0]),
+            check_positive_int("block_size[1]", block_size[1]),
+        )
+    size = check_positive_int("block_size", block_size)
+    return size, size
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Forward saves (Q, K, V, O, logsumexp); backward recomputes the tiles from them."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        is_causal: bool,
+        scale: float,
+        block_q: int,
+        block_k: int,
+    ) -> Tensor:
+        out, lse = _forward(q, k, v, is_causal, scale, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (is_causal, scale, block_q, block_k)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse, grad_out, *ctx.args)
+        return dq, dk, dv, None, None, None, None
+
+
+def _causal_bias(i0: int, i1: int, j0: int, j1: int, like: Tensor) -> Tensor:
+    """0 where key j may be seen by query i (j <= i), -inf where it may not; (i1-i0, j1-j0)."""
+    rows = torch.arange(i0, i1, device=like.device)[:, None]
+    cols = torch.arange(j0, j1, device=like.device)
+    bias = torch.zeros(i1 - i0, j1 - j0, dtype=like.dtype, device=like.device)
+    return bias.masked_fill_(cols > rows, float("-inf"))  # (rows, cols)
+
+
+def _key_end(i1: int, t_k: int, is_causal: bool) -> int:
+    """One past the last key that any query before i1 may see."""
+    return min(t_k, i1) if is_causal else t_k
+
+
+# --8<-- [start:forward]
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block_q: int, block_k: int
+) -> tuple[Tensor, Tensor]:
+    """Output (n, L, Ev) and log-sum-exp (n, L) of attention over (n, L, E) inputs."""
+    n, t_q, _ = q.shape
+    t_k, e_v = k.shape[1], v.shape[2]
+    out = q.new_empty(n, t_q, e_v)
+    lse = q.new_full((n, t_q), float("-inf"))
+    if t_k == 0:  # no keys at all: PyTorch returns zeros
+        return out.zero_(), lse
+    # One buffer holds every tile of scores in turn; allocating a fresh tile per step
+    # costs page faults that are as slow as the matmul that fills it.
+    tile = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
+    k_t = k.transpose(1, 2)  # (n, E, S)
+    for i0 in range(0, t_q, block_q):
+        i1 = min(i0 + block_q, t_q)
+        q_i = q[:, i0:i1] * scale  # (n, rows, E)
+        for j0 in range(0, _key_end(i1, t_k, is_causal), block_k):
+            j1 = min(j0 + block_k, _key_end(i1, t_k, is_causal))
+            s = tile[: n * (i1 - i0) * (j1 - j0)].view(n, i1 - i0, j1 - j0)
+            torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # (n, rows, cols) scores of this tile
+            if is_causal and j1 - 1 > i0:  # the tile crosses the diagonal
+                s.add_(_causal_bias(i0, i1, j0, j1, s))
+            if j0 == 0:
+                # The first tile starts the statistics. Every query sees key 0, so each
+                # row has a finite maximum.
+                m = s.amax(dim=-1, keepdim=True)  # (n, rows, 1) running maximum
+                p = s.sub_(m).exp_()  # unnormalized probabilities, in place
+                ell = p.sum(dim=-1, keepdim=True)  # (n, rows, 1) running sum
+                acc = torch.bmm(p, v[:, j0:j1])  # (n, rows, Ev) running output
+                continue
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p = s.sub_(m_new).exp_()
+            # Everything summed so far was relative to the old maximum: rescale it.
+            alpha = (m - m_new).exp_()  # (n, rows, 1), <= 1
+            ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
+            m = m_new
+        out[:, i0:i1] = acc.div_(ell)  # normalize once, at the end of the row of tiles
+        lse[:, i0:i1] = (m + ell.log()).squeeze(-1)  # log sum_j exp(s_ij)
+    return out, lse
+
+
+# --8<-- [end:forward]
+
+
+# --8<-- [start:backward]
+def _backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    is_causal: bool,
+    scale: float,
+    block_q: int,
+    block_k: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of the loss with respect to q, k and v, one tile at a time."""
+    n, t_q, _ = q.shape
+    t_k = k.shape[1]
+    grad_out = grad_out.contiguous()
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if t_k == 0 or t_q == 0:
+        return dq, dk, dv
+    # D_i = sum_j P_ij dP_ij = dO_i . O_i: one number per query, computed once.
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (n, L, 1)
+    lse = lse.unsqueeze(-1)  # (n, L, 1)
+    tile_p = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
+    tile_dp = torch.empty_like(tile_p)
+    for j0 in range(0, t_k, block_k):
+        j1 = min(j0 + block_k, t_k)
+        k_j, v_j = k[:, j0:j1], v[:, j0:j1]  # (n, cols, E), (n, cols, Ev)
+        # With a causal mask, queries before j0 see none of these keys.
+        first = (j0 // block_q) * block_q if is_causal else 0
+        for i0 in range(first, t_q, block_q):
+            i1 = min(i0 + block_q, t_q)
+            size = n * (i1 - i0) * (j1 - j0)
+            q_i = q[:, i0:i1] * scale  # (n, rows, E)
+            do_i = grad_out[:, i0:i1]  # (n, rows, Ev)
+            # Recompute the tile's probabilities from the saved log-sum-exp.
+            p = tile_p[:size].view(n, i1 - i0, j1 - j0)
+            torch.bmm(q_i, k_j.transpose(1, 2), out=p)  # (n, rows, cols) scores
+            if is_causal and j1 - 1 > i0:
+                p.add_(_causal_bias(i0, i1, j0, j1, p))
+            p.sub_(lse[:, i0:i1]).exp_()  # P_ij = exp(s_ij - lse_i)
+            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_i)  # dV_j += P^T dO_i
+            dp = tile_dp[:size].view(n, i1 - i0, j1 - j0)
+            torch.bmm(do_i, v_j.transpose(1, 2), out=dp)  # dP = dO_i V_j^T
+            ds = dp.sub_(delta[:, i0:i1]).mul_(p)  # dS = P * (dP - D), softmax's backward
+            dq[:, i0:i1].baddbmm_(ds, k_j, alpha=scale)  # dQ_i += s dS K_j
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_i)  # dK_j += dS^T (s Q_i)
+    return dq, dk, dv
+
+
+# --8<-- [end:backward]
