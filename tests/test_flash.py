@@ -73,7 +73,8 @@ def test_flash_attention_scale_matches_torch() -> None:
     expected = TorchSDPA(q, k, v, is_causal=True, scale=0.3)
     torch.testing.assert_close(out, expected, **TOL)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
-    for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, k, v)), strict=True):
+    expected_grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
+    for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, **TOL)
 
 
