@@ -400,7 +400,7 @@ def test_wrapper_heads_equal_fused_projection_slices_with_different_kq_and_v_siz
         ({"d_out": 9}, ValueError, "d_out must be a multiple of num_heads, got d_out=9"),
         ({"num_heads": 0}, ValueError, "num_heads must be a positive int"),
         ({"d_in": 6.0}, TypeError, "d_in must be a positive int"),
-        ({"dropout": 1.2}, ValueError, r"dropout must be in \[0, 1\]"),
+        ({"dropout": 1.2}, ValueError, r"dropout must be in \[0, 1\)"),
         ({"bias": 1}, TypeError, "bias must be a bool"),
         ({"d_context": -2}, ValueError, "d_context must be a positive int"),
     ],

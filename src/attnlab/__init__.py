@@ -1,6 +1,7 @@
 """attnlab: attention in large language models, from teaching code to production modules."""
 
 from attnlab import functional, masks, toy
+from attnlab._validation import is_validation_enabled, set_validation, validation
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
 from attnlab.multihead import MultiHeadAttention
@@ -13,8 +14,11 @@ __all__ = [
     "MultiHeadAttentionWrapper",
     "SelfAttention",
     "functional",
+    "is_validation_enabled",
     "masks",
+    "set_validation",
     "toy",
+    "validation",
 ]
 
 __version__ = "0.1.0"

@@ -1,11 +1,21 @@
-"""Input checks shared by every public entry point.
+"""Input checks shared by every public entry point, and the switch that turns them off.
 
 Each helper raises at the package boundary with a message in the user's terms: the
-argument's name, what was expected and what came. They are cheap (attribute reads only),
-so the fast path keeps them.
+argument's name, what was expected and what came. They are cheap (attribute reads only).
+
+The checks of what a call receives (tensors, masks, per-call flags) run only while
+[`is_validation_enabled`][attnlab.is_validation_enabled] is True, the default;
+[`set_validation`][attnlab.set_validation] and the context manager
+[`validation`][attnlab.validation] switch them, like PyTorch's
+`torch.distributions.Distribution.set_default_validate_args`. Checks of configuration
+(constructor arguments, mask builders, the toy data, plotting) always run: they do not
+sit in a training step.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -14,7 +24,9 @@ __all__ = [
     "broadcast_shape",
     "check_attn_mask",
     "check_bool",
+    "check_broadcast",
     "check_choice",
+    "check_device",
     "check_features",
     "check_min_rank",
     "check_nonnegative_int",
@@ -24,7 +36,92 @@ __all__ = [
     "check_same_dtype_device",
     "check_scale",
     "check_tensor",
+    "check_tokens",
+    "is_validation_enabled",
+    "set_validation",
+    "validation",
 ]
+
+_enabled = True
+
+
+def set_validation(enabled: bool) -> None:
+    r"""Turn attnlab's checks of call arguments on or off, for the whole process.
+
+    With validation on (the default), every public function and `forward` checks what it
+    receives (types, ranks, feature sizes, dtypes, devices, masks, flags) and raises a
+    `TypeError` or `ValueError` that names the argument, what was expected and what came.
+    With it off, those checks are skipped: correct input gives the same results, and a
+    mistake surfaces as whatever PyTorch raises deep inside (or not at all). Constructors,
+    the mask builders, [`attnlab.toy`][attnlab.toy] and
+    [`attnlab.plotting`][attnlab.plotting] check their arguments either way.
+
+    Turn it off only for a hot loop whose shapes you have already seen work; the checks
+    cost microseconds per call, under 1% of a forward pass of moderate size (the page
+    "Errors and edge cases" measures it). The setting is global, not per thread, like
+    PyTorch's `torch.distributions.Distribution.set_default_validate_args`; for a scoped
+    change use [`validation`][attnlab.validation].
+
+    Args:
+        enabled: True to check arguments, False to skip the checks.
+
+    Raises:
+        TypeError: If `enabled` is not a bool.
+
+    Examples:
+        >>> import attnlab
+        >>> attnlab.set_validation(False)
+        >>> attnlab.is_validation_enabled()
+        False
+        >>> attnlab.set_validation(True)
+    """
+    global _enabled
+    _enabled = check_bool("enabled", enabled)
+
+
+def is_validation_enabled() -> bool:
+    """Whether attnlab checks call arguments (see [`set_validation`][attnlab.set_validation]).
+
+    Returns:
+        True (the default) if arguments are checked.
+
+    Examples:
+        >>> import attnlab
+        >>> attnlab.is_validation_enabled()
+        True
+    """
+    return _enabled
+
+
+@contextlib.contextmanager
+def validation(enabled: bool) -> Iterator[None]:
+    """Context manager (or decorator) that sets validation on or off, then restores it.
+
+    The previous setting comes back on exit, also when the block raises.
+
+    Args:
+        enabled: True to check arguments inside the block, False to skip the checks.
+
+    Yields:
+        Nothing; the setting holds for the body of the `with` block.
+
+    Raises:
+        TypeError: If `enabled` is not a bool.
+
+    Examples:
+        >>> import attnlab
+        >>> with attnlab.validation(False):
+        ...     attnlab.is_validation_enabled()
+        False
+        >>> attnlab.is_validation_enabled()
+        True
+    """
+    previous = _enabled
+    set_validation(enabled)
+    try:
+        yield
+    finally:
+        set_validation(previous)
 
 
 def _shape(x: Tensor) -> tuple[int, ...]:
@@ -115,11 +212,16 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 def check_probability(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a real number in [0, 1]; raise otherwise."""
+    """Return ``value`` as a float if it is a real number in [0, 1); raise otherwise.
+
+    1 is excluded: dropping every attention weight leaves nothing to rescale by
+    ``1 / (1 - p)``, and the output would be all zeros.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1], got {value!r} ({type(value).__name__})")
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
+        raise TypeError(f"{name} must be a float in [0, 1), got {value!r} ({type(value).__name__})")
+    if not 0.0 <= value < 1.0:
+        hint = "; 1 would drop every attention weight" if value == 1 else ""
+        raise ValueError(f"{name} must be in [0, 1), got {value}{hint}")
     return float(value)
 
 
@@ -142,6 +244,58 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
         return None
 
 
+def check_broadcast(what: str, **shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """Return the broadcast of ``shapes``; raise ``ValueError`` naming them if there is none.
+
+    ``what`` says which dimensions these are, e.g. ``"batch dimensions"``; each keyword is
+    an argument name and the shape of its dimensions in question.
+    """
+    shape = broadcast_shape(*shapes.values())
+    if shape is None:
+        listed = ", ".join(f"{name} {s}" for name, s in shapes.items())
+        raise ValueError(f"the {what} of {' and '.join(shapes)} do not broadcast: {listed}")
+    return shape
+
+
+def check_device(name: str, device: object) -> None:
+    """Raise unless ``device`` is None, a ``torch.device``, a device string or an index."""
+    if device is None or isinstance(device, torch.device):
+        return
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        raise TypeError(
+            f"{name} must be a torch.device, a string such as 'cpu' or 'cuda:0', or None, "
+            f"got {device!r} ({type(device).__name__})"
+        )
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(
+            f"{name} must name a device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from None
+
+
+def check_tokens(
+    name: str, x: object, *, features: int, param: str, owner: str, like: Tensor
+) -> Tensor:
+    """Check a module's token input: a float ``(t, features)`` or ``(b, t, features)`` tensor
+    of the dtype and on the device of the module's parameter ``like``; return it.
+    """
+    x = check_tensor(name, x)
+    check_rank(name, x, (2, 3), f"(t, {param}) or (b, t, {param})")
+    check_features(name, x, features, owner, param)
+    if x.dtype != like.dtype:
+        raise ValueError(
+            f"{name} has dtype {x.dtype} but {owner}'s parameters are {like.dtype}; "
+            f"convert one of them (e.g. module.to({x.dtype}))"
+        )
+    if x.device != like.device:
+        raise ValueError(
+            f"{name} is on {x.device} but {owner}'s parameters are on {like.device}; "
+            f"move one of them (e.g. module.to({name}.device))"
+        )
+    return x
+
+
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
     """Raise ``ValueError`` unless ``x`` has at least ``min_rank`` dimensions."""
     if x.ndim < min_rank:
@@ -152,14 +306,14 @@ def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
 
 
 def check_attn_mask(
-    name: str, mask: object, target: tuple[int, ...], query: Tensor
+    name: str, mask: object, target: tuple[int, ...], query: Tensor, query_name: str = "query"
 ) -> Tensor | None:
     """Check an attention mask in the convention of ``scaled_dot_product_attention``.
 
     The mask must be None, a bool tensor (True = attend) or a float tensor to add to the
     scores (of dtype ``query.dtype`` or float32, as PyTorch accepts), on ``query``'s device,
     and it must broadcast to the shape of the attention weights, ``target``, without
-    growing it.
+    growing it. ``query_name`` is what the caller calls the queries' tensor.
     """
     if mask is None:
         return None
@@ -167,12 +321,12 @@ def check_attn_mask(
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and mask.dtype not in (query.dtype, torch.float32):
         raise TypeError(
-            f"{name} must be a bool tensor (True = attend) or a float tensor of the query's "
-            f"dtype {query.dtype} to add to the scores, got {mask.dtype} "
+            f"{name} must be a bool tensor (True = attend) or a float tensor of "
+            f"{query_name}'s dtype {query.dtype} to add to the scores, got {mask.dtype} "
             f"({name}.shape={_shape(mask)})"
         )
     if mask.device != query.device:
-        raise ValueError(f"{name} is on {mask.device} but query is on {query.device}")
+        raise ValueError(f"{name} is on {mask.device} but {query_name} is on {query.device}")
     if broadcast_shape(tuple(mask.shape), target) != target:
         hint = (
             "; a (b, S) padding mask needs mask[:, None, None, :] to reach (b, 1, 1, S)"
