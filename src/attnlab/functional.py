@@ -30,13 +30,17 @@ from attnlab._validation import (
     broadcast_shape,
     check_attn_mask,
     check_bool,
+    check_broadcast,
+    check_device,
     check_features,
     check_min_rank,
+    check_nonnegative_int,
     check_positive_int,
     check_probability,
     check_same_dtype_device,
     check_scale,
     check_tensor,
+    is_validation_enabled,
 )
 
 __all__ = [
@@ -54,14 +58,17 @@ def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
     r"""Unnormalized attention weights $\omega_{ij} = q^{(i)} \cdot k^{(j)}$.
 
     Args:
-        queries: Query vectors, shape `(..., t_q, d_k)`.
+        queries: Query vectors, shape `(..., t_q, d_k)`, or one query `(d_k,)`.
         keys: Key vectors, shape `(..., t_k, d_k)`.
 
     Returns:
-        The scores $Q K^\top$, shape `(..., t_q, t_k)`.
+        The scores $Q K^\top$, shape `(..., t_q, t_k)` (`(..., t_k)` for one query).
 
     Raises:
-        ValueError: If the feature sizes of `queries` and `keys` differ.
+        TypeError: If an input is not a floating-point tensor.
+        ValueError: If the feature sizes of `queries` and `keys` differ, `keys` has fewer
+            than 2 dimensions, the batch dimensions do not broadcast, or the dtypes or
+            devices differ.
 
     Examples:
         >>> q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
@@ -70,10 +77,21 @@ def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
         tensor([[1., 3., 0.],
                 [2., 0., 2.]])
     """
-    if queries.shape[-1] != keys.shape[-1]:
-        raise ValueError(
-            f"queries and keys must have the same feature size d_k, got "
-            f"queries.shape={tuple(queries.shape)} and keys.shape={tuple(keys.shape)}"
+    if is_validation_enabled():
+        check_tensor("queries", queries)
+        check_tensor("keys", keys)
+        check_min_rank("queries", queries, 1, "(..., t_q, d_k) or (d_k,)")
+        check_min_rank("keys", keys, 2, "(..., t_k, d_k)")
+        if queries.shape[-1] != keys.shape[-1]:
+            raise ValueError(
+                f"queries and keys must have the same feature size d_k, got "
+                f"queries.shape={tuple(queries.shape)} and keys.shape={tuple(keys.shape)}"
+            )
+        check_same_dtype_device("queries", queries, keys=keys)
+        check_broadcast(
+            "batch dimensions",
+            queries=tuple(queries.shape[:-2]),
+            keys=tuple(keys.shape[:-2]),
         )
     return queries @ keys.transpose(-2, -1)  # (..., t_q, t_k)
 
@@ -86,8 +104,8 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
 
     Where `mask` is False the score is replaced by $-\infty$ before the softmax, so that
     position receives weight exactly 0 and the remaining weights of the row still sum to 1.
-    A row whose positions are all masked gets all-zero weights (not NaN), as in
-    `torch.nn.functional.scaled_dot_product_attention`.
+    A row whose positions are all masked (or all $-\infty$ already) gets all-zero weights,
+    not NaN, as in `torch.nn.functional.scaled_dot_product_attention`.
 
     Args:
         scores: Unnormalized weights, shape `(..., t_q, t_k)`.
@@ -96,11 +114,14 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
             attend to a key.
 
     Returns:
-        Weights of the same shape as `scores`; each unmasked row sums to 1.
+        Weights of the same shape as `scores`; each row sums to 1, except a fully masked
+        row, which is all zeros.
 
     Raises:
-        TypeError: If `mask` is not a bool tensor.
-        ValueError: If `d_k` is not a positive int or `mask` does not broadcast.
+        TypeError: If `scores` is not a floating-point tensor, `d_k` not an int or `mask`
+            not a bool tensor.
+        ValueError: If `d_k` is not positive, `scores` is 0-d, or `mask` is on another
+            device or does not broadcast to `scores`' shape.
 
     Examples:
         >>> scaled_softmax(torch.tensor([0.0, 2.0]), d_k=4)
@@ -108,36 +129,63 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
         >>> scaled_softmax(torch.tensor([[0.0, 2.0]]), d_k=4, mask=torch.tensor([[True, False]]))
         tensor([[1., 0.]])
     """
-    check_positive_int("d_k", d_k)
-    if mask is None:
-        return torch.softmax(scores / math.sqrt(d_k), dim=-1)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a bool tensor (True = attend), got {got}")
-    try:
-        masked = scores.masked_fill(~mask, float("-inf"))
-    except RuntimeError:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
-            f"{tuple(scores.shape)}"
-        ) from None
-    return _softmax_or_zeros(masked / math.sqrt(d_k))
+    if is_validation_enabled():
+        check_tensor("scores", scores)
+        check_min_rank("scores", scores, 1, "(..., t_q, t_k)")
+        check_positive_int("d_k", d_k)
+        if mask is not None:
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+                got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+                raise TypeError(f"mask must be a bool tensor (True = attend), got {got}")
+            if mask.device != scores.device:
+                raise ValueError(f"mask is on {mask.device} but scores is on {scores.device}")
+            if broadcast_shape(tuple(mask.shape), tuple(scores.shape)) != tuple(scores.shape):
+                raise ValueError(
+                    f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
+                    f"shape {tuple(scores.shape)}"
+                )
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return _softmax_or_zeros(scores / math.sqrt(d_k))
 
 
 def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
     r"""Context vectors $z^{(i)} = \sum_j \alpha_{ij} v^{(j)}$, i.e. $Z = \alpha V$.
 
     Args:
-        weights: Attention weights, shape `(..., t_q, t_k)`.
+        weights: Attention weights, shape `(..., t_q, t_k)`, or one query's `(t_k,)`.
         values: Value vectors, shape `(..., t_k, d_v)`.
 
     Returns:
-        One context vector per query, shape `(..., t_q, d_v)`.
+        One context vector per query, shape `(..., t_q, d_v)` (`(..., d_v)` for one query).
+
+    Raises:
+        TypeError: If an input is not a floating-point tensor.
+        ValueError: If `weights` has not one weight per row of `values`, `values` has
+            fewer than 2 dimensions, the batch dimensions do not broadcast, or the dtypes
+            or devices differ.
 
     Examples:
         >>> context_vectors(torch.tensor([[0.25, 0.75]]), torch.tensor([[4.0], [8.0]]))
         tensor([[7.]])
     """
+    if is_validation_enabled():
+        check_tensor("weights", weights)
+        check_tensor("values", values)
+        check_min_rank("weights", weights, 1, "(..., t_q, t_k) or (t_k,)")
+        check_min_rank("values", values, 2, "(..., t_k, d_v)")
+        if weights.shape[-1] != values.shape[-2]:
+            raise ValueError(
+                f"weights has {weights.shape[-1]} keys per query but values has "
+                f"{values.shape[-2]} positions; they must match (weights.shape="
+                f"{tuple(weights.shape)}, values.shape={tuple(values.shape)})"
+            )
+        check_same_dtype_device("weights", weights, values=values)
+        check_broadcast(
+            "batch dimensions",
+            weights=tuple(weights.shape[:-2]),
+            values=tuple(values.shape[:-2]),
+        )
     return weights @ values  # (..., t_q, d_v)
 
 
@@ -158,17 +206,19 @@ def causal_mask(
     Returns:
         A bool tensor of shape `(t_q, t_k)`, True on and below the diagonal.
 
+    Raises:
+        TypeError: If a length is not an int or `device` is not a device.
+        ValueError: If a length is negative or `device` names no device.
+
     Examples:
         >>> causal_mask(3)
         tensor([[ True, False, False],
                 [ True,  True, False],
                 [ True,  True,  True]])
     """
-    t_k = t_q if t_k is None else t_k
-    if isinstance(t_q, bool) or not isinstance(t_q, int) or t_q < 0:
-        raise ValueError(f"t_q must be a non-negative int, got {t_q!r}")
-    if isinstance(t_k, bool) or not isinstance(t_k, int) or t_k < 0:
-        raise ValueError(f"t_k must be a non-negative int, got {t_k!r}")
+    check_nonnegative_int("t_q", t_q)
+    t_k = t_q if t_k is None else check_nonnegative_int("t_k", t_k)
+    check_device("device", device)
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
 
 
@@ -322,8 +372,8 @@ def attention_weights(
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
             neither bool nor float, a non-bool flag).
-        ValueError: If shapes disagree, the mask does not broadcast, `dropout_p` is not in
-            [0, 1], or both `attn_mask` and `is_causal` are given.
+        ValueError: If shapes, dtypes or devices disagree, the mask does not broadcast,
+            `dropout_p` is not in [0, 1), or both `attn_mask` and `is_causal` are given.
 
     Examples:
         >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -338,10 +388,9 @@ def attention_weights(
         tensor([[0.6728, 0.1636, 0.1636],
                 [0.0000, 0.0000, 0.0000]])
     """
-    q, k, _ = _check_attention_args(
-        query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa
-    )
-    return _weights(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if is_validation_enabled():
+        _check_attention_args(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def scaled_dot_product_attention(
@@ -397,8 +446,9 @@ def scaled_dot_product_attention(
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
             neither bool nor float, a non-bool flag).
         ValueError: If shapes disagree (feature size of query and key, positions of key and
-            value, batch or head dimensions), the mask does not broadcast, `dropout_p` is
-            not in [0, 1], or both `attn_mask` and `is_causal` are given.
+            value, batch or head dimensions), dtypes or devices differ, the mask does not
+            broadcast, `dropout_p` is not in [0, 1), or both `attn_mask` and `is_causal`
+            are given.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -413,14 +463,12 @@ def scaled_dot_product_attention(
         >>> scaled_dot_product_attention(q, k, v, attn_mask=blocked).abs().max()
         tensor(0.)
     """
-    q, k, v = _check_attention_args(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-    )
-    assert v is not None  # checked above; narrows the type
-    weights = _weights(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # (..., L, S)
+    if is_validation_enabled():
+        _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if enable_gqa:
-        v = _repeat_heads(v, q.size(-3))  # (..., Hq, S, Ev)
-    return context_vectors(weights, v)  # (..., L, Ev)
+        value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
+    return context_vectors(weights, value)  # (..., L, Ev)
 
 
 # FlashAttention lives in its own module (attnlab.flash) and is re-exported here. Imported
