@@ -28,6 +28,10 @@ class CausalSelfAttention(SelfAttention):
     Shapes:
         x: `(t, d_in)` or `(b, t, d_in)`. Output: `(t, d_out_v)` or `(b, t, d_out_v)`.
 
+    Raises:
+        TypeError: As [`SelfAttention`][attnlab.SelfAttention].
+        ValueError: As [`SelfAttention`][attnlab.SelfAttention].
+
     Examples:
         >>> import torch
         >>> _ = torch.manual_seed(123)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from attnlab._validation import is_validation_enabled
 from attnlab.self_attention import SelfAttention
 
 __all__ = ["CrossAttention"]
@@ -31,6 +32,14 @@ class CrossAttention(SelfAttention):
         x: `(t_q, d_in)` or `(b, t_q, d_in)`. context: `(t_k, d_in)` or `(b, t_k, d_in)`.
         Output: `(t_q, d_out_v)` or `(b, t_q, d_out_v)`.
 
+    Raises:
+        TypeError: If a size is not an int; in `forward`, if `x` or `context` is not a
+            floating-point tensor.
+        ValueError: If a size is not positive; in `forward`, if `x` or `context` has
+            another rank, number of features, dtype or device than the module, or they
+            differ in batch size. An empty `context` is allowed: every query then gets a
+            zero vector, as in PyTorch's `scaled_dot_product_attention`.
+
     Examples:
         >>> import torch
         >>> _ = torch.manual_seed(123)
@@ -40,6 +49,8 @@ class CrossAttention(SelfAttention):
     """
 
     def _check_pair(self, x: Tensor, context: Tensor) -> None:
+        if not is_validation_enabled():
+            return
         self._check("x", x)
         self._check("context", context)
         if x.ndim != context.ndim or (x.ndim == 3 and x.shape[0] != context.shape[0]):

@@ -24,11 +24,10 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_choice,
-    check_features,
     check_positive_int,
     check_probability,
-    check_rank,
-    check_tensor,
+    check_tokens,
+    is_validation_enabled,
 )
 
 __all__ = ["Backend", "MultiHeadAttention"]
@@ -78,7 +77,7 @@ class MultiHeadAttention(nn.Module):
     Raises:
         TypeError: If a size is not an int, `dropout` not a number or `bias` not a bool.
         ValueError: If a size is not positive, `d_out` is not a multiple of `num_heads`,
-            `dropout` is not in [0, 1] or `backend` is unknown.
+            `dropout` is not in [0, 1) or `backend` is unknown.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -142,27 +141,12 @@ class MultiHeadAttention(nn.Module):
 
     # -- input checks --------------------------------------------------------------------
 
-    def _check_input(self, name: str, x: object, features: int, param: str) -> Tensor:
-        x = check_tensor(name, x)
-        layout = f"(b, t, {param}) or (t, {param})"
-        check_rank(name, x, (2, 3), layout)
-        check_features(name, x, features, type(self).__name__, param)
-        weight = self.W_query.weight
-        if x.dtype != weight.dtype:
-            raise ValueError(
-                f"{name} has dtype {x.dtype} but {type(self).__name__}'s parameters are "
-                f"{weight.dtype}; convert one of them (e.g. module.to({x.dtype}))"
-            )
-        if x.device != weight.device:
-            raise ValueError(
-                f"{name} is on {x.device} but {type(self).__name__}'s parameters are on "
-                f"{weight.device}"
-            )
-        return x
-
-    def _inputs(self, x: object, context: object) -> tuple[Tensor, Tensor, bool]:
-        """Checked `(b, t, d_in)` and `(b, s, d_context)` tensors, and whether x was unbatched."""
-        x = self._check_input("x", x, self.d_in, "d_in")
+    def _check_inputs(
+        self, x: object, context: object, attn_mask: object, is_causal: object
+    ) -> None:
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
+        owner, like = type(self).__name__, self.W_query.weight
+        x = check_tokens("x", x, features=self.d_in, param="d_in", owner=owner, like=like)
         if context is None:
             if self.d_context != self.d_in:
                 raise ValueError(
@@ -171,12 +155,29 @@ class MultiHeadAttention(nn.Module):
                 )
             context = x
         else:
-            context = self._check_input("context", context, self.d_context, "d_context")
+            context = check_tokens(
+                "context",
+                context,
+                features=self.d_context,
+                param="d_context",
+                owner=owner,
+                like=like,
+            )
             if x.ndim != context.ndim or (x.ndim == 3 and x.shape[0] != context.shape[0]):
                 raise ValueError(
                     "x and context must both be unbatched or have the same batch size, got "
                     f"x.shape={tuple(x.shape)} and context.shape={tuple(context.shape)}"
                 )
+        b = x.shape[0] if x.ndim == 3 else 1
+        target = (b, self.num_heads, x.shape[-2], context.shape[-2])  # (b, h, t, s)
+        check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
+        if check_bool("is_causal", is_causal) and attn_mask is not None:
+            raise ValueError("pass either attn_mask or is_causal=True, not both")
+
+    @staticmethod
+    def _batched(x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, bool]:
+        """`(b, t, d_in)` and `(b, s, d_context)` tensors, and whether x was unbatched."""
+        context = x if context is None else context
         unbatched = x.ndim == 2
         if unbatched:
             x, context = x.unsqueeze(0), context.unsqueeze(0)  # (1, t, d_in), (1, s, d_context)
@@ -193,12 +194,6 @@ class MultiHeadAttention(nn.Module):
         k = self.W_key(context).view(b, s, h, hd).transpose(1, 2)  # (b, h, s, head_dim)
         v = self.W_value(context).view(b, s, h, hd).transpose(1, 2)  # (b, h, s, head_dim)
         return q, k, v
-
-    def _check_mask(self, q: Tensor, k: Tensor, attn_mask: object, is_causal: object) -> None:
-        target = (q.shape[0], self.num_heads, q.shape[2], k.shape[2])  # (b, h, t, s)
-        check_attn_mask("attn_mask", attn_mask, target, q)
-        if check_bool("is_causal", is_causal) and attn_mask is not None:
-            raise ValueError("pass either attn_mask or is_causal=True, not both")
 
     def forward(
         self,
@@ -223,14 +218,17 @@ class MultiHeadAttention(nn.Module):
             Context vectors mixed by `out_proj`, `(b, t, d_out)` or `(t, d_out)`.
 
         Raises:
-            TypeError: If an input is not a floating-point tensor or the mask has a wrong
-                dtype.
-            ValueError: If shapes, dtypes or devices do not fit the module, the mask does
-                not broadcast, or both `attn_mask` and `is_causal` are given.
+            TypeError: If an input is not a floating-point tensor, the mask has a wrong
+                dtype or `is_causal` is not a bool.
+            ValueError: If the rank, feature size, dtype or device of `x` or `context` does
+                not fit the module, their batch sizes differ, `context` is missing while
+                `d_context != d_in`, the mask does not broadcast to `(b, num_heads, t, s)`
+                or is on another device, or both `attn_mask` and `is_causal` are given.
         """
-        x, context, unbatched = self._inputs(x, context)
+        if is_validation_enabled():
+            self._check_inputs(x, context, attn_mask, is_causal)
+        x, context, unbatched = self._batched(x, context)
         q, k, v = self._heads(x, context)
-        self._check_mask(q, k, attn_mask, is_causal)
         dropout_p = self.dropout if self.training else 0.0
         if self.backend == "torch":
             heads = torch.nn.functional.scaled_dot_product_attention(
@@ -274,9 +272,10 @@ class MultiHeadAttention(nn.Module):
             TypeError: As `forward`.
             ValueError: As `forward`.
         """
-        x, context, unbatched = self._inputs(x, context)
+        if is_validation_enabled():
+            self._check_inputs(x, context, attn_mask, is_causal)
+        x, context, unbatched = self._batched(x, context)
         q, k, _ = self._heads(x, context)
-        self._check_mask(q, k, attn_mask, is_causal)
         weights = F.attention_weights(q, k, attn_mask=attn_mask, is_causal=is_causal)
         return weights[0] if unbatched else weights  # (b, h, t, s)
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import functional as F
-from attnlab._validation import check_features, check_positive_int, check_rank, check_tensor
+from attnlab._validation import check_positive_int, check_tokens, is_validation_enabled
 
 __all__ = ["MultiHeadAttentionWrapper", "SelfAttention"]
 
@@ -37,8 +37,10 @@ class SelfAttention(nn.Module):
         x: `(t, d_in)` or `(b, t, d_in)`. Output: `(t, d_out_v)` or `(b, t, d_out_v)`.
 
     Raises:
-        TypeError: If a size is not an int.
-        ValueError: If a size is not positive.
+        TypeError: If a size is not an int; in `forward`, if `x` is not a floating-point
+            tensor.
+        ValueError: If a size is not positive; in `forward`, if `x` has another rank,
+            number of features, dtype or device than the module.
 
     Examples:
         >>> _ = torch.manual_seed(123)
@@ -61,20 +63,12 @@ class SelfAttention(nn.Module):
         return f"d_in={self.d_in}, d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}"
 
     def _check(self, name: str, x: Tensor) -> Tensor:
-        check_tensor(name, x)
-        check_rank(name, x, (2, 3), "(t, d_in) or (b, t, d_in)")
-        check_features(name, x, self.d_in, type(self).__name__, "d_in")
-        if x.dtype != self.W_query.dtype:
-            raise ValueError(
-                f"{name} has dtype {x.dtype} but {type(self).__name__}'s parameters are "
-                f"{self.W_query.dtype}; convert one of them (e.g. module.to({x.dtype}))"
-            )
-        if x.device != self.W_query.device:
-            raise ValueError(
-                f"{name} is on {x.device} but {type(self).__name__}'s parameters are on "
-                f"{self.W_query.device}"
-            )
-        return x
+        if not is_validation_enabled():
+            return x
+        owner = type(self).__name__
+        return check_tokens(
+            name, x, features=self.d_in, param="d_in", owner=owner, like=self.W_query
+        )
 
     def _weights(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
         queries = x @ self.W_query  # (..., t_q, d_out_kq)
@@ -129,6 +123,12 @@ class MultiHeadAttentionWrapper(nn.Module):
     Shapes:
         x: `(t, d_in)` or `(b, t, d_in)`. Output: `(..., t, num_heads * d_out_v)`.
 
+    Raises:
+        TypeError: As [`SelfAttention`][attnlab.SelfAttention], and if `num_heads` is not
+            an int.
+        ValueError: As [`SelfAttention`][attnlab.SelfAttention], and if `num_heads` is not
+            positive.
+
     Examples:
         >>> _ = torch.manual_seed(123)
         >>> mha = MultiHeadAttentionWrapper(d_in=3, d_out_kq=2, d_out_v=1, num_heads=4)
@@ -150,4 +150,15 @@ class MultiHeadAttentionWrapper(nn.Module):
         Returns:
             Context vectors, `(..., t, num_heads * d_out_v)`.
         """
+        if is_validation_enabled():
+            head = self.heads[0]
+            assert isinstance(head, SelfAttention)
+            check_tokens(
+                "x",
+                x,
+                features=head.d_in,
+                param="d_in",
+                owner=type(self).__name__,
+                like=head.W_query,
+            )
         return torch.cat([head(x) for head in self.heads], dim=-1)
