@@ -22,7 +22,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from attnlab._validation import check_choice, check_nonnegative_int, check_positive_int
+from attnlab._validation import (
+    check_choice,
+    check_device,
+    check_nonnegative_int,
+    check_positive_int,
+)
 from attnlab.functional import causal_mask
 
 __all__ = [
@@ -53,10 +58,11 @@ def _aligned(square: Tensor, t_q: int, t_k: int, align: str) -> Tensor:
     return square[n - t_q :, n - t_k :]  # (t_q, t_k)
 
 
-def _check_sizes(t_q: object, t_k: object, align: object) -> tuple[int, int]:
+def _check_sizes(t_q: object, t_k: object, align: object, device: object) -> tuple[int, int]:
     q = check_nonnegative_int("t_q", t_q)
     k = q if t_k is None else check_nonnegative_int("t_k", t_k)
     check_choice("align", align, _ALIGNMENTS)
+    check_device("device", device)
     return q, k
 
 
@@ -91,7 +97,8 @@ def causal(
 
     Raises:
         TypeError: If a length is not an int.
-        ValueError: If a length is negative or `align` is unknown.
+        ValueError: If a length is negative, `align` is unknown or `device` names no
+            device.
 
     Examples:
         >>> causal(2, 4)
@@ -101,7 +108,7 @@ def causal(
         tensor([[ True,  True,  True, False],
                 [ True,  True,  True,  True]])
     """
-    t_q, t_k = _check_sizes(t_q, t_k, align)
+    t_q, t_k = _check_sizes(t_q, t_k, align, device)
     if align == "top-left":
         return causal_mask(t_q, t_k, device=device)
     n = max(t_q, t_k)
@@ -134,8 +141,8 @@ def sliding_window(
 
     Raises:
         TypeError: If a size is not an int.
-        ValueError: If a length is negative, `window` is not positive or `align` is
-            unknown.
+        ValueError: If a length is negative, `window` is not positive, `align` is
+            unknown or `device` names no device.
 
     Examples:
         >>> sliding_window(4, window=2)
@@ -144,7 +151,7 @@ def sliding_window(
                 [False,  True,  True, False],
                 [False, False,  True,  True]])
     """
-    t_q, t_k = _check_sizes(t_q, t_k, align)
+    t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
     n = max(t_q, t_k)
     past = causal_mask(n, device=device)  # (n, n): j <= i
@@ -153,6 +160,7 @@ def sliding_window(
 
 
 def _lengths_tensor(lengths: Tensor | Sequence[int], device: torch.device | str | None) -> Tensor:
+    check_device("device", device)
     if isinstance(lengths, Tensor):
         if lengths.ndim != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
             raise TypeError(

@@ -14,7 +14,7 @@ directly, not through `pyplot`, so no GUI backend is needed and no global state 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,14 +42,35 @@ def _require_matplotlib() -> None:
 
 def _as_matrix(weights: Any) -> torch.Tensor:
     if isinstance(weights, torch.Tensor):
+        if weights.is_complex() or weights.dtype == torch.bool:
+            raise TypeError(f"weights must hold real numbers, got a {weights.dtype} tensor")
         matrix = weights.detach().to(device="cpu", dtype=torch.float64)
     else:
-        matrix = torch.as_tensor(weights, dtype=torch.float64)
+        try:
+            matrix = torch.as_tensor(weights, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"weights must be a 2-d tensor, array or nested list of numbers, got "
+                f"{type(weights).__name__}"
+            ) from None
     check_rank("weights", matrix, (2,), "(rows, cols)")
+    if matrix.numel() == 0:
+        raise ValueError(
+            f"weights is empty (weights.shape={tuple(matrix.shape)}): there is no weight to draw"
+        )
+    if not bool(torch.isfinite(matrix).all()):
+        raise ValueError(
+            "weights must be finite to be drawn, got NaN or inf; attention weights from "
+            "attnlab are always finite, so check where these came from"
+        )
     return matrix
 
 
 def _check_labels(name: str, labels: Sequence[str], expected: int, axis: str) -> list[str]:
+    if isinstance(labels, str) or not isinstance(labels, Iterable):
+        raise TypeError(
+            f"{name} must be a sequence of labels, one per {axis[:-1]}, got {type(labels).__name__}"
+        )
     labels = [str(label) for label in labels]
     if len(labels) != expected:
         raise ValueError(
@@ -98,7 +119,10 @@ def heatmap(
 
     Raises:
         ImportError: If matplotlib is not installed.
-        ValueError: If `weights` is not 2-d or the label counts do not match its shape.
+        TypeError: If `weights` does not hold real numbers, or a label argument is not a
+            sequence (a single string is refused, not split into characters).
+        ValueError: If `weights` is not 2-d, is empty or not finite, the label counts do
+            not match its shape, or `vmax` is below `vmin`.
 
     Examples:
         >>> import torch
@@ -119,6 +143,11 @@ def heatmap(
     cols = _check_labels("col_labels", col_labels, t_k, "columns")
     data = matrix.numpy()
     top = float(data.max()) if vmax is None else vmax
+    if top < vmin:
+        raise ValueError(
+            f"vmax must not be below vmin, got vmin={vmin} and vmax={top}"
+            + (" (the largest weight)" if vmax is None else "")
+        )
 
     if ax is None:
         fig = Figure(figsize=(1.0 + 0.62 * t_k, 0.8 + 0.5 * t_q), layout="constrained")
@@ -174,6 +203,7 @@ def figure_to_svg(fig: Figure) -> str:
 
     Raises:
         ImportError: If matplotlib is not installed.
+        TypeError: If `fig` is not a matplotlib `Figure`.
 
     Examples:
         >>> from matplotlib.figure import Figure
@@ -185,7 +215,10 @@ def figure_to_svg(fig: Figure) -> str:
     """
     _require_matplotlib()
     import matplotlib as mpl
+    from matplotlib.figure import Figure
 
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
     buffer = io.StringIO()
     with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "attnlab"}):
         fig.savefig(buffer, format="svg", metadata={"Date": None}, facecolor="white")

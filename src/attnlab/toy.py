@@ -18,6 +18,8 @@ SENTENCE = "Life is short, eat dessert first"
 
 
 def _words(sentence: str) -> list[str]:
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
     return sentence.replace(",", "").split()
 
 
@@ -29,6 +31,9 @@ def build_vocab(sentence: str = SENTENCE) -> dict[str, int]:
 
     Returns:
         `{word: index}`, indices `0 .. n-1` in sorted (case-sensitive) word order.
+
+    Raises:
+        TypeError: If `sentence` is not a str.
 
     Examples:
         >>> build_vocab("b a, c a")
@@ -45,20 +50,25 @@ def encode(sentence: str = SENTENCE, vocab: dict[str, int] | None = None) -> Ten
         vocab: Word-to-index map; built from `sentence` when omitted.
 
     Returns:
-        A 1-d `int64` tensor with one index per word.
+        A 1-d `int64` tensor with one index per word (empty for an empty sentence).
 
     Raises:
+        TypeError: If `sentence` is not a str or `vocab` not a dict.
         KeyError: If a word is not in `vocab`.
 
     Examples:
         >>> encode("b a, c a")
         tensor([1, 0, 2, 0])
     """
-    vocab = build_vocab(sentence) if vocab is None else vocab
-    missing = [w for w in _words(sentence) if w not in vocab]
+    words = _words(sentence)
+    if vocab is None:
+        vocab = build_vocab(sentence)
+    elif not isinstance(vocab, dict):
+        raise TypeError(f"vocab must be a dict of word -> index, got {type(vocab).__name__}")
+    missing = [w for w in words if w not in vocab]
     if missing:
         raise KeyError(f"words not in vocab: {missing}")
-    return torch.tensor([vocab[w] for w in _words(sentence)])
+    return torch.tensor([vocab[w] for w in words], dtype=torch.long)  # (num_words,)
 
 
 def embed_sentence(
@@ -78,6 +88,11 @@ def embed_sentence(
     Returns:
         A `(num_words, d)` float tensor, detached from autograd.
 
+    Raises:
+        TypeError: If `sentence` is not a str, or `d`, `vocab_size` or `seed` not an int.
+        ValueError: If `d` is not positive, or `vocab_size` is too small for the
+            sentence's distinct words.
+
     Examples:
         >>> embed_sentence().shape
         torch.Size([6, 3])
@@ -86,7 +101,15 @@ def embed_sentence(
     """
     check_positive_int("d", d)
     check_positive_int("vocab_size", vocab_size)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
     ids = encode(sentence)
+    words = len(build_vocab(sentence))
+    if words > vocab_size:
+        raise ValueError(
+            f"vocab_size must be at least the number of distinct words in sentence, "
+            f"{words}, got vocab_size={vocab_size}"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         embed = nn.Embedding(vocab_size, d)
