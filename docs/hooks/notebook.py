@@ -29,7 +29,7 @@ SITE_ROOT = "../../"  # from the notebook page (notebooks/article/) to the site 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>`{3,})(?P<info>[^\n]*)$")
 AUTOREF = re.compile(r"\[([^\]]+)\]\[[\w.]+\]")  # [`SelfAttention`][attnlab.SelfAttention]
 ADMONITION = re.compile(r'^(?:!!!|\?\?\?\+?)\s+\w+(?:\s+"(?P<title>[^"]*)")?\s*$')
-MD_LINK = re.compile(r"\]\((?!https?://|#)(?P<target>[^)\s]+?)\.md(?P<anchor>#[^)]*)?\)")
+LINK = re.compile(r"\]\((?!https?://|#|mailto:)(?P<target>[^)\s]+)\)")
 
 
 def _is_code(info: str) -> bool:
@@ -42,16 +42,20 @@ def _is_code(info: str) -> bool:
     )
 
 
+def _site_url(target: str) -> str:
+    """A chapter's relative link or image path, as seen from the notebook page."""
+    path, hash_, anchor = target.partition("#")
+    path = posixpath.normpath("article/" + path)  # chapters live in article/
+    if path.endswith(".md"):  # the page's URL, with directory URLs
+        path = path.removesuffix(".md").removesuffix("index")
+        path = path if not path or path.endswith("/") else path + "/"
+    return SITE_ROOT + path + hash_ + anchor
+
+
 def _markdown_for_jupyter(text: str) -> str:
     """Rewrite the site-only Markdown (autorefs, admonitions, .md links) for Jupyter."""
     text = AUTOREF.sub(r"\1", text)
-    # A chapter's link `x.md` is relative to article/; the notebook page sits elsewhere.
-    text = MD_LINK.sub(
-        lambda m: (
-            f"]({SITE_ROOT}{posixpath.normpath('article/' + m['target'])}/{m['anchor'] or ''})"
-        ),
-        text,
-    )
+    text = LINK.sub(lambda m: f"]({_site_url(m['target'])})", text)
     lines, out, quoting = text.split("\n"), [], False
     for line in lines:
         match = ADMONITION.match(line)
