@@ -121,3 +121,15 @@ def test_notebook_page_is_executed_and_downloadable(site: tuple[Path, str]) -> N
     code_cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
     assert code_cells
     assert all(c["outputs"] == [] and c["execution_count"] is None for c in code_cells)
+
+
+def test_every_local_image_exists(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    broken = []
+    for page in _pages(site_dir):
+        for src in re.findall(r"<img\b[^>]*\bsrc=\"([^\"]+)\"", page.read_text("utf-8")):
+            if src.startswith(("data:", "http:", "https:", "//")):
+                continue
+            if not (page.parent / src.split("#")[0]).resolve().is_file():
+                broken.append(f"{page.relative_to(site_dir)}: {src}")
+    assert broken == []
