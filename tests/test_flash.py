@@ -177,6 +177,14 @@ def test_flash_attention_saves_logsumexp_not_probabilities() -> None:
     assert shapes == sorted([(6, 13, 8), (6, 9, 8), (6, 9, 6), (6, 13, 6), (6, 13)])
 
 
+def test_flash_attention_without_validation_gives_the_same_result() -> None:
+    q, k, v = _inputs(9, 6, 2)
+    checked = flash_attention(q, k, v, is_causal=True, block_size=(4, 5))
+    with attnlab.validation(False):
+        unchecked = flash_attention(q, k, v, is_causal=True, block_size=(4, 5))
+    torch.testing.assert_close(unchecked, checked, rtol=0, atol=0)
+
+
 def test_functional_reexports_flash_attention() -> None:
     assert attnlab.functional.flash_attention is flash_attention
     assert "flash_attention" in attnlab.functional.__all__
