@@ -300,7 +300,8 @@ def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
     """Raise ``ValueError`` unless ``x`` has at least ``min_rank`` dimensions."""
     if x.ndim < min_rank:
         raise ValueError(
-            f"{name} must have at least {min_rank} dimensions {layout}, got {x.ndim} "
+            f"{name} must have at least {min_rank} dimension{'s' * (min_rank != 1)} {layout}, "
+            f"got {x.ndim} "
             f"({name}.shape={_shape(x)})"
         )
 
@@ -326,11 +327,14 @@ def check_attn_mask(
             f"({name}.shape={_shape(mask)})"
         )
     if mask.device != query.device:
-        raise ValueError(f"{name} is on {mask.device} but {query_name} is on {query.device}")
+        raise ValueError(
+            f"{name} is on {mask.device} but {query_name} is on {query.device}; move it with "
+            f"{name}.to({query_name}.device)"
+        )
     if broadcast_shape(tuple(mask.shape), target) != target:
         hint = (
             "; a (b, S) padding mask needs mask[:, None, None, :] to reach (b, 1, 1, S)"
-            if mask.ndim == 2 and len(target) == 4
+            if mask.ndim == 2 and len(target) == 4 and tuple(mask.shape) == (target[0], target[-1])
             else ""
         )
         raise ValueError(

@@ -1,0 +1,536 @@
+"""Edge cases and numerics of every module and function: empty sequences, fully masked rows,
+large scores, dtypes and devices, and gradients checked by finite differences.
+
+One registry, `ENTRIES`, lists every public way to run attention, with the inputs it takes;
+the tests run each property over all of it, so a new entry point gets every check by being
+added there. Tensors on the `meta` device (shapes and dtypes without data) stand in for a
+second device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from attnlab import (
+    CausalSelfAttention,
+    CrossAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    SelfAttention,
+    masks,
+    toy,
+)
+from attnlab import functional as AF
+
+# All sizes differ (a swapped pair of axes cannot pass by luck), and they are small: the
+# finite differences of gradcheck cost two forward passes per input element and parameter.
+B, T, S, D_IN, D_CTX, D_KQ, D_V, D_OUT, HEADS = 2, 3, 4, 5, 7, 6, 9, 8, 2
+sdpa_torch = nn.functional.scaled_dot_product_attention
+
+
+@dataclass
+class Entry:
+    """A public entry point: what to build, which float inputs it takes, how to call it."""
+
+    shapes: dict[str, tuple[int, ...]]
+    call: Callable[[nn.Module | None, dict[str, Tensor]], Tensor]
+    build: Callable[[], nn.Module] | None = None
+    weights: bool = False  # the output is attention weights (rows sum to 1)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _key_padding(inputs: dict[str, Tensor], name: str = "context") -> Tensor:
+    # The second sequence has 3 real tokens out of S, the first has all of them. Built on the
+    # CPU and moved: the mask depends on the values of the lengths, which `meta` lacks.
+    return masks.key_padding([S, 3], max_len=S).to(inputs[name].device)
+
+
+def _bottom_right(inputs: dict[str, Tensor]) -> Tensor:
+    # More queries than keys: the first queries have no key in their past at all.
+    t_q, t_k = inputs["q"].shape[-2], inputs["k"].shape[-2]
+    return masks.causal(t_q, t_k, align="bottom-right", device=inputs["q"].device)
+
+
+def _mha(backend: str, cross: bool) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        d_context = D_CTX if cross else None
+        return MultiHeadAttention(D_IN, D_OUT, HEADS, d_context=d_context, backend=backend).eval()  # type: ignore[arg-type]
+
+    return build
+
+
+def _m(module: nn.Module | None) -> Any:
+    assert module is not None
+    return module
+
+
+X = {"x": (B, T, D_IN)}
+XC = {"x": (B, T, D_IN), "context": (B, S, D_IN)}
+XC_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX)}
+QKV = {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ), "v": (B, HEADS, S, D_V)}
+
+ENTRIES: dict[str, Entry] = {
+    "SelfAttention": Entry(X, lambda m, i: _m(m)(i["x"]), lambda: SelfAttention(D_IN, D_KQ, D_V)),
+    "SelfAttention.attention_weights": Entry(
+        X,
+        lambda m, i: _m(m).attention_weights(i["x"]),
+        lambda: SelfAttention(D_IN, D_KQ, D_V),
+        weights=True,
+    ),
+    "CausalSelfAttention": Entry(
+        X, lambda m, i: _m(m)(i["x"]), lambda: CausalSelfAttention(D_IN, D_KQ, D_V)
+    ),
+    "CausalSelfAttention.attention_weights": Entry(
+        X,
+        lambda m, i: _m(m).attention_weights(i["x"]),
+        lambda: CausalSelfAttention(D_IN, D_KQ, D_V),
+        weights=True,
+    ),
+    "CrossAttention": Entry(
+        XC, lambda m, i: _m(m)(i["x"], i["context"]), lambda: CrossAttention(D_IN, D_KQ, D_V)
+    ),
+    "CrossAttention.attention_weights": Entry(
+        XC,
+        lambda m, i: _m(m).attention_weights(i["x"], i["context"]),
+        lambda: CrossAttention(D_IN, D_KQ, D_V),
+        weights=True,
+    ),
+    "MultiHeadAttentionWrapper": Entry(
+        X, lambda m, i: _m(m)(i["x"]), lambda: MultiHeadAttentionWrapper(D_IN, D_KQ, D_V, HEADS)
+    ),
+    "MultiHeadAttention[torch] causal": Entry(
+        X, lambda m, i: _m(m)(i["x"], is_causal=True), _mha("torch", cross=False)
+    ),
+    "MultiHeadAttention[scratch] causal": Entry(
+        X, lambda m, i: _m(m)(i["x"], is_causal=True), _mha("scratch", cross=False)
+    ),
+    "MultiHeadAttention[torch] cross padded": Entry(
+        XC_MHA,
+        lambda m, i: _m(m)(i["x"], i["context"], attn_mask=_key_padding(i)),
+        _mha("torch", cross=True),
+    ),
+    "MultiHeadAttention[scratch] cross padded": Entry(
+        XC_MHA,
+        lambda m, i: _m(m)(i["x"], i["context"], attn_mask=_key_padding(i)),
+        _mha("scratch", cross=True),
+    ),
+    "MultiHeadAttention.attention_weights": Entry(
+        XC_MHA,
+        lambda m, i: _m(m).attention_weights(i["x"], i["context"], attn_mask=_key_padding(i)),
+        _mha("scratch", cross=True),
+        weights=True,
+    ),
+    "attention_scores": Entry(
+        {"q": (B, T, D_KQ), "k": (B, S, D_KQ)}, lambda m, i: AF.attention_scores(i["q"], i["k"])
+    ),
+    "scaled_softmax": Entry(
+        {"scores": (B, T, T)},
+        lambda m, i: AF.scaled_softmax(
+            i["scores"], D_KQ, AF.causal_mask(T, device=i["scores"].device)
+        ),
+        weights=True,
+    ),
+    "context_vectors": Entry(
+        {"w": (B, T, S), "v": (B, S, D_V)}, lambda m, i: AF.context_vectors(i["w"], i["v"])
+    ),
+    "scaled_dot_product_attention": Entry(
+        QKV, lambda m, i: AF.scaled_dot_product_attention(i["q"], i["k"], i["v"])
+    ),
+    "scaled_dot_product_attention causal": Entry(
+        QKV, lambda m, i: AF.scaled_dot_product_attention(i["q"], i["k"], i["v"], is_causal=True)
+    ),
+    "scaled_dot_product_attention bottom-right (fully masked rows)": Entry(
+        {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)},
+        lambda m, i: AF.scaled_dot_product_attention(i["q"], i["k"], i["v"], _bottom_right(i)),
+    ),
+    "scaled_dot_product_attention additive mask": Entry(
+        QKV,
+        lambda m, i: AF.scaled_dot_product_attention(
+            i["q"],
+            i["k"],
+            i["v"],
+            masks.allowed_to_additive(_key_padding(i, "k"), i["q"].dtype),
+        ),
+    ),
+    "scaled_dot_product_attention gqa": Entry(
+        {"q": (B, 4, T, D_KQ), "k": (B, 2, S, D_KQ), "v": (B, 2, S, D_V)},
+        lambda m, i: AF.scaled_dot_product_attention(
+            i["q"], i["k"], i["v"], enable_gqa=True, scale=0.3
+        ),
+    ),
+    "attention_weights": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ)},
+        lambda m, i: AF.attention_weights(i["q"], i["k"], attn_mask=_key_padding(i, "k")),
+        weights=True,
+    ),
+    "flash_attention": Entry(
+        QKV, lambda m, i: AF.flash_attention(i["q"], i["k"], i["v"], block_size=(2, 3))
+    ),
+    "flash_attention causal": Entry(
+        QKV,
+        lambda m, i: AF.flash_attention(i["q"], i["k"], i["v"], is_causal=True, block_size=4),
+    ),
+}
+
+
+def _inputs(
+    entry: Entry,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    scale: float = 1.0,
+    requires_grad: bool = False,
+) -> dict[str, Tensor]:
+    return {
+        name: (torch.randn(shape, dtype=torch.float64) * scale)
+        .to(device=device, dtype=dtype)
+        .requires_grad_(requires_grad)
+        for name, shape in entry.shapes.items()
+    }
+
+
+def _run(entry: Entry, inputs: dict[str, Tensor], module: nn.Module | None) -> Tensor:
+    return entry.call(module, inputs)
+
+
+def _module(
+    entry: Entry, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> nn.Module | None:
+    if entry.build is None:
+        return None
+    return entry.build().to(device=device, dtype=dtype)
+
+
+# -- large scores stay finite -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e4), (torch.bfloat16, 300.0)])
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_large_inputs_give_finite_outputs_and_gradients(
+    name: str, dtype: torch.dtype, scale: float
+) -> None:
+    entry = ENTRIES[name]
+    module = _module(entry, dtype)
+    inputs = _inputs(entry, dtype=dtype, scale=scale, requires_grad=True)
+    out = _run(entry, inputs, module)
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all(), f"{name} returned NaN or inf for inputs scaled by {scale}"
+    if entry.weights:
+        rows = out.float().sum(-1)
+        # Rows sum to 1, or to 0 where every key is masked (padding, causal); never NaN.
+        ok = torch.isclose(rows, torch.ones_like(rows), atol=1e-2) | (rows == 0)
+        assert ok.all()
+    out.float().square().mean().backward()
+    for input_name, tensor in inputs.items():
+        assert tensor.grad is not None
+        assert torch.isfinite(tensor.grad).all(), f"gradient of {input_name} is not finite"
+
+
+def test_scaled_softmax_of_huge_scores_equals_float64() -> None:
+    # exp(1e4) overflows any float; subtracting each row's maximum first keeps every exponent
+    # <= 0, so float32 agrees with float64 on scores far beyond exp's range.
+    scores = torch.tensor([[1e4, 1e4 + 2.0, 1e4 - 3.0], [-5e4, -5e4, -5e4 + 1.0]])
+    expected = AF.scaled_softmax(scores.double(), d_k=4)
+    torch.testing.assert_close(AF.scaled_softmax(scores, d_k=4), expected.float())
+    assert torch.isinf(torch.exp(scores / 2)).any()  # the naive formula would overflow
+
+
+# -- fully masked rows give zeros -------------------------------------------------------
+
+
+def test_scaled_softmax_fully_masked_rows_are_zero() -> None:
+    scores = torch.randn(3, 4, requires_grad=True)
+    mask = torch.tensor([[True, False, True, True], [False] * 4, [True] * 4])
+    weights = AF.scaled_softmax(scores, d_k=4, mask=mask)
+    torch.testing.assert_close(weights[1], torch.zeros(4))
+    torch.testing.assert_close(weights.sum(-1), torch.tensor([1.0, 0.0, 1.0]))
+    weights.square().sum().backward()
+    assert scores.grad is not None
+    assert torch.isfinite(scores.grad).all()
+    torch.testing.assert_close(scores.grad[1], torch.zeros(4))
+
+
+def test_scaled_softmax_rows_of_minus_infinity_are_zero_without_a_mask() -> None:
+    scores = torch.tensor([[float("-inf")] * 3, [0.0, float("-inf"), 0.0]])
+    torch.testing.assert_close(
+        AF.scaled_softmax(scores, d_k=1), torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.5]])
+    )
+
+
+FULLY_MASKED = {
+    "bool mask, one row blocked": lambda: torch.tensor(
+        [[True] * S] + [[False] * S] + [[True, False] * (S // 2)] * (T - 2)
+    ),
+    "additive mask, one row of -inf": lambda: masks.allowed_to_additive(
+        torch.tensor([[True] * S] + [[False] * S] + [[False] * (S - 1) + [True]] * (T - 2))
+    ),
+    "padding, an empty sequence": lambda: masks.key_padding([4, 0], max_len=S),
+    "bottom-right causal, more queries than keys": lambda: masks.causal(T, 2, align="bottom-right"),
+}
+
+
+def _keys_for(mask: Tensor) -> int:
+    return mask.shape[-1]
+
+
+@pytest.mark.parametrize("case", list(FULLY_MASKED))
+def test_sdpa_fully_masked_rows_are_zero_like_torch(case: str) -> None:
+    mask = FULLY_MASKED[case]()
+    s = _keys_for(mask)
+    q = torch.randn(B, HEADS, T, D_KQ, requires_grad=True)
+    k = torch.randn(B, HEADS, s, D_KQ, requires_grad=True)
+    v = torch.randn(B, HEADS, s, D_V, requires_grad=True)
+    out = AF.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    expected = sdpa_torch(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected)
+    blocked = ~(mask if mask.dtype == torch.bool else mask == 0).any(-1)  # (..., L)
+    assert blocked.any()
+    assert (out.masked_select(blocked.expand(B, HEADS, T)[..., None]) == 0).all()
+    weights = AF.attention_weights(q, k, attn_mask=mask)
+    assert (weights.sum(-1).masked_select(blocked.expand(B, HEADS, T)) == 0).all()
+    out.square().sum().backward()
+    for tensor in (q, k, v):
+        assert tensor.grad is not None
+        assert torch.isfinite(tensor.grad).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_multihead_sequence_with_no_keys_gives_output_bias(backend: str) -> None:
+    module = _mha(backend, cross=True)()
+    x, context = torch.randn(B, T, D_IN), torch.randn(B, S, D_CTX, requires_grad=True)
+    mask = masks.key_padding([S, 0])  # the second sequence has no real token at all
+    out = module(x, context, attn_mask=mask)
+    # Its heads are all zeros, so what is left is the output projection's bias.
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[1], module.out_proj.bias.expand(T, D_OUT))
+    out.sum().backward()
+    assert context.grad is not None
+    assert torch.isfinite(context.grad).all()
+
+
+# -- empty sequences ----------------------------------------------------------------------
+
+
+def _with(entry: Entry, **sizes: int) -> dict[str, Tensor]:
+    """Inputs of `entry` with some lengths changed, e.g. the queries' to 0."""
+    inputs = _inputs(entry)
+    out = {}
+    for name, t in inputs.items():
+        shape = list(t.shape)
+        if name in sizes:
+            shape[-2] = sizes[name]
+        out[name] = torch.randn(shape)
+    return out
+
+
+EMPTY_QUERY_INPUT = {
+    "SelfAttention": "x",
+    "SelfAttention.attention_weights": "x",
+    "CausalSelfAttention": "x",
+    "CausalSelfAttention.attention_weights": "x",
+    "CrossAttention": "x",
+    "CrossAttention.attention_weights": "x",
+    "MultiHeadAttentionWrapper": "x",
+    "MultiHeadAttention[torch] causal": "x",
+    "MultiHeadAttention[scratch] causal": "x",
+    "MultiHeadAttention[torch] cross padded": "x",
+    "MultiHeadAttention[scratch] cross padded": "x",
+    "MultiHeadAttention.attention_weights": "x",
+    "attention_scores": "q",
+    "scaled_softmax": None,  # its mask is (T, T): see test_scaled_softmax_of_no_scores
+    "context_vectors": "w",
+    "scaled_dot_product_attention": "q",
+    "scaled_dot_product_attention causal": "q",
+    "scaled_dot_product_attention bottom-right (fully masked rows)": "q",
+    "scaled_dot_product_attention additive mask": "q",
+    "scaled_dot_product_attention gqa": "q",
+    "attention_weights": "q",
+    "flash_attention": "q",
+    "flash_attention causal": "q",
+}
+
+
+@pytest.mark.parametrize("name", [n for n, q in EMPTY_QUERY_INPUT.items() if q is not None])
+def test_no_queries_give_an_empty_output(name: str) -> None:
+    entry = ENTRIES[name]
+    query_name = EMPTY_QUERY_INPUT[name]
+    assert query_name is not None
+    full = _run(entry, _inputs(entry), _module(entry))
+    out = _run(entry, _with(entry, **{query_name: 0}), _module(entry))
+    expected = list(full.shape)
+    expected[-2] = 0
+    if entry.weights and set(entry.shapes) == {"x"}:
+        expected[-1] = 0  # self-attention weights: no queries means no keys either
+    assert list(out.shape) == expected
+
+
+def test_scaled_softmax_of_no_scores() -> None:
+    assert AF.scaled_softmax(torch.randn(B, 0, S), d_k=D_KQ).shape == (B, 0, S)
+    assert AF.scaled_softmax(torch.randn(B, T, 0), d_k=D_KQ).shape == (B, T, 0)
+    empty = torch.zeros(B, 0, 0, dtype=torch.bool)
+    assert AF.scaled_softmax(torch.randn(B, 0, 0), d_k=D_KQ, mask=empty).shape == (B, 0, 0)
+
+
+def test_batch_of_no_sequences_gives_an_empty_batch() -> None:
+    for backend in ("torch", "scratch"):
+        module = _mha(backend, cross=True)()
+        assert module(torch.randn(0, T, D_IN), torch.randn(0, S, D_CTX)).shape == (0, T, D_OUT)
+    q, k, v = (
+        torch.randn(0, HEADS, T, D_KQ),
+        torch.randn(0, HEADS, S, D_KQ),
+        torch.randn(0, HEADS, S, D_V),
+    )
+    assert AF.scaled_dot_product_attention(q, k, v).shape == (0, HEADS, T, D_V)
+    assert AF.flash_attention(q, k, v).shape == (0, HEADS, T, D_V)
+    assert SelfAttention(D_IN, D_KQ, D_V)(torch.randn(0, T, D_IN)).shape == (0, T, D_V)
+
+
+@pytest.mark.parametrize("fn", ["scaled_dot_product_attention", "flash_attention"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_functions_with_no_keys_give_zeros_like_torch(fn: str, is_causal: bool) -> None:
+    q = torch.randn(B, HEADS, T, D_KQ, requires_grad=True)
+    k, v = torch.randn(B, HEADS, 0, D_KQ), torch.randn(B, HEADS, 0, D_V)
+    out = getattr(AF, fn)(q, k, v, is_causal=is_causal)
+    expected = sdpa_torch(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, torch.zeros(B, HEADS, T, D_V))
+    out.sum().backward()
+    assert q.grad is not None
+    torch.testing.assert_close(q.grad, torch.zeros_like(q))
+
+
+def test_functional_steps_with_no_keys() -> None:
+    assert AF.attention_scores(torch.randn(T, D_KQ), torch.randn(0, D_KQ)).shape == (T, 0)
+    assert AF.attention_weights(torch.randn(T, D_KQ), torch.randn(0, D_KQ)).shape == (T, 0)
+    torch.testing.assert_close(
+        AF.context_vectors(torch.randn(T, 0), torch.randn(0, D_V)), torch.zeros(T, D_V)
+    )
+
+
+@pytest.mark.parametrize("method", ["forward", "attention_weights"])
+def test_cross_attention_with_empty_context_gives_zeros_like_torch(method: str) -> None:
+    module = CrossAttention(D_IN, D_KQ, D_V)
+    x, context = torch.randn(B, T, D_IN), torch.randn(B, 0, D_IN)
+    out = getattr(module, method)(x, context)
+    if method == "forward":
+        q, k, v = x @ module.W_query, context @ module.W_key, context @ module.W_value
+        torch.testing.assert_close(out, sdpa_torch(q, k, v))
+        torch.testing.assert_close(out, torch.zeros(B, T, D_V))
+    else:
+        assert out.shape == (B, T, 0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_multihead_with_empty_context_equals_torch_module(backend: str) -> None:
+    ours = MultiHeadAttention(D_OUT, D_OUT, HEADS, d_context=D_CTX, backend=backend).eval()  # type: ignore[arg-type]
+    with torch.no_grad():
+        ours.out_proj.bias.normal_()  # nonzero, so that "zeros, then the bias" is visible
+    theirs = ours.to_torch().eval()
+    x, context = torch.randn(B, T, D_OUT), torch.randn(B, 0, D_CTX)
+    expected = theirs(x, context, context, need_weights=False)[0]
+    torch.testing.assert_close(ours(x, context), expected)
+    torch.testing.assert_close(ours(x, context), ours.out_proj.bias.expand(B, T, D_OUT))
+    assert ours.attention_weights(x, context).shape == (B, HEADS, T, 0)
+
+
+def test_multihead_unbatched_empty_sequence() -> None:
+    module = _mha("scratch", cross=False)()
+    assert module(torch.randn(0, D_IN)).shape == (0, D_OUT)
+    assert module.attention_weights(torch.randn(0, D_IN)).shape == (HEADS, 0, 0)
+
+
+def test_mask_builders_and_toy_data_of_length_zero() -> None:
+    assert AF.causal_mask(0).shape == (0, 0)
+    assert masks.causal(0, 3, align="bottom-right").shape == (0, 3)
+    assert masks.sliding_window(0, 4, window=2).shape == (0, 4)
+    assert masks.padding([]).shape == (0, 0)
+    assert not masks.key_padding([0, 0]).any()
+    assert masks.key_padding([0, 0]).shape == (2, 1, 1, 0)
+    ids = toy.encode("")
+    assert ids.shape == (0,)
+    assert ids.dtype == torch.long
+    assert toy.embed_sentence("", d=4).shape == (0, 4)
+
+
+# -- dtype and device follow the input ----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_output_dtype_follows_the_input(name: str, dtype: torch.dtype) -> None:
+    entry = ENTRIES[name]
+    out = _run(entry, _inputs(entry, dtype=dtype), _module(entry, dtype))
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_output_device_follows_the_input(name: str) -> None:
+    entry = ENTRIES[name]
+    out = _run(entry, _inputs(entry, device="meta"), _module(entry, device="meta"))
+    assert out.device.type == "meta"
+    reference = _run(entry, _inputs(entry), _module(entry))
+    assert out.shape == reference.shape
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_float64_agrees_with_float32(name: str) -> None:
+    entry = ENTRIES[name]
+    inputs = _inputs(entry, dtype=torch.float64)
+    module = _module(entry, torch.float64)
+    out64 = _run(entry, inputs, module)
+    inputs32 = {k: v.float() for k, v in inputs.items()}
+    module32 = None if module is None else module.float()
+    out32 = _run(entry, inputs32, module32)
+    assert out64.dtype == torch.float64
+    torch.testing.assert_close(out32, out64.float(), rtol=1e-4, atol=1e-5)
+
+
+# -- gradients checked by finite differences ----------------------------------------------
+
+
+class _Bound(nn.Module):
+    """Wraps an entry's module so that `torch.func.functional_call` can swap its parameters."""
+
+    def __init__(self, entry: Entry, inner: nn.Module) -> None:
+        super().__init__()
+        self.entry = entry
+        self.inner = inner
+
+    def forward(self, inputs: dict[str, Tensor]) -> Tensor:
+        return self.entry.call(self.inner, inputs)
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_gradcheck_float64(name: str) -> None:
+    entry = ENTRIES[name]
+    inputs = _inputs(entry, dtype=torch.float64, requires_grad=True)
+    input_names = list(inputs)
+    module = _module(entry, torch.float64)
+    if module is None:
+
+        def fn(*args: Tensor) -> Tensor:
+            return entry.call(None, dict(zip(input_names, args, strict=True)))
+
+        assert torch.autograd.gradcheck(fn, tuple(inputs.values()))
+        return
+    bound = _Bound(entry, module)
+    params = {
+        f"inner.{n}": p.detach().clone().requires_grad_() for n, p in module.named_parameters()
+    }
+    param_names = list(params)
+
+    def fn_with_params(*args: Tensor) -> Tensor:
+        given = dict(zip(input_names, args[: len(input_names)], strict=True))
+        swapped = dict(zip(param_names, args[len(input_names) :], strict=True))
+        out: Tensor = torch.func.functional_call(bound, swapped, (given,))
+        return out
+
+    # Inputs and every parameter: a wrong gradient for W_key would show here too.
+    assert torch.autograd.gradcheck(fn_with_params, (*inputs.values(), *params.values()))
