@@ -534,3 +534,44 @@ def test_gradcheck_float64(name: str) -> None:
 
     # Inputs and every parameter: a wrong gradient for W_key would show here too.
     assert torch.autograd.gradcheck(fn_with_params, (*inputs.values(), *params.values()))
+
+
+# -- half precision -------------------------------------------------------------------------
+
+# The production paths compute attention in float32 for float16/bfloat16 inputs, as PyTorch
+# does on the CPU. The teaching modules (SelfAttention and its relatives) stay literal, with
+# scores in the input's dtype: in float16 those overflow once q.k passes 65504.
+HALF_SAFE = [
+    name
+    for name in ENTRIES
+    if name.startswith(
+        ("MultiHeadAttention[", "MultiHeadAttention.", "scaled_dot", "attention_weights", "flash")
+    )
+]
+
+
+@pytest.mark.parametrize("name", HALF_SAFE)
+def test_float16_inputs_scaled_by_300_give_finite_outputs(name: str) -> None:
+    entry = ENTRIES[name]
+    out = _run(
+        entry, _inputs(entry, dtype=torch.float16, scale=300.0), _module(entry, torch.float16)
+    )
+    assert out.dtype == torch.float16
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sdpa_half_precision_equals_torch(dtype: torch.dtype, scale: float) -> None:
+    q = (torch.randn(B, HEADS, T, 64) * scale).to(dtype)
+    k = (torch.randn(B, HEADS, S, 64) * scale).to(dtype)
+    v = torch.randn(B, HEADS, S, D_V).to(dtype)
+    mask = torch.tensor([[True, False, True, True], [False, True, True, False], [True] * S])
+    out = AF.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, sdpa_torch(q, k, v, attn_mask=mask))
+    weights = AF.attention_weights(q, k, attn_mask=mask)
+    assert weights.dtype == dtype
+    torch.testing.assert_close(
+        weights.float(),
+        AF.attention_weights(q.float(), k.float(), attn_mask=mask).to(dtype).float(),
+    )

@@ -989,6 +989,7 @@ def _switch_calls() -> dict[str, Callable[[], torch.Tensor]]:
         "context_vectors": lambda: AF.context_vectors(torch.softmax(q @ k.mT, -1), v),
         "scaled_dot_product_attention": lambda: AF.scaled_dot_product_attention(q, k, v, mask),
         "attention_weights": lambda: AF.attention_weights(q, k, is_causal=True),
+        "flash_attention": lambda: AF.flash_attention(q, k, v, is_causal=True, block_size=3),
     }
 
 

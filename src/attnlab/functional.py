@@ -233,6 +233,13 @@ def _softmax_or_zeros(logits: Tensor) -> Tensor:
     return weights.masked_fill(blocked, 0.0)
 
 
+# Half-precision inputs are attended in float32 and the result rounded once at the end, as
+# PyTorch's SDPA does on the CPU: a score q.k of float16 inputs overflows float16's range
+# (65504) long before the inputs do (300 * 300 > 65504), and bfloat16 keeps only about 3
+# significant digits of each score, too few for a softmax over many keys.
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
 def _repeat_heads(x: Tensor, num_heads: int) -> Tensor:
     """Repeat each key/value head so that `num_heads` query heads share it (GQA)."""
     # Head g of x serves query heads g * r ... g * r + r - 1, as in PyTorch's reference.
@@ -390,7 +397,11 @@ def attention_weights(
     """
     if is_validation_enabled():
         _check_attention_args(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    dtype = query.dtype
+    if dtype in _LOW_PRECISION:
+        query, key = query.float(), key.float()
+    weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return weights.to(dtype)  # (..., L, S)
 
 
 def scaled_dot_product_attention(
@@ -427,6 +438,8 @@ def scaled_dot_product_attention(
       repeated `Hq / H` times to serve `Hq` query heads (grouped-query attention).
     - Dropout is applied whenever `dropout_p > 0`: pass `0.0` in evaluation. Seeded the
       same, it draws the same dropout mask as PyTorch's math backend.
+    - float16 and bfloat16 inputs are computed in float32 and the result rounded back, as
+      PyTorch does on the CPU, so that large scores neither overflow nor lose their digits.
 
     Args:
         query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
@@ -465,10 +478,13 @@ def scaled_dot_product_attention(
     """
     if is_validation_enabled():
         _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    dtype = query.dtype
+    if dtype in _LOW_PRECISION:
+        query, key, value = query.float(), key.float(), value.float()
     weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if enable_gqa:
         value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-    return context_vectors(weights, value)  # (..., L, Ev)
+    return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
 
 
 # FlashAttention lives in its own module (attnlab.flash) and is re-exported here. Imported
