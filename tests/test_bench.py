@@ -90,8 +90,11 @@ def test_bench_markdown_tables_list_every_result(quick_run: tuple[Path, dict[str
     _, data = quick_run
     table = bench.results_markdown(data, "kernels", "forward")
     assert table.count("`flash_attention`") == len(bench.QUICK["kernels"].seq_lens["forward"])
-    assert "x torch_sdpa" in table
+    assert "time / baseline" in table
     assert "configurations" in bench.goals_markdown(data)  # tiny sizes decide no goal
+    provenance = bench.provenance_markdown(data)
+    assert "`python -m attnlab.bench --quick" in provenance
+    assert torch.__version__ in provenance
 
 
 def test_goals_are_decided_from_the_goal_configurations() -> None:

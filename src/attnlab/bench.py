@@ -60,14 +60,17 @@ from attnlab.flash import flash_attention
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SuiteConfig",
     "count_flops",
     "goals_markdown",
     "main",
     "measure_matmul_peak",
     "naive_attention",
     "peak_extra_bytes",
+    "provenance_markdown",
     "results_markdown",
     "run",
+    "write_plots",
 ]
 
 SCHEMA_VERSION = 1
@@ -660,8 +663,10 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _seconds(s: float) -> str:
-    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+def _time_range(t: dict[str, float]) -> str:
+    """'12.3 ms (11.9-13.0)': median, then min-max, in the median's unit."""
+    scale, unit = next((u for u in ((1.0, "s"), (1e-3, "ms")) if t["median"] >= u[0]), (1e-6, "µs"))
+    return f"{t['median'] / scale:.3g} {unit} ({t['min'] / scale:.3g}-{t['max'] / scale:.3g})"
 
 
 def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
@@ -678,22 +683,63 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     rows = [r for r in data["suites"].get(suite, {}).get("results", []) if r["mode"] == mode]
     if not rows:
         return f"*No {suite} results for {mode} in this run.*"
-    baseline = data["suites"][suite]["baseline"]
     lines = [
-        f"| T | implementation | median (min-max) | x {baseline} | peak extra memory | "
-        "GFLOP/s | % of peak |",
+        "| T | implementation | time: median (min-max) | time / baseline | peak extra memory "
+        "| GFLOP/s | % of matmul peak |",
         "|--:|:--|--:|--:|--:|--:|--:|",
     ]
     for r in sorted(rows, key=lambda r: (r["seq_len"], r["time_s"]["median"])):
         t, ratio = r["time_s"], r["ratio_to_baseline"]
         shown_ratio = "" if ratio is None else f"{ratio['median']:.2f}"
         lines.append(
-            f"| {r['seq_len']} | `{r['impl']}` | {_seconds(t['median'])} "
-            f"({_seconds(t['min'])}-{_seconds(t['max'])}) | "
+            f"| {r['seq_len']} | `{r['impl']}` | {_time_range(t)} | "
             f"{shown_ratio} | "
             f"{_bytes(r['peak_extra_bytes'])} | {r['gflops']:.1f} | "
             f"{100 * r['share_of_peak']:.0f} |"
         )
+    return "\n".join(lines)
+
+
+def provenance_markdown(data: dict[str, Any]) -> str:
+    """A Markdown table of where and how a run was made: command, versions, machine, load.
+
+    Args:
+        data: The dict that `run` returns (or `bench.json` loaded).
+
+    Returns:
+        The table.
+    """
+    prov, peak = data["provenance"], data["matmul_peak"]
+    share = prov.get("other_processes_cpu_share")
+    rows = [
+        ("command", f"`{prov['command']}`"),
+        ("date (UTC)", prov["date"].replace("T", " ").removesuffix("+00:00")),
+        ("duration", f"{prov['duration_s'] / 60:.1f} min"),
+        ("PyTorch", prov["torch"]),
+        ("Python", prov["python"]),
+        ("CPU", f"{prov['cpu_model']}, {prov['logical_cpus']} logical CPUs"),
+        ("PyTorch threads", str(prov["torch_threads"])),
+        ("platform", prov["platform"]),
+        (
+            "float32 matmul peak",
+            f"{peak['gflops']:.0f} GFLOP/s (best rate, reached at {peak['size']} x {peak['size']})",
+        ),
+        (
+            "load average (1, 5, 15 min) before / after",
+            " / ".join(
+                ", ".join(f"{x:.2f}" for x in prov[key])
+                for key in ("load_average_before", "load_average_after")
+            ),
+        ),
+        (
+            "CPU time used by other processes",
+            "not measured" if share is None else f"{100 * share:.0f}% of the machine",
+        ),
+        ("repeats per size", str(prov["repeats"])),
+    ]
+    if prov.get("note"):
+        rows.append(("note", prov["note"]))
+    lines = ["| | |", "|:--|:--|", *(f"| {k} | {v} |" for k, v in rows)]
     return "\n".join(lines)
 
 
@@ -743,6 +789,7 @@ def write_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
         The paths written.
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
 
     written: list[Path] = []
     for suite, content in data["suites"].items():
@@ -792,6 +839,9 @@ def write_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
                         label="one b·h·T·T fp32 score tensor",
                     )
                 ax.set_xscale("log", base=2)
+                lengths = sorted({r["seq_len"] for r in results if r["mode"] == mode})
+                ax.set_xticks(lengths, [str(t) for t in lengths], minor=False)
+                ax.xaxis.set_minor_locator(NullLocator())
                 ax.set_yscale("log")
                 ax.set_xlabel("sequence length T")
                 ax.set_ylabel(

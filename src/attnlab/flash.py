@@ -66,7 +66,7 @@ def flash_attention(
 
     float16 and bfloat16 inputs are computed in float32 and the result cast back.
     There is no `attn_mask` and no dropout. The checks of the arguments follow
-    [`set_validation`][attnlab.set_validation].
+    `attnlab.set_validation`.
 
     Args:
         query: Queries, shape `(..., L, E)`.
@@ -202,47 +202,56 @@ def _key_end(i1: int, t_k: int, is_causal: bool) -> int:
 
 # --8<-- [start:forward]
 def _forward(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, block_q: int, block_k: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    is_causal: bool,
+    scale: float,
+    block_q: int,
+    block_k: int,
 ) -> tuple[Tensor, Tensor]:
-    """Output (n, L, Ev) and log-sum-exp (n, L) of attention over (n, L, E) inputs."""
+    """Output (n, L, Ev) and log-sum-exp (n, L) of inputs shaped (n, L, E)."""
     n, t_q, _ = q.shape
     t_k, e_v = k.shape[1], v.shape[2]
     out = q.new_empty(n, t_q, e_v)
     lse = q.new_full((n, t_q), float("-inf"))
     if t_k == 0:  # no keys at all: PyTorch returns zeros
         return out.zero_(), lse
-    # One buffer holds every tile of scores in turn; allocating a fresh tile per step
-    # costs page faults that are as slow as the matmul that fills it.
+    # One buffer holds every tile of scores in turn: a fresh tensor per tile
+    # costs page faults as slow as the matmul that fills it.
     tile = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
     k_t = k.transpose(1, 2)  # (n, E, S)
     for i0 in range(0, t_q, block_q):
         i1 = min(i0 + block_q, t_q)
-        # Scores in base 2: exp(x) = 2 ** (x log2 e), and on the CPU PyTorch's exp2 is
-        # several times faster than its exp. So fold log2(e) into the scale once.
+        # Scores in base 2: exp(x) = 2 ** (x log2 e), and PyTorch's exp2 is
+        # several times faster than its exp on the CPU. Fold log2(e) into q.
         q_i = q[:, i0:i1] * (scale * _LOG2_E)  # (n, rows, E)
-        for j0 in range(0, _key_end(i1, t_k, is_causal), block_k):
-            j1 = min(j0 + block_k, _key_end(i1, t_k, is_causal))
-            s = tile[: n * (i1 - i0) * (j1 - j0)].view(n, i1 - i0, j1 - j0)
-            torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # (n, rows, cols) scores of this tile
+        k_end = _key_end(i1, t_k, is_causal)
+        for j0 in range(0, k_end, block_k):
+            j1 = min(j0 + block_k, k_end)
+            rows, cols = i1 - i0, j1 - j0
+            s = tile[: n * rows * cols].view(n, rows, cols)
+            torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # this tile's scores
             if is_causal and j1 - 1 > i0:  # the tile crosses the diagonal
                 s.add_(_causal_bias(i0, i1, j0, j1, s))
             if j0 == 0:
-                # The first tile starts the statistics. Every query sees key 0, so each
-                # row has a finite maximum.
-                m = s.amax(dim=-1, keepdim=True)  # (n, rows, 1) running maximum
-                p = s.sub_(m).exp2_()  # unnormalized probabilities, in place
+                # The first tile starts the statistics. Every query sees
+                # key 0, so every row has a finite maximum.
+                m = s.amax(dim=-1, keepdim=True)  # (n, rows, 1) running max
+                p = s.sub_(m).exp2_()  # unnormalized probabilities
                 ell = p.sum(dim=-1, keepdim=True)  # (n, rows, 1) running sum
                 acc = torch.bmm(p, v[:, j0:j1])  # (n, rows, Ev) running output
                 continue
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             p = s.sub_(m_new).exp2_()
-            # Everything summed so far was relative to the old maximum: rescale it.
-            alpha = (m - m_new).exp2_()  # (n, rows, 1), <= 1
+            # All that was summed so far is relative to the old maximum.
+            alpha = (m - m_new).exp2_()  # (n, rows, 1), at most 1
             ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
             m = m_new
-        out[:, i0:i1] = acc.div_(ell)  # normalize once, at the end of the row of tiles
-        lse[:, i0:i1] = ((m + ell.log2()) * _LN_2).squeeze(-1)  # ln sum_j exp(s_ij)
+        out[:, i0:i1] = acc.div_(ell)  # normalize once, after the last tile
+        # ln sum_j exp(s_ij), back from base 2
+        lse[:, i0:i1] = ((m + ell.log2()) * _LN_2).squeeze(-1)
     return out, lse
 
 
@@ -262,16 +271,17 @@ def _backward(
     block_q: int,
     block_k: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of the loss with respect to q, k and v, one tile at a time."""
+    """Gradients of the loss with respect to q, k and v, tile by tile."""
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    dv = torch.zeros_like(v)
     if t_k == 0 or t_q == 0:
         return dq, dk, dv
-    # D_i = sum_j P_ij dP_ij = dO_i . O_i: one number per query, computed once.
+    # D_i = sum_j P_ij dP_ij = dO_i . O_i: one number per query.
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (n, L, 1)
-    lse2 = (lse * _LOG2_E).unsqueeze(-1)  # (n, L, 1), in base 2 like the scores
+    lse2 = (lse * _LOG2_E).unsqueeze(-1)  # (n, L, 1), base 2 like the scores
     tile_p = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
     tile_dp = torch.empty_like(tile_p)
     for j0 in range(0, t_k, block_k):
@@ -281,21 +291,24 @@ def _backward(
         first = (j0 // block_q) * block_q if is_causal else 0
         for i0 in range(first, t_q, block_q):
             i1 = min(i0 + block_q, t_q)
-            size = n * (i1 - i0) * (j1 - j0)
-            q_i = q[:, i0:i1] * (scale * _LOG2_E)  # (n, rows, E), as in the forward
+            rows, cols = i1 - i0, j1 - j0
+            q_i = q[:, i0:i1] * (scale * _LOG2_E)  # (n, rows, E), as forward
             do_i = grad_out[:, i0:i1]  # (n, rows, Ev)
             # Recompute the tile's probabilities from the saved log-sum-exp.
-            p = tile_p[:size].view(n, i1 - i0, j1 - j0)
-            torch.bmm(q_i, k_j.transpose(1, 2), out=p)  # (n, rows, cols) scores
+            p = tile_p[: n * rows * cols].view(n, rows, cols)
+            torch.bmm(q_i, k_j.transpose(1, 2), out=p)  # scores
             if is_causal and j1 - 1 > i0:
                 p.add_(_causal_bias(i0, i1, j0, j1, p))
             p.sub_(lse2[:, i0:i1]).exp2_()  # P_ij = exp(s_ij - lse_i)
-            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_i)  # dV_j += P^T dO_i
-            dp = tile_dp[:size].view(n, i1 - i0, j1 - j0)
-            torch.bmm(do_i, v_j.transpose(1, 2), out=dp)  # dP = dO_i V_j^T
-            ds = dp.sub_(delta[:, i0:i1]).mul_(p)  # dS = P * (dP - D), softmax's backward
-            dq[:, i0:i1].baddbmm_(ds, k_j, alpha=scale)  # dQ_i += s dS K_j
-            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_i, alpha=_LN_2)  # dK_j += s dS^T Q_i
+            # dV_j += P^T dO_i
+            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_i)
+            # dP = dO_i V_j^T, then the softmax's backward dS = P (dP - D)
+            dp = tile_dp[: n * rows * cols].view(n, rows, cols)
+            torch.bmm(do_i, v_j.transpose(1, 2), out=dp)
+            ds = dp.sub_(delta[:, i0:i1]).mul_(p)
+            # dQ_i += s dS K_j and dK_j += s dS^T Q_i (q_i carries s log2 e)
+            dq[:, i0:i1].baddbmm_(ds, k_j, alpha=scale)
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_i, alpha=_LN_2)
     return dq, dk, dv
 
 
