@@ -93,6 +93,7 @@ def heatmap(
     vmin: float = 0.0,
     vmax: float | None = None,
     cmap: str = "Blues",
+    colorbar: bool = True,
 ) -> Figure:
     r"""Draw an attention-weight matrix as a heatmap, one labelled row per query.
 
@@ -113,6 +114,8 @@ def heatmap(
         vmin: Weight mapped to the lightest colour.
         vmax: Weight mapped to the darkest colour; the largest weight when omitted.
         cmap: Name of a matplotlib colormap.
+        colorbar: Draw a colour bar beside the axes. Panels that share `vmin` and
+            `vmax` need only one, which leaves their cells more room.
 
     Returns:
         The figure that holds the heatmap (the one of `ax` when given).
@@ -133,6 +136,10 @@ def heatmap(
         'toy'
         >>> figure_to_svg(fig).startswith("<svg")
         True
+        >>> len(fig.axes)  # the heatmap and its colour bar
+        2
+        >>> len(heatmap(weights, ["a", "b"], ["a", "b"], colorbar=False).axes)
+        1
     """
     _require_matplotlib()
     from matplotlib.figure import Figure
@@ -184,7 +191,8 @@ def heatmap(
                     fontsize=8,
                     color="white" if value > threshold else "black",
                 )
-    fig.colorbar(mesh, ax=ax, shrink=0.8, label="attention weight")
+    if colorbar:
+        fig.colorbar(mesh, ax=ax, shrink=0.8, label="attention weight")
     return fig
 
 
