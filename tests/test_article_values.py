@@ -17,6 +17,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+
+from attnlab import SelfAttention
+from attnlab.toy import embed_sentence
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTICLE = json.loads((ROOT / "tests/data/article_outputs.json").read_text(encoding="utf-8"))
@@ -108,3 +112,12 @@ def test_same_output_tolerates_the_rounding_tie_only() -> None:
     assert not same_output("tensor([-0.2625, 0.5313], grad_fn=<MmBackward0>)", article)
     assert not same_output("tensor([-0.2627, 0.5313])", article)  # text differs
     assert not same_output("tensor([-0.2627, 0.5313, 1.0], grad_fn=<MmBackward0>)", article)
+
+
+def test_hand_drawn_diagram_shows_the_packages_weights() -> None:
+    """The chapter 01 SVG is drawn by hand; its printed weights must still be the real ones."""
+    svg = (ROOT / "docs/assets/images/self-attention-one-token.svg").read_text("utf-8")
+    shown = [float(v) for v in re.findall(r">(\d\.\d\d)</text>", svg)]
+    torch.manual_seed(123)
+    weights = SelfAttention(3, 2, 4).attention_weights(embed_sentence())[1]
+    assert shown == [round(w, 2) for w in weights.tolist()]
