@@ -664,13 +664,18 @@ def _bytes(n: float) -> str:
 
 
 def _time_range(t: dict[str, float]) -> str:
-    """'12.3 ms (11.9-13.0)': median, then min-max, in the median's unit."""
+    """'12.3 ms (11.9–13)': median, then min–max, in the median's unit."""
     scale, unit = next((u for u in ((1.0, "s"), (1e-3, "ms")) if t["median"] >= u[0]), (1e-6, "µs"))
-    return f"{t['median'] / scale:.3g} {unit} ({t['min'] / scale:.3g}-{t['max'] / scale:.3g})"
+    return f"{t['median'] / scale:.3g} {unit} ({t['min'] / scale:.3g}–{t['max'] / scale:.3g})"
 
 
 def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
-    """A Markdown table of one suite and mode: one row per implementation and length.
+    """Markdown tables of one suite and mode: implementations down, lengths across.
+
+    Four tables, each in a content tab: the time (median, then the fastest and slowest
+    round), the time relative to the baseline (median of the per-round ratios), the
+    peak extra memory, and the FLOP rate with its share of the machine's matmul peak.
+    Implementations are sorted by their time at the longest length.
 
     Args:
         data: The dict that `run` returns (or `bench.json` loaded).
@@ -678,26 +683,41 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
         mode: `"forward"` or `"forward+backward"`.
 
     Returns:
-        The table, or a sentence saying there are no results.
+        The Markdown, or a sentence saying there are no results.
     """
     rows = [r for r in data["suites"].get(suite, {}).get("results", []) if r["mode"] == mode]
     if not rows:
         return f"*No {suite} results for {mode} in this run.*"
-    lines = [
-        "| T | implementation | time: median (min-max) | time / baseline | peak extra memory "
-        "| GFLOP/s | % of matmul peak |",
-        "|--:|:--|--:|--:|--:|--:|--:|",
-    ]
-    for r in sorted(rows, key=lambda r: (r["seq_len"], r["time_s"]["median"])):
-        t, ratio = r["time_s"], r["ratio_to_baseline"]
-        shown_ratio = "" if ratio is None else f"{ratio['median']:.2f}"
-        lines.append(
-            f"| {r['seq_len']} | `{r['impl']}` | {_time_range(t)} | "
-            f"{shown_ratio} | "
-            f"{_bytes(r['peak_extra_bytes'])} | {r['gflops']:.1f} | "
-            f"{100 * r['share_of_peak']:.0f} |"
-        )
-    return "\n".join(lines)
+    lengths = sorted({r["seq_len"] for r in rows})
+    cell = {(r["impl"], r["seq_len"]): r for r in rows}
+
+    def longest_time(impl: str) -> float:
+        timed = [float(cell[impl, t]["time_s"]["median"]) for t in lengths if (impl, t) in cell]
+        return timed[-1]
+
+    impls = sorted({r["impl"] for r in rows}, key=longest_time)
+
+    def ratio(r: dict[str, Any]) -> str:
+        return "" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']['median']:.2f}"
+
+    tables: dict[str, Callable[[dict[str, Any]], str]] = {
+        "Time": lambda r: _time_range(r["time_s"]),
+        "Time / baseline": ratio,
+        "Peak extra memory": lambda r: _bytes(r["peak_extra_bytes"]),
+        "GFLOP/s (% of matmul peak)": lambda r: (
+            f"{r['gflops']:.1f} ({100 * r['share_of_peak']:.0f}%)"
+        ),
+    }
+    out: list[str] = []
+    for title, show in tables.items():
+        out += [f'=== "{title}"', ""]
+        out.append("    | implementation | " + " | ".join(f"T={t}" for t in lengths) + " |")
+        out.append("    |:--|" + "--:|" * len(lengths))
+        for impl in impls:
+            cells = [show(cell[impl, t]) if (impl, t) in cell else "" for t in lengths]
+            out.append(f"    | `{impl}` | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 def provenance_markdown(data: dict[str, Any]) -> str:

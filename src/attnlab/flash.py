@@ -66,7 +66,7 @@ def flash_attention(
 
     float16 and bfloat16 inputs are computed in float32 and the result cast back.
     There is no `attn_mask` and no dropout. The checks of the arguments follow
-    `attnlab.set_validation`.
+    [`set_validation`][attnlab.set_validation].
 
     Args:
         query: Queries, shape `(..., L, E)`.
