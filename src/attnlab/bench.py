@@ -83,12 +83,21 @@ MODES = (FORWARD, FORWARD_BACKWARD)
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    """Sizes of one suite: batch, heads, head or model width, and the lengths per mode."""
+    """Sizes of one suite: batch, heads, head or model width, and the lengths per mode.
+
+    `longest` caps the length for some (implementation, mode) pairs: the naive kernel
+    would need 16 GiB at 8192 tokens.
+    """
 
     batch: int
     heads: int
     width: int  # head_dim for "kernels", d_model for "modules"
     seq_lens: dict[str, tuple[int, ...]]
+    longest: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def runs(self, impl: str, mode: str, seq_len: int) -> bool:
+        """Whether `impl` is measured at `seq_len` in `mode`."""
+        return seq_len <= self.longest.get((impl, mode), seq_len)
 
 
 FULL = {
@@ -96,7 +105,11 @@ FULL = {
         batch=4,
         heads=8,
         width=64,
-        seq_lens={FORWARD: (256, 512, 1024, 2048, 4096), FORWARD_BACKWARD: (256, 512, 1024, 2048)},
+        seq_lens={
+            FORWARD: (256, 512, 1024, 2048, 4096, 8192),
+            FORWARD_BACKWARD: (256, 512, 1024, 2048, 4096),
+        },
+        longest={("naive", FORWARD): 4096, ("naive", FORWARD_BACKWARD): 2048},
     ),
     "modules": SuiteConfig(
         batch=4,
@@ -107,7 +120,11 @@ FULL = {
 }
 QUICK = {
     "kernels": SuiteConfig(
-        batch=1, heads=2, width=8, seq_lens={FORWARD: (16, 24), FORWARD_BACKWARD: (16, 24)}
+        batch=1,
+        heads=2,
+        width=8,
+        seq_lens={FORWARD: (16, 24), FORWARD_BACKWARD: (16, 24)},
+        longest={("naive", FORWARD_BACKWARD): 16},
     ),
     "modules": SuiteConfig(
         batch=1, heads=2, width=16, seq_lens={FORWARD: (16, 24), FORWARD_BACKWARD: (16, 24)}
@@ -456,7 +473,7 @@ def run(
     suites: Sequence[str] = ("kernels", "modules"),
     modes: Sequence[str] = MODES,
     plan: dict[str, SuiteConfig] | None = None,
-    repeats: int = 5,
+    repeats: int = 7,
     seed: int = 0,
     progress: bool = True,
     matmul_sizes: Sequence[int] = (1024, 2048),
@@ -494,8 +511,9 @@ def run(
     started = _dt.datetime.now(_dt.timezone.utc)
     peak = measure_matmul_peak(matmul_sizes)
     groups = [(s, m, t) for s in suites for m in modes for t in plan[s].seq_lens.get(m, ())]
-    impl_count = {"kernels": 3, "modules": len(_module_impls(QUICK["modules"]))}
-    total = sum(impl_count[s] * (repeats + 2) for s, _, _ in groups)
+    names = {"kernels": ["naive", "flash_attention", "torch_sdpa"]}
+    names["modules"] = list(_module_impls(QUICK["modules"]))
+    total = (repeats + 2) * sum(sum(plan[s].runs(i, m, t) for i in names[s]) for s, m, t in groups)
     out_suites: dict[str, dict[str, Any]] = {
         s: {
             "config": {
@@ -513,7 +531,11 @@ def run(
     with tqdm(total=total, disable=not progress, unit="call", dynamic_ncols=True) as bar:
         for suite, mode, seq_len in groups:
             bar.set_description(f"{suite} {mode} T={seq_len}")
-            cases = list(_CASES[suite](plan[suite], seq_len, mode))
+            cases = [
+                c
+                for c in _CASES[suite](plan[suite], seq_len, mode)
+                if plan[suite].runs(c.impl, mode, seq_len)
+            ]
             for case in cases:  # warm-up: first-call costs, and the gradient buffer
                 case.call()
                 bar.update()
@@ -675,7 +697,8 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     Four tables, each in a content tab: the time (median, then the fastest and slowest
     round), the time relative to the baseline (median of the per-round ratios), the
     peak extra memory, and the FLOP rate with its share of the machine's matmul peak.
-    Implementations are sorted by their time at the longest length.
+    Implementations are sorted by their ratio to the baseline at the longest length
+    each was measured at.
 
     Args:
         data: The dict that `run` returns (or `bench.json` loaded).
@@ -691,11 +714,13 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     lengths = sorted({r["seq_len"] for r in rows})
     cell = {(r["impl"], r["seq_len"]): r for r in rows}
 
-    def longest_time(impl: str) -> float:
-        timed = [float(cell[impl, t]["time_s"]["median"]) for t in lengths if (impl, t) in cell]
-        return timed[-1]
+    def at_longest(impl: str) -> float:
+        """The ratio to the baseline (else the time) at the longest length measured."""
+        r = cell[impl, max(t for t in lengths if (impl, t) in cell)]
+        ratio = r["ratio_to_baseline"]
+        return float(r["time_s"]["median"] if ratio is None else ratio["median"])
 
-    impls = sorted({r["impl"] for r in rows}, key=longest_time)
+    impls = sorted({r["impl"] for r in rows}, key=at_longest)
 
     def ratio(r: dict[str, Any]) -> str:
         return "" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']['median']:.2f}"
@@ -912,7 +937,7 @@ def _parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help="timed rounds per size (default: 5, or 2 with --quick)",
+        help="timed rounds per size (default: 7, or 2 with --quick)",
     )
     parser.add_argument(
         "--threads",
@@ -954,10 +979,12 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     plan = base
     if args.seq_lens is not None:
         plan = {
-            s: SuiteConfig(c.batch, c.heads, c.width, {m: tuple(args.seq_lens) for m in MODES})
+            s: SuiteConfig(
+                c.batch, c.heads, c.width, {m: tuple(args.seq_lens) for m in MODES}, c.longest
+            )
             for s, c in base.items()
         }
-    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
     data = run(
         suites=args.suites,
         modes=args.modes,
