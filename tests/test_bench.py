@@ -91,12 +91,12 @@ def test_bench_quick_run_writes_png_plots(quick_run: tuple[Path, dict[str, Any]]
 
 def test_bench_markdown_tables_list_every_result(quick_run: tuple[Path, dict[str, Any]]) -> None:
     _, data = quick_run
-    assert bench.results_markdown(data, "kernels", "forward+backward").count("`naive`") == 4
+    assert bench.results_markdown(data, "kernels", "forward+backward").count(">naive<") == 4
     tables = bench.results_markdown(data, "kernels", "forward")
-    assert tables.count("`flash_attention`") == 4  # one row in each of the four tables
+    assert tables.count(">flash_attention</code>") == 4  # one row in each of the four tables
     assert '=== "Time / baseline"' in tables
     for t in bench.QUICK["kernels"].seq_lens["forward"]:
-        assert f"T={t}" in tables
+        assert f" {t} |" in tables
     assert "configurations" in bench.goals_markdown(data)  # tiny sizes decide no goal
     provenance = bench.provenance_markdown(data)
     assert "`python -m attnlab.bench --quick" in provenance

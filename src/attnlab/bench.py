@@ -688,7 +688,18 @@ def _bytes(n: float) -> str:
 def _time_range(t: dict[str, float]) -> str:
     """'12.3 ms (11.9–13)': median, then min–max, in the median's unit."""
     scale, unit = next((u for u in ((1.0, "s"), (1e-3, "ms")) if t["median"] >= u[0]), (1e-6, "µs"))
-    return f"{t['median'] / scale:.3g} {unit} ({t['min'] / scale:.3g}–{t['max'] / scale:.3g})"
+    med, low, high = (_num(t[key] / scale) for key in ("median", "min", "max"))
+    return f"{med} {unit} ({low}–{high})"
+
+
+def _num(x: float) -> str:
+    """Three significant digits, without an exponent (1460, not 1.46e+03)."""
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _name(impl: str) -> str:
+    """An implementation's name as code that does not wrap inside a narrow table column."""
+    return f'<code style="white-space: nowrap">{impl}</code>'
 
 
 def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
@@ -726,7 +737,7 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
         return "" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']['median']:.2f}"
 
     tables: dict[str, Callable[[dict[str, Any]], str]] = {
-        "Time": lambda r: _time_range(r["time_s"]),
+        "Time": lambda r: _time_range(r["time_s"]).replace(" (", "<br><small>(") + "</small>",
         "Time / baseline": ratio,
         "Peak extra memory": lambda r: _bytes(r["peak_extra_bytes"]),
         "GFLOP/s (% of matmul peak)": lambda r: (
@@ -736,11 +747,11 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     out: list[str] = []
     for title, show in tables.items():
         out += [f'=== "{title}"', ""]
-        out.append("    | implementation | " + " | ".join(f"T={t}" for t in lengths) + " |")
+        out.append("    | T = | " + " | ".join(str(t) for t in lengths) + " |")
         out.append("    |:--|" + "--:|" * len(lengths))
         for impl in impls:
             cells = [show(cell[impl, t]) if (impl, t) in cell else "" for t in lengths]
-            out.append(f"    | `{impl}` | " + " | ".join(cells) + " |")
+            out.append(f"    | {_name(impl)} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 
