@@ -123,7 +123,7 @@ def build_notebook(docs: Path = DOCS) -> dict[str, Any]:
         "*Cross-attention*, in order, in one notebook. It is generated from the chapters "
         "at each build of the site and executed there, so what you see below is what the "
         "code printed. [Download it](article.ipynb) and run it with `attnlab` installed "
-        "(`pip install attnlab` or `pip install -e .` in a clone)."
+        "(`pip install -e .` in a clone of the repository)."
     )
     cells: list[dict[str, Any]] = [{"cell_type": "markdown", "metadata": {}, "source": intro}]
     for name in CHAPTERS:
