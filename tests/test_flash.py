@@ -122,6 +122,19 @@ def test_flash_attention_no_queries_gives_empty_output() -> None:
     assert flash_attention(q, k, v, is_causal=True).shape == (2, 0, 6)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_attention_no_features_equals_torch(is_causal: bool) -> None:
+    # E = 0: all scores are 0 and the default scale must not divide by zero.
+    q, k = torch.randn(2, 5, 0, requires_grad=True), torch.randn(2, 4, 0)
+    v = torch.randn(2, 4, 6, requires_grad=True)
+    out = flash_attention(q, k, v, is_causal=is_causal, block_size=3)
+    expected = TorchSDPA(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(out, expected, **TOL)
+    grad_out = torch.randn(2, 5, 6)
+    dv, dv_ref = (torch.autograd.grad(o, v, grad_out)[0] for o in (out, expected))
+    torch.testing.assert_close(dv, dv_ref, **TOL)
+
+
 def test_flash_attention_causal_output_ignores_future_keys() -> None:
     q, k, v = _inputs(12, 12, 2)
     out = flash_attention(q, k, v, is_causal=True, block_size=5)

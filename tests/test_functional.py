@@ -246,6 +246,19 @@ def test_sdpa_fully_masked_row_gives_zeros() -> None:
     assert bool(out.isfinite().all())
 
 
+@pytest.mark.parametrize("fn", ["scaled_dot_product_attention", "attention_weights"])
+def test_sdpa_with_no_features_averages_values_like_torch(fn: str) -> None:
+    # E = 0: every score is 0, so each query weighs all keys equally (PyTorch's result);
+    # the default scale 1/sqrt(E) must not divide by zero on the way.
+    q, k, v = torch.randn(2, 4, 0), torch.randn(2, 6, 0), torch.randn(2, 6, 3)
+    if fn == "attention_weights":
+        got = AF.attention_weights(q, k)
+        expected = TorchSDPA(q, k, torch.eye(6).expand(2, 6, 6))
+    else:
+        got, expected = AF.scaled_dot_product_attention(q, k, v), TorchSDPA(q, k, v)
+    torch.testing.assert_close(got, expected)
+
+
 def test_sdpa_is_causal_equals_explicit_top_left_mask() -> None:
     q, k, v = torch.randn(2, 4, 5), torch.randn(2, 7, 5), torch.randn(2, 7, 3)
     torch.testing.assert_close(

@@ -111,7 +111,7 @@ def flash_attention(
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     *batch, t_q, e = q.shape
     t_k, e_v = k.shape[-2], v.shape[-1]
-    s = 1.0 / math.sqrt(e) if s is None else s
+    s = 1.0 / math.sqrt(max(e, 1)) if s is None else s  # E = 0: every score is 0 anyway
     n = math.prod(batch)
     dtype = q.dtype
     if dtype in _LOW_PRECISION:

@@ -324,7 +324,9 @@ def _weights(
 ) -> Tensor:
     if enable_gqa:
         key = _repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
-    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    # max(E, 1): with E = 0 features every score is 0 whatever the scale (PyTorch then
+    # averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
+    scale = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else scale
     logits = attention_scores(query, key) * scale  # (..., L, S)
     if is_causal:
         attn_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (L, S)
