@@ -17,11 +17,13 @@ backend, forward only under ``torch.inference_mode()``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -153,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="also write the JSON to this file (e.g. for the docs)")
     args = parser.parse_args(argv)
     result = measure(
         batch=args.batch,
@@ -164,7 +167,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup,
         seed=args.seed,
     )
-    print(json.dumps(result))
+    result["run"] = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(
+            ["python -m attnlab._overhead", *(sys.argv[1:] if argv is None else argv)]
+        ),
+    }
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
     return 0
 
 
