@@ -54,6 +54,39 @@ __all__ = [
 ]
 
 
+def _check_product_operands(
+    left: tuple[str, Tensor, str],
+    right: tuple[str, Tensor, str],
+    *,
+    inner_axis: int,
+    mismatch: str,
+) -> None:
+    """Checks shared by the teaching products `left @ right` (or `left @ right.mT`).
+
+    `left` and `right` are `(name, tensor, layout)`; the last axis of `left` must match
+    axis `inner_axis` of `right`, else `mismatch` is raised, formatted with both shapes
+    (`left`, `right`) and both sizes (`left_size`, `right_size`).
+    """
+    (a_name, a, a_layout), (b_name, b, b_layout) = left, right
+    check_tensor(a_name, a)
+    check_tensor(b_name, b)
+    check_min_rank(a_name, a, 1, a_layout)
+    check_min_rank(b_name, b, 2, b_layout)
+    if a.shape[-1] != b.shape[inner_axis]:
+        raise ValueError(
+            mismatch.format(
+                left=tuple(a.shape),
+                right=tuple(b.shape),
+                left_size=a.shape[-1],
+                right_size=b.shape[inner_axis],
+            )
+        )
+    check_same_dtype_device(a_name, a, **{b_name: b})
+    check_broadcast(
+        "batch dimensions", **{a_name: tuple(a.shape[:-2]), b_name: tuple(b.shape[:-2])}
+    )
+
+
 def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
     r"""Unnormalized attention weights $\omega_{ij} = q^{(i)} \cdot k^{(j)}$.
 
@@ -78,20 +111,12 @@ def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
                 [2., 0., 2.]])
     """
     if is_validation_enabled():
-        check_tensor("queries", queries)
-        check_tensor("keys", keys)
-        check_min_rank("queries", queries, 1, "(..., t_q, d_k) or (d_k,)")
-        check_min_rank("keys", keys, 2, "(..., t_k, d_k)")
-        if queries.shape[-1] != keys.shape[-1]:
-            raise ValueError(
-                f"queries and keys must have the same feature size d_k, got "
-                f"queries.shape={tuple(queries.shape)} and keys.shape={tuple(keys.shape)}"
-            )
-        check_same_dtype_device("queries", queries, keys=keys)
-        check_broadcast(
-            "batch dimensions",
-            queries=tuple(queries.shape[:-2]),
-            keys=tuple(keys.shape[:-2]),
+        _check_product_operands(
+            ("queries", queries, "(..., t_q, d_k) or (d_k,)"),
+            ("keys", keys, "(..., t_k, d_k)"),
+            inner_axis=-1,
+            mismatch="queries and keys must have the same feature size d_k, got "
+            "queries.shape={left} and keys.shape={right}",
         )
     return queries @ keys.transpose(-2, -1)  # (..., t_q, t_k)
 
@@ -170,21 +195,12 @@ def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
         tensor([[7.]])
     """
     if is_validation_enabled():
-        check_tensor("weights", weights)
-        check_tensor("values", values)
-        check_min_rank("weights", weights, 1, "(..., t_q, t_k) or (t_k,)")
-        check_min_rank("values", values, 2, "(..., t_k, d_v)")
-        if weights.shape[-1] != values.shape[-2]:
-            raise ValueError(
-                f"weights has {weights.shape[-1]} keys per query but values has "
-                f"{values.shape[-2]} positions; they must match (weights.shape="
-                f"{tuple(weights.shape)}, values.shape={tuple(values.shape)})"
-            )
-        check_same_dtype_device("weights", weights, values=values)
-        check_broadcast(
-            "batch dimensions",
-            weights=tuple(weights.shape[:-2]),
-            values=tuple(values.shape[:-2]),
+        _check_product_operands(
+            ("weights", weights, "(..., t_q, t_k) or (t_k,)"),
+            ("values", values, "(..., t_k, d_v)"),
+            inner_axis=-2,
+            mismatch="weights has {left_size} keys per query but values has {right_size} "
+            "positions; they must match (weights.shape={left}, values.shape={right})",
         )
     return weights @ values  # (..., t_q, d_v)
 
