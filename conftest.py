@@ -7,28 +7,14 @@ It lives at the repository root so that it applies to `docs/` and `README.md` as
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hooks import outputs  # docs/hooks/outputs.py, via pythonpath in pyproject.toml
 
 ROOT = Path(__file__).resolve().parent
-
-
-def _load_outputs_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("docs_outputs", ROOT / "docs/hooks/outputs.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-outputs = _load_outputs_module()
 
 
 class ShownOutputItem(pytest.Item):

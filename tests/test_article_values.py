@@ -9,15 +9,13 @@ regenerated outputs fail here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from hooks import outputs
 
 from attnlab import SelfAttention
 from attnlab.toy import embed_sentence
@@ -25,23 +23,6 @@ from attnlab.toy import embed_sentence
 ROOT = Path(__file__).resolve().parent.parent
 ARTICLE = json.loads((ROOT / "tests/data/article_outputs.json").read_text(encoding="utf-8"))
 TOLERANCE = 1e-4 + 1e-9  # one unit in the article's 4th decimal (rounding ties differ)
-
-
-def _outputs_module() -> ModuleType:
-    """docs/hooks/outputs.py, loaded once under the name the root conftest.py uses."""
-    name = "docs_outputs"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "docs/hooks/outputs.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-outputs = _outputs_module()
 
 
 def shown_outputs(page: str) -> list[str]:
