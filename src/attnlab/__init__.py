@@ -1,6 +1,6 @@
 """attnlab: attention in large language models, from teaching code to production modules."""
 
-from attnlab import functional, masks, toy
+from attnlab import functional, masks, rope, toy
 from attnlab._validation import is_validation_enabled, set_validation, validation
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
@@ -16,6 +16,7 @@ __all__ = [
     "functional",
     "is_validation_enabled",
     "masks",
+    "rope",
     "set_validation",
     "toy",
     "validation",
