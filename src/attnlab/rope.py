@@ -150,7 +150,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     if layout == "half":
         x1, x2 = x.chunk(2, dim=-1)  # (..., t, d/2) each: pair i is (x1[i], x2[i])
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    pairs = x.view(*x.shape[:-1], -1, 2)  # (..., t, d/2, 2): pair i is (x[2i], x[2i+1])
+    pairs = x.reshape(*x.shape[:-1], -1, 2)  # (..., t, d/2, 2): pair i is (x[2i], x[2i+1])
     x1, x2 = pairs[..., 0], pairs[..., 1]
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 

@@ -1,0 +1,166 @@
+"""attnlab.rope against Hugging Face's Llama rotary embedding and against the math."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+from transformers import LlamaConfig
+from transformers.models.llama import modeling_llama as llama
+
+from attnlab import rope, validation
+from attnlab.rope import RopeCache, apply_rope, rope_angles, rope_frequencies
+
+
+def _hf_rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """What a Llama layer does to its queries: HF's rotary module, then apply_rotary_pos_emb."""
+    head_dim = x.shape[-1]
+    config = LlamaConfig(
+        hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_theta=base
+    )
+    cos, sin = llama.LlamaRotaryEmbedding(config)(x, positions)
+    rotated, _ = llama.apply_rotary_pos_emb(x, x, cos, sin)
+    return rotated
+
+
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+@pytest.mark.parametrize("head_dim", [2, 6, 16])
+def test_apply_rope_equals_hf_llama(base: float, head_dim: int) -> None:
+    x = torch.randn(3, 5, 7, head_dim)  # (b, h, t, d), every size different
+    positions = torch.stack([torch.arange(7), torch.arange(7) + 11, torch.arange(7) * 3])
+    assert_close(apply_rope(x, positions, base=base), _hf_rotate(x, positions, base), **_EXACT)
+    table = RopeCache(head_dim, 64, base=base)
+    assert_close(table.apply(x, positions), _hf_rotate(x, positions, base), **_EXACT)
+
+
+_EXACT = {"atol": 0.0, "rtol": 0.0}
+
+
+def test_apply_rope_one_pair_is_a_plane_rotation() -> None:
+    # head_dim 2: one pair, turned by position * 1 radian (theta_0 = 1).
+    x = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    out = apply_rope(x, torch.tensor([0, 1, 3]))
+    expected = torch.tensor(
+        [[1.0, 0.0], [math.cos(1), math.sin(1)], [-2 * math.sin(3), 2 * math.cos(3)]]
+    )
+    assert_close(out, expected)
+
+
+def test_frequencies_are_the_geometric_sequence() -> None:
+    theta = rope_frequencies(8, base=100.0)
+    assert_close(theta, torch.tensor([1.0, 100 ** (-2 / 8), 100 ** (-4 / 8), 100 ** (-6 / 8)]))
+    assert_close(rope_angles(torch.tensor([5]), 8, base=100.0), 5 * theta[None])
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_scores_depend_only_on_the_offset(layout: rope.Layout) -> None:
+    q, k = torch.randn(4, 12), torch.randn(4, 12)
+
+    def score(m: int, n: int) -> torch.Tensor:
+        qm = apply_rope(q, torch.full((4,), m), layout=layout)
+        kn = apply_rope(k, torch.full((4,), n), layout=layout)
+        return (qm * kn).sum(-1)
+
+    assert_close(score(7, 2), score(105, 100), atol=1e-4, rtol=1e-4)
+    assert_close(score(0, 0), (q * k).sum(-1), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(score(7, 2), score(2, 7), atol=1e-3)  # direction matters
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotation_keeps_norms(layout: rope.Layout) -> None:
+    x = torch.randn(2, 9, 10)
+    out = apply_rope(x, torch.arange(9) * 17, layout=layout)
+    assert_close(out.norm(dim=-1), x.norm(dim=-1))
+
+
+def test_layouts_are_one_rotation_in_a_permuted_basis() -> None:
+    d = 10
+    x = torch.randn(2, 3, 6, d)
+    to_half = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])  # evens, then odds
+    interleaved = apply_rope(x, torch.arange(6) + 4, layout="interleaved")
+    half = apply_rope(x[..., to_half], torch.arange(6) + 4, layout="half")
+    assert_close(interleaved[..., to_half], half, **_EXACT)
+    assert not torch.allclose(interleaved, apply_rope(x, torch.arange(6) + 4))
+
+
+def test_default_positions_and_unbatched_input() -> None:
+    x = torch.randn(5, 4)
+    assert_close(apply_rope(x), apply_rope(x, torch.arange(5)))
+    assert_close(apply_rope(x)[0], x[0])  # position 0 is not rotated
+
+
+def test_low_precision_is_rotated_in_float32() -> None:
+    x = torch.randn(2, 7, 8)
+    positions = torch.arange(7) + 1000
+    out = apply_rope(x.bfloat16(), positions)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, apply_rope(x.bfloat16().float(), positions).bfloat16(), **_EXACT)
+
+
+def test_gradient_is_the_inverse_rotation() -> None:
+    x = torch.randn(3, 8, requires_grad=True)
+    positions = torch.tensor([2, 5, 9])
+    g = torch.randn(3, 8)
+    apply_rope(x, positions).backward(g)
+    assert x.grad is not None
+    assert_close(x.grad, apply_rope(g, -positions))  # rotations are orthogonal
+
+
+def test_cache_refuses_positions_past_its_end() -> None:
+    table = RopeCache(8, max_positions=16)
+    with pytest.raises(
+        ValueError, match=r"positions must lie in \[0, 16\).*got positions from 14 to 17"
+    ):
+        table.apply(torch.randn(4, 8), torch.arange(14, 18))
+    with pytest.raises(
+        ValueError, match=r"x has head_dim 6 but the RopeCache was built for head_dim=8"
+    ):
+        table.apply(torch.randn(4, 6))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: apply_rope(torch.randn(4, 5)), ValueError, "head_dim must be even.*got 5"),
+        (lambda: apply_rope(torch.arange(8).view(2, 4)), TypeError, "x must have a floating-point"),
+        (
+            lambda: apply_rope(torch.randn(4, 6), torch.arange(3)),
+            ValueError,
+            r"positions has 3 positions but x has 4 tokens",
+        ),
+        (
+            lambda: apply_rope(torch.randn(4, 6), torch.arange(4.0)),
+            TypeError,
+            "positions must have an integer dtype, got torch.float32",
+        ),
+        (
+            lambda: apply_rope(torch.randn(2, 3, 4, 6), torch.zeros(5, 4, dtype=torch.long)),
+            ValueError,
+            r"positions of shape \(b, t\)=\(5, 4\) need x batched with the same b",
+        ),
+        (
+            lambda: apply_rope(torch.randn(4, 6), layout="rotate"),  # type: ignore[arg-type]
+            ValueError,
+            "layout must be one of 'half', 'interleaved', got 'rotate'",
+        ),
+        (
+            lambda: rope_frequencies(8, base=1.0),
+            ValueError,
+            "base must be a finite float greater than 1",
+        ),
+        (lambda: RopeCache(7, 10), ValueError, "head_dim must be even"),
+        (lambda: RopeCache(8, 0), ValueError, "max_positions must be a positive int, got 0"),
+    ],
+)
+def test_bad_input_is_named(call, error: type[Exception], message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_validation_off_computes_the_same() -> None:
+    x, positions = torch.randn(2, 3, 5, 8), torch.arange(5)
+    expected = apply_rope(x, positions, layout="interleaved")
+    with validation(False):
+        assert_close(apply_rope(x, positions, layout="interleaved"), expected, **_EXACT)
