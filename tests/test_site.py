@@ -62,7 +62,8 @@ def test_strict_build_has_no_warnings(site: tuple[Path, str]) -> None:
 EXTERNAL = re.compile(
     r"""<(?:script|img|iframe|source|audio|video|embed)\b[^>]*\bsrc=["'](?:https?:)?//"""
     r"""|<link\b[^>]*\bhref=["'](?:https?:)?//[^"']*["'][^>]*>"""
-    r"""|url\(\s*["']?(?:https?:)?//""",
+    r"""|url\(\s*["']?(?:https?:)?//"""
+    r"""|@import\s+["'](?:https?:)?//""",
     re.I,
 )
 
@@ -81,6 +82,14 @@ def test_pages_load_nothing_from_other_hosts(site: tuple[Path, str]) -> None:
         if hits:
             offenders[str(path.relative_to(site_dir))] = hits[:3]
     assert offenders == {}
+
+
+def test_no_page_loads_markdown_execs_pyodide(site: tuple[Path, str]) -> None:
+    # markdown-exec enables pyodide by default: every page then loads its CSS (which
+    # @imports a CDN stylesheet) and JS, for a feature this site does not use.
+    site_dir, _ = site
+    assert not list(site_dir.rglob("*pyodide*"))
+    assert [p for p in _pages(site_dir) if "pyodide" in p.read_text("utf-8")] == []
 
 
 def test_math_is_rendered_by_the_sites_own_katex(site: tuple[Path, str]) -> None:
