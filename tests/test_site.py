@@ -92,6 +92,24 @@ def test_no_page_loads_markdown_execs_pyodide(site: tuple[Path, str]) -> None:
     assert [p for p in _pages(site_dir) if "pyodide" in p.read_text("utf-8")] == []
 
 
+RETURNS_TABLE = re.compile(
+    r'doc-section-title">Returns:</span>.*?<tbody>(?P<rows>.*?)</tbody>', flags=re.S
+)
+
+
+def test_each_returns_table_is_one_row(site: tuple[Path, str]) -> None:
+    # Google-style docstrings describe one return value; with mkdocstrings' default of
+    # several items, a wrapped description became a second row ("row, which is all zeros.").
+    site_dir, _ = site
+    tables = {
+        f"{page.relative_to(site_dir)} #{k}": match["rows"].count("<tr")
+        for page in _pages(site_dir / "reference")
+        for k, match in enumerate(RETURNS_TABLE.finditer(page.read_text("utf-8")))
+    }
+    assert len(tables) > 20
+    assert {name: rows for name, rows in tables.items() if rows != 1} == {}
+
+
 def test_math_is_rendered_by_the_sites_own_katex(site: tuple[Path, str]) -> None:
     site_dir, _ = site
     assert (site_dir / "assets/katex/katex.min.js").is_file()
