@@ -126,7 +126,7 @@ def test_goals_are_decided_from_the_goal_configurations() -> None:
             "modules": {"results": [result("MultiHeadAttention[torch]", "forward", 1024, 1.0, 1)]},
         }
     }
-    goals = {g["goal"]: (g["value"], g["met"]) for g in bench._goals(data)}
+    goals = {g["goal"]: (g["value"], g["met"]) for g in bench.evaluate_goals(data)}
     assert len(goals) == 5
     values = list(goals.values())
     assert values[0] == (1.2, True)  # time ratio at T=4096

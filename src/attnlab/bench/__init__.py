@@ -1,0 +1,77 @@
+r"""Benchmark harness: time, peak memory and FLOP rate of every attention in attnlab.
+
+Run it as `python -m attnlab.bench` (or `attnlab-bench`); `--help` lists the options. It
+sweeps the sequence length for two suites:
+
+- **kernels**: attention on ready-made `(b, h, T, head_dim)` queries, keys and values,
+  causal: the naive `softmax(QK^T)V` that stores the scores,
+  [`flash_attention`][attnlab.flash.flash_attention], and PyTorch's fused
+  `scaled_dot_product_attention` (the baseline);
+- **modules**: self-attention layers on `(b, t, d_model)` tokens: the article's
+  [`SelfAttention`][attnlab.SelfAttention] (one head as wide as the model) and
+  [`MultiHeadAttentionWrapper`][attnlab.MultiHeadAttentionWrapper],
+  [`MultiHeadAttention`][attnlab.MultiHeadAttention] on PyTorch's fused kernel and on
+  attnlab's from-scratch one, and `nn.MultiheadAttention` called with
+  `need_weights=False` (the baseline) and with its default `need_weights=True`.
+
+Each configuration runs in two modes: `forward` (under `torch.no_grad()`, modules in
+eval mode) and `forward+backward` (the forward, then `backward()` of a fixed random
+output gradient into the inputs and parameters). For each it reports:
+
+- the median, min and max wall time over repeats that are *interleaved*: round $r$ runs
+  every implementation once, in a shuffled order, before round $r + 1$ starts, so a
+  slow spell of a shared machine hits all of them alike;
+- the ratio to the suite's baseline, as the median of the per-round ratios;
+- the peak extra memory: the most bytes held by tensors allocated during one call above
+  what was held when it started (outputs and gradients included), read from the
+  allocation events of PyTorch's profiler, which sees every CPU tensor allocation, also
+  those inside fused kernels (allocations of MKL's own workspace are not seen);
+- the achieved GFLOP/s of the useful matmul work (see `count_flops`) and its share of the
+  machine's matmul peak, measured at start as the best rate of large float32 matmuls.
+
+It writes `bench.json` (results and provenance: versions, CPU, threads, date, command, how
+busy the machine was) and one plot of time and one of memory per suite.
+
+The package is split by concern: `attnlab.bench.config` (sizes of each suite),
+`attnlab.bench.cases` (the implementations under test), `attnlab.bench.measure` (memory,
+matmul peak, machine load), `attnlab.bench.runner` (the timed rounds and the goals),
+`attnlab.bench.report` (Markdown tables), `attnlab.bench.plots` and `attnlab.bench.cli`.
+[`attnlab.bench.overhead`][attnlab.bench.overhead] times what argument checks cost.
+"""
+
+from attnlab.bench.cases import count_flops, naive_attention
+from attnlab.bench.cli import main
+from attnlab.bench.config import (
+    FORWARD,
+    FORWARD_BACKWARD,
+    FULL,
+    MODES,
+    QUICK,
+    SCHEMA_VERSION,
+    SuiteConfig,
+)
+from attnlab.bench.measure import measure_matmul_peak, peak_extra_bytes
+from attnlab.bench.plots import write_plots
+from attnlab.bench.report import goals_markdown, provenance_markdown, results_markdown
+from attnlab.bench.runner import evaluate_goals, run
+
+__all__ = [
+    "FORWARD",
+    "FORWARD_BACKWARD",
+    "FULL",
+    "MODES",
+    "QUICK",
+    "SCHEMA_VERSION",
+    "SuiteConfig",
+    "count_flops",
+    "evaluate_goals",
+    "goals_markdown",
+    "main",
+    "measure_matmul_peak",
+    "naive_attention",
+    "peak_extra_bytes",
+    "provenance_markdown",
+    "results_markdown",
+    "run",
+    "write_plots",
+]

@@ -1,0 +1,125 @@
+"""The command line: `python -m attnlab.bench` and the `attnlab-bench` script."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from attnlab.bench.cases import CASES
+from attnlab.bench.config import FULL, MODES, QUICK, SuiteConfig
+from attnlab.bench.plots import write_plots
+from attnlab.bench.runner import run
+
+# ---------------------------------------------------------------------------------------
+# Command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnlab.bench",
+        description="Time and measure the memory of attnlab's attention implementations "
+        "against PyTorch's, and write bench.json and PNG plots.",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("bench-results"),
+        help="folder for bench.json and the plots (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, 2 repeats: checks that everything runs (seconds)",
+    )
+    parser.add_argument(
+        "--suites", nargs="+", choices=sorted(CASES), default=["kernels", "modules"]
+    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--seq-lens",
+        nargs="+",
+        type=int,
+        default=None,
+        help="override every suite's sequence lengths",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed rounds per size (default: 7, or 2 with --quick)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads before running (default: PyTorch's)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--note", default="", help="free text stored in the provenance, e.g. what else ran"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="write bench.json only")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m attnlab.bench` and `attnlab-bench`.
+
+    Args:
+        argv: Command-line arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit status, 0 on success.
+    """
+    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return _main(args, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
+    base = QUICK if args.quick else FULL
+    plan = base
+    if args.seq_lens is not None:
+        plan = {
+            s: SuiteConfig(
+                c.batch, c.heads, c.width, {m: tuple(args.seq_lens) for m in MODES}, c.longest
+            )
+            for s, c in base.items()
+        }
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
+    data = run(
+        suites=args.suites,
+        modes=args.modes,
+        plan=plan,
+        repeats=repeats,
+        seed=args.seed,
+        progress=not args.no_progress,
+        matmul_sizes=(128,) if args.quick else (1024, 2048),
+    )
+    data["provenance"]["command"] = shlex.join(["python", "-m", "attnlab.bench", *argv])
+    data["provenance"]["note"] = args.note
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "bench.json"
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    written = [path] if args.no_plots else [path, *write_plots(data, out_dir)]
+    for p in written:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
