@@ -110,6 +110,28 @@ def test_each_returns_table_is_one_row(site: tuple[Path, str]) -> None:
     assert {name: rows for name, rows in tables.items() if rows != 1} == {}
 
 
+def test_search_index_holds_no_tex(site: tuple[Path, str]) -> None:
+    # Result snippets are shown as text: "\\(\\alpha_{ij}\\)" must read "α_ij".
+    site_dir, _ = site
+    index = json.loads((site_dir / "search/search_index.json").read_text("utf-8"))
+    text = " ".join(doc["title"] + " " + doc["text"] for doc in index["docs"])
+    assert len(index["docs"]) > 100
+    # Rendered math only: the API pages' source listings show docstrings' $...$ as code.
+    assert "\\(" not in text
+    assert "\\[" not in text
+    assert "α_ij" in text
+    assert "1/√d_k" in text
+
+
+def test_display_math_scrolls_inside_its_box(site: tuple[Path, str]) -> None:
+    # On a phone a wide equation must not widen the page (checked in a 390 px browser).
+    site_dir, _ = site
+    css = (site_dir / "assets/stylesheets/extra.css").read_text("utf-8")
+    rule = re.search(r"\.katex-display\s*\{([^}]*)\}", css)
+    assert rule is not None
+    assert "overflow-x: auto" in rule[1]
+
+
 def test_math_is_rendered_by_the_sites_own_katex(site: tuple[Path, str]) -> None:
     site_dir, _ = site
     assert (site_dir / "assets/katex/katex.min.js").is_file()
