@@ -1,0 +1,596 @@
+r"""Multi-head latent attention (MLA), equal to Hugging Face's `DeepseekV3Attention`.
+
+Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2", 2024,
+https://arxiv.org/abs/2405.04434; also used by DeepSeek-V3) shrinks the KV cache by
+caching, per token, one small *latent* vector $c^{KV}_j$ shared by all heads instead of
+a key and a value per head. Each head's key and value are linear functions of it:
+
+$$
+c^{KV}_j = \operatorname{RMSNorm}(W^{DKV} x_j), \qquad
+k^{C}_{j,h} = W^{UK}_h c^{KV}_j, \qquad v_{j,h} = W^{UV}_h c^{KV}_j
+$$
+
+RoPE cannot be applied to $k^{C}$ without spoiling the decode-time trick below, so
+position enters through a separate, *decoupled* key $k^{R}_j = \operatorname{RoPE}(W^{KR}
+x_j)$ of `qk_rope_head_dim` features, also shared by all heads and also cached. A head's
+query is split the same way, $q_{i,h} = [q^{C}_{i,h}; \operatorname{RoPE}(q^{R}_{i,h})]$
+(from a low-rank projection of $x_i$ when `q_lora_rank` is set), and the score is
+
+$$
+s_{ijh} = \tau\left( q^{C\top}_{i,h} W^{UK}_h c^{KV}_j + q^{R\top}_{i,h} k^{R}_j \right)
+$$
+
+with $\tau$ the softmax scale. Because $W^{UK}_h$ sits between the query and the cached
+latent, it can be folded into the query ("absorbed"): attention then runs directly on
+the cached latents, as multi-query attention with one key/value head of
+`kv_lora_rank + qk_rope_head_dim` features, and $W^{UV}_h$ is applied after the
+weighted sum. [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention] computes
+both forms; they are equal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import masks
+from attnlab._validation import (
+    check_attn_mask,
+    check_bool,
+    check_positive_int,
+    check_probability,
+    check_scale,
+    check_tokens,
+    is_validation_enabled,
+)
+from attnlab.kv_cache import KVCache, StaticKVCache
+from attnlab.rope import apply_rope
+
+__all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
+
+
+def mla_softmax_scale(
+    qk_head_dim: int, *, rope_factor: float = 1.0, mscale_all_dim: float = 0.0
+) -> float:
+    r"""The softmax scale of DeepSeek's attention, with YaRN's correction when RoPE is scaled.
+
+    Without RoPE scaling it is the usual $1/\sqrt{d}$ over the whole query/key head,
+    $d$ = `qk_nope_head_dim + qk_rope_head_dim`. DeepSeek-V3 extends its context with YaRN
+    (Peng et al., 2023, https://arxiv.org/abs/2309.00071), which sharpens the softmax by
+    $m = 0.1 \cdot \text{mscale\_all\_dim} \cdot \ln(\text{factor}) + 1$; DeepSeek applies
+    it to both the query and the key, so the scale is multiplied by $m^2$ (as Hugging
+    Face's `DeepseekV3Attention.scaling`). Nothing changes when `rope_factor <= 1` or
+    `mscale_all_dim` is 0.
+
+    Args:
+        qk_head_dim: Features per query/key head, `qk_nope_head_dim + qk_rope_head_dim`.
+        rope_factor: YaRN's context-extension `factor` (1 = no scaling).
+        mscale_all_dim: YaRN's `mscale_all_dim` (0 = no correction).
+
+    Returns:
+        The factor that multiplies the scores.
+
+    Raises:
+        TypeError: If `qk_head_dim` is not an int or a factor is not a number.
+        ValueError: If `qk_head_dim` is not positive or a factor is not finite.
+
+    Examples:
+        >>> mla_softmax_scale(192) == 192**-0.5
+        True
+        >>> round(mla_softmax_scale(192, rope_factor=40.0, mscale_all_dim=1.0), 6)
+        0.135234
+    """
+    check_positive_int("qk_head_dim", qk_head_dim)
+    factor = check_scale("rope_factor", rope_factor)
+    mscale_all = check_scale("mscale_all_dim", mscale_all_dim)
+    assert factor is not None  # a number was given
+    assert mscale_all is not None
+    scale: float = float(qk_head_dim) ** -0.5
+    if factor > 1 and mscale_all:
+        m = 0.1 * mscale_all * math.log(factor) + 1.0
+        scale *= m * m
+    return scale
+
+
+def _deinterleave(x: Tensor) -> Tensor:
+    """Reorder features `(x0, x1, x2, x3, ...)` as `(x0, x2, ..., x1, x3, ...)`.
+
+    RoPE on interleaved pairs `(x0, x1), (x2, x3), ...`, written in this order, is RoPE in
+    the half-split layout: the pair of feature `i` moves to `(i, i + d/2)`. DeepSeek's
+    checkpoints (and Hugging Face's `apply_rotary_pos_emb_interleave`) use it this way.
+    """
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)  # (..., d)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    r"""DeepSeek's multi-head latent attention, with a naive and an absorbed form.
+
+    The layers, with Hugging Face's names, the weights `from_hf` copies (all
+    `nn.Linear` weights are `(out_features, in_features)`, as in PyTorch):
+
+    | attnlab | shape of `weight` | Hugging Face `DeepseekV3Attention` |
+    | --- | --- | --- |
+    | `q_proj` (`q_lora_rank=None`) | `(num_heads * qk_head_dim, d_model)` | `q_proj` |
+    | `q_down` | `(q_lora_rank, d_model)` | `q_a_proj` |
+    | `q_norm` (RMSNorm) | `(q_lora_rank,)` | `q_a_layernorm` |
+    | `q_up` | `(num_heads * qk_head_dim, q_lora_rank)` | `q_b_proj` |
+    | `kv_down` | `(kv_lora_rank + qk_rope_head_dim, d_model)` | `kv_a_proj_with_mqa` |
+    | `kv_norm` (RMSNorm) | `(kv_lora_rank,)` | `kv_a_layernorm` |
+    | `kv_up` | `(num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank)` | `kv_b_proj` |
+    | `out_proj` | `(d_model, num_heads * v_head_dim)` | `o_proj` |
+
+    Rows of `q_up` (or `q_proj`) are grouped by head, each head's `qk_head_dim` rows
+    first the `qk_nope_head_dim` no-RoPE features, then the `qk_rope_head_dim` RoPE ones;
+    rows of `kv_down` are the `kv_lora_rank` latent features, then the shared RoPE key;
+    rows of `kv_up` are grouped by head, each `qk_nope_head_dim` key rows then
+    `v_head_dim` value rows. `q_down`, `kv_down` and `out_proj` have a bias if `bias`.
+
+    `forward(..., absorb=False)` expands the cached latents into per-head keys and values
+    (what training does); `absorb=True` folds `kv_up`'s key rows into the queries and its
+    value rows into the output, and attends over the latents themselves. A cache (any
+    [`KVCache`][attnlab.kv_cache.KVCache], e.g. from
+    [`new_cache`][attnlab.mla.MultiHeadLatentAttention.new_cache]) holds per token only
+    the latent `(b, 1, t, kv_lora_rank)` as its keys and the rotated RoPE key
+    `(b, 1, t, qk_rope_head_dim)` as its values, whichever form reads it.
+
+    Args:
+        d_model: Features per token, of the input and of the output.
+        num_heads: Attention heads.
+        kv_lora_rank: Features of the cached latent $c^{KV}$.
+        qk_nope_head_dim: Features per head of the query/key part without RoPE.
+        qk_rope_head_dim: Features of the RoPE part of each query head and of the shared
+            RoPE key; even.
+        v_head_dim: Features per value head.
+        q_lora_rank: Rank of the low-rank query projection; None for a full `q_proj`.
+        rope_base: RoPE's base $\theta$ (`rope_theta`).
+        rope_interleave: Rotate interleaved feature pairs (DeepSeek's checkpoints, and
+            Hugging Face's default) rather than the two halves.
+        softmax_scale: Factor on the scores; default `qk_head_dim ** -0.5`
+            (see [`mla_softmax_scale`][attnlab.mla.mla_softmax_scale] for YaRN).
+        bias: Whether `q_down`, `kv_down` and `out_proj` have a bias
+            (`attention_bias`).
+        norm_eps: Epsilon of the two RMSNorms.
+        dropout: Probability of dropping an attention weight, in training mode only.
+
+    Shapes:
+        x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
+
+    Raises:
+        TypeError: If a size is not an int, a number is not a number or a flag not a
+            bool.
+        ValueError: If a size is not positive, `qk_rope_head_dim` is odd, `dropout` is
+            not in [0, 1) or a number is not finite.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> mla = MultiHeadLatentAttention(
+        ...     d_model=32, num_heads=4, kv_lora_rank=12, qk_nope_head_dim=6,
+        ...     qk_rope_head_dim=4, v_head_dim=5, q_lora_rank=10)
+        >>> x = torch.randn(2, 7, 32)
+        >>> out = mla(x, is_causal=True)
+        >>> out.shape
+        torch.Size([2, 7, 32])
+        >>> torch.allclose(mla(x, is_causal=True, absorb=True), out, atol=1e-6)
+        True
+        >>> cache = mla.new_cache(batch_size=2, max_length=16)
+        >>> _ = mla(x[:, :5], cache=cache, is_causal=True)  # prefill 5 tokens
+        >>> step = mla(x[:, 5:6], cache=cache, absorb=True)  # decode the 6th
+        >>> torch.allclose(step, out[:, 5:6], atol=1e-6)
+        True
+        >>> cache.length, cache.nbytes // (2 * 16)  # bytes per token: (12 + 4) * 4
+        (6, 64)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int | None = None,
+        rope_base: float = 10000.0,
+        rope_interleave: bool = True,
+        softmax_scale: float | None = None,
+        bias: bool = False,
+        norm_eps: float = 1e-6,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.kv_lora_rank = check_positive_int("kv_lora_rank", kv_lora_rank)
+        self.qk_nope_head_dim = check_positive_int("qk_nope_head_dim", qk_nope_head_dim)
+        self.qk_rope_head_dim = check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
+        if qk_rope_head_dim % 2:
+            raise ValueError(
+                f"qk_rope_head_dim must be even (RoPE rotates pairs of features), "
+                f"got {qk_rope_head_dim}"
+            )
+        self.v_head_dim = check_positive_int("v_head_dim", v_head_dim)
+        self.q_lora_rank = (
+            None if q_lora_rank is None else check_positive_int("q_lora_rank", q_lora_rank)
+        )
+        base = check_scale("rope_base", rope_base)
+        if base is None or base <= 0:
+            raise ValueError(f"rope_base must be a positive number, got {rope_base!r}")
+        self.rope_base = base
+        self.rope_interleave = check_bool("rope_interleave", rope_interleave)
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        scale = check_scale("softmax_scale", softmax_scale)
+        self.softmax_scale = float(self.qk_head_dim) ** -0.5 if scale is None else scale
+        self.bias = check_bool("bias", bias)
+        eps = check_scale("norm_eps", norm_eps)
+        if eps is None or eps < 0:
+            raise ValueError(f"norm_eps must be a non-negative number, got {norm_eps!r}")
+        self.dropout = check_probability("dropout", dropout)
+
+        h, r, dr = num_heads, kv_lora_rank, qk_rope_head_dim
+        self.q_proj: nn.Linear | None = None
+        self.q_down: nn.Linear | None = None
+        self.q_norm: nn.RMSNorm | None = None
+        self.q_up: nn.Linear | None = None
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(d_model, h * self.qk_head_dim, bias=False)
+        else:
+            self.q_down = nn.Linear(d_model, self.q_lora_rank, bias=bias)
+            self.q_norm = nn.RMSNorm(self.q_lora_rank, eps=eps)
+            self.q_up = nn.Linear(self.q_lora_rank, h * self.qk_head_dim, bias=False)
+        self.kv_down = nn.Linear(d_model, r + dr, bias=bias)
+        self.kv_norm = nn.RMSNorm(r, eps=eps)
+        self.kv_up = nn.Linear(r, h * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.out_proj = nn.Linear(h * v_head_dim, d_model, bias=bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"kv_lora_rank={self.kv_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
+            f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}, "
+            f"q_lora_rank={self.q_lora_rank}, rope_base={self.rope_base}, "
+            f"rope_interleave={self.rope_interleave}, softmax_scale={self.softmax_scale}, "
+            f"bias={self.bias}, dropout={self.dropout}"
+        )
+
+    # -- the cache -----------------------------------------------------------------------
+
+    def new_cache(
+        self,
+        batch_size: int,
+        max_length: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> StaticKVCache:
+        """A preallocated latent cache for this module: latents as keys, RoPE keys as values.
+
+        It is a [`StaticKVCache`][attnlab.kv_cache.StaticKVCache] with one key/value head,
+        `head_dim = kv_lora_rank` and `head_dim_v = qk_rope_head_dim`; its `nbytes` is
+        `batch_size * max_length * (kv_lora_rank + qk_rope_head_dim)` elements, whatever
+        the number of heads.
+
+        Args:
+            batch_size: Sequences decoded together.
+            max_length: Most tokens it can hold, prompt included.
+            dtype: Element type; defaults to the module's parameters'.
+            device: Where to allocate it; defaults to the module's parameters'.
+
+        Returns:
+            An empty cache.
+
+        Raises:
+            TypeError: As `StaticKVCache`.
+            ValueError: As `StaticKVCache`.
+        """
+        weight = self.kv_down.weight
+        return StaticKVCache(
+            batch_size,
+            max_length,
+            num_kv_heads=1,
+            head_dim=self.kv_lora_rank,
+            head_dim_v=self.qk_rope_head_dim,
+            dtype=weight.dtype if dtype is None else dtype,
+            device=weight.device if device is None else device,
+        )
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_inputs(
+        self,
+        x: object,
+        positions: object,
+        cache: object,
+        attn_mask: object,
+        is_causal: object,
+        absorb: object,
+    ) -> None:
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
+        owner = type(self).__name__
+        x = check_tokens(
+            "x", x, features=self.d_model, param="d_model", owner=owner, like=self.kv_down.weight
+        )
+        check_bool("absorb", absorb)
+        b, t = (x.shape[0], x.shape[1]) if x.ndim == 3 else (1, x.shape[0])
+        past = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(
+                    f"cache must be an attnlab.kv_cache.KVCache or None, got {type(cache).__name__}"
+                )
+            past = cache.length
+            if isinstance(cache, StaticKVCache):
+                self._check_static_cache(cache, x, b, t)
+        if positions is not None:
+            self._check_positions(positions, x, b, t)
+        check_attn_mask("attn_mask", attn_mask, (b, self.num_heads, t, past + t), x, "x")
+        if check_bool("is_causal", is_causal) and attn_mask is not None:
+            raise ValueError("pass either attn_mask or is_causal=True, not both")
+
+    def _check_static_cache(self, cache: StaticKVCache, x: Tensor, b: int, t: int) -> None:
+        expected = (1, self.kv_lora_rank, self.qk_rope_head_dim)
+        got = (cache.num_kv_heads, cache.head_dim, cache.head_dim_v)
+        if got != expected:
+            raise ValueError(
+                "cache must hold (num_kv_heads, head_dim, head_dim_v) = (1, kv_lora_rank, "
+                f"qk_rope_head_dim) = {expected} for this module, got {got}; build it with "
+                "module.new_cache(...)"
+            )
+        if cache.batch_size != b:
+            raise ValueError(
+                f"x has batch size {b} but the cache holds {cache.batch_size} sequences "
+                f"(x.shape={tuple(x.shape)}); build one cache per batch size"
+            )
+        if cache.dtype != x.dtype or cache.device != x.device:
+            raise ValueError(
+                f"x is {x.dtype} on {x.device} but the cache is {cache.dtype} on "
+                f"{cache.device}; build the cache with module.new_cache(...)"
+            )
+        if cache.length + t > cache.max_length:
+            raise ValueError(
+                f"x has t={t} new tokens but the cache has room for max_length - length = "
+                f"{cache.max_length} - {cache.length} = {cache.max_length - cache.length}; "
+                "build it with a larger max_length"
+            )
+
+    @staticmethod
+    def _check_positions(positions: object, x: Tensor, b: int, t: int) -> None:
+        if not isinstance(positions, Tensor):
+            raise TypeError(
+                f"positions must be a torch.Tensor or None, got {type(positions).__name__}"
+            )
+        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+            raise TypeError(
+                f"positions must be an integer tensor, got {positions.dtype} "
+                f"(positions.shape={tuple(positions.shape)})"
+            )
+        if tuple(positions.shape) not in ((t,), (b, t)):
+            raise ValueError(
+                f"positions must have shape (t,) = ({t},) or (b, t) = ({b}, {t}) to match x, "
+                f"got positions.shape={tuple(positions.shape)}"
+            )
+        if positions.device != x.device:
+            raise ValueError(
+                f"positions is on {positions.device} but x is on {x.device}; move it with "
+                "positions.to(x.device)"
+            )
+        if positions.numel() and int(positions.min()) < 0:
+            raise ValueError(
+                f"positions must be non-negative, got a minimum of {int(positions.min())}"
+            )
+
+    # -- computation ---------------------------------------------------------------------
+
+    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        if self.rope_interleave:
+            x = _deinterleave(x)  # (..., t, qk_rope_head_dim)
+        return apply_rope(x, positions, base=self.rope_base, layout="half")
+
+    def _queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The no-RoPE and the rotated parts of the queries, `(b, h, t, ...)` each."""
+        b, t, _ = x.shape
+        if self.q_proj is not None:
+            q = self.q_proj(x)  # (b, t, h * qk_head_dim)
+        else:
+            assert self.q_down is not None
+            assert self.q_norm is not None
+            assert self.q_up is not None
+            q = self.q_up(self.q_norm(self.q_down(x)))  # (b, t, h * qk_head_dim)
+        q = q.view(b, t, self.num_heads, self.qk_head_dim).transpose(1, 2)  # (b, h, t, d_qk)
+        q_nope, q_rope = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], -1)
+        return q_nope, self._rope(q_rope, positions)  # (b, h, t, d_nope), (b, h, t, d_rope)
+
+    def _latents(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """What the cache keeps: the normed latent and the rotated RoPE key, `(b, 1, t, ...)`."""
+        b, t, _ = x.shape
+        latent = self.kv_down(x)  # (b, t, r + d_rope)
+        c_kv, k_rope = torch.split(latent, [self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        c_kv = self.kv_norm(c_kv).view(b, 1, t, self.kv_lora_rank)  # (b, 1, t, r)
+        k_rope = k_rope.view(b, 1, t, self.qk_rope_head_dim)  # (b, 1, t, d_rope)
+        return c_kv, self._rope(k_rope, positions)
+
+    def _up_weights(self) -> tuple[Tensor, Tensor]:
+        """`kv_up`'s weight split per head into W_UK `(h, d_nope, r)` and W_UV `(h, d_v, r)`."""
+        w = self.kv_up.weight.view(
+            self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank
+        )  # (h, d_nope + d_v, r)
+        w_uk, w_uv = torch.split(w, [self.qk_nope_head_dim, self.v_head_dim], 1)
+        return w_uk, w_uv
+
+    def _attend_naive(
+        self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor, mask: Tensor | None
+    ) -> Tensor:
+        """Expand the latents into per-head keys and values; heads `(b, h, t, v_head_dim)`."""
+        b, _, s, _ = c_kv.shape
+        h = self.num_heads
+        kv = self.kv_up(c_kv.squeeze(1))  # (b, s, h * (d_nope + d_v))
+        kv = kv.view(b, s, h, self.qk_nope_head_dim + self.v_head_dim).transpose(1, 2)
+        k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], -1)  # (b,h,s,.)
+        k = torch.cat([k_nope, k_rope.expand(b, h, s, self.qk_rope_head_dim)], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1)  # (b, h, t, qk_head_dim)
+        return self._sdpa(q, k, v, mask)  # (b, h, t, d_v)
+
+    def _attend_absorbed(
+        self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor, mask: Tensor | None
+    ) -> Tensor:
+        """Attend over the latents themselves; heads `(b, h, t, v_head_dim)`."""
+        w_uk, w_uv = self._up_weights()
+        # q_nope . (W_UK c) = (W_UK^T q_nope) . c: move W_UK onto the query side, once per
+        # query instead of once per cached token and head.
+        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (b, h, t, r)
+        q = torch.cat([q_latent, q_rope], dim=-1)  # (b, h, t, r + d_rope)
+        k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, s, r + d_rope): one shared head
+        # Multi-query attention whose values are the latents; W_UV comes after the sum.
+        o_latent = self._sdpa(q, k, c_kv, mask, enable_gqa=True)  # (b, h, t, r)
+        return torch.einsum("bhtr,hvr->bhtv", o_latent, w_uv)  # (b, h, t, d_v)
+
+    def _sdpa(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, enable_gqa: bool = False
+    ) -> Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.softmax_scale,
+            enable_gqa=enable_gqa,
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        absorb: bool = False,
+    ) -> Tensor:
+        """Attend from the tokens of `x` to themselves and to the cached ones.
+
+        With a `cache`, the latents and RoPE keys of `x` are appended to it first, and
+        the queries attend to all `s = cache.length` tokens it then holds (`x` last).
+
+        Args:
+            x: Tokens, `(b, t, d_model)` or `(t, d_model)`.
+            positions: Integer RoPE positions of the tokens of `x`, `(t,)` or `(b, t)`;
+                default `cache.length + arange(t)` (counted before this call), or
+                `arange(t)` without a cache.
+            cache: A [`KVCache`][attnlab.kv_cache.KVCache] with one key/value head,
+                `head_dim = kv_lora_rank`, `head_dim_v = qk_rope_head_dim`, see
+                [`new_cache`][attnlab.mla.MultiHeadLatentAttention.new_cache]; updated in
+                place.
+            attn_mask: Bool mask (True = attend) or float mask added to the scores,
+                broadcastable to `(b, num_heads, t, s)`.
+            is_causal: Hide from each query the keys after it; with a cache the mask is
+                aligned bottom-right (`x` are the last `t` of the `s` tokens).
+            absorb: Attend over the latents directly (decode form) instead of
+                expanding them into per-head keys and values (training form).
+
+        Returns:
+            `(b, t, d_model)` or `(t, d_model)`.
+
+        Raises:
+            TypeError: If `x` is not a floating-point tensor, `positions` not an integer
+                tensor, `cache` not a `KVCache`, the mask has a wrong dtype or a flag is
+                not a bool.
+            ValueError: If the rank, feature size, dtype or device of `x` does not fit
+                the module; `positions` has the wrong shape or device or is negative;
+                a static cache has the wrong sizes, batch size, dtype or device, or no
+                room for `t` more tokens; the mask does not broadcast to
+                `(b, num_heads, t, s)`; or both `attn_mask` and `is_causal` are given.
+        """
+        if is_validation_enabled():
+            self._check_inputs(x, positions, cache, attn_mask, is_causal, absorb)
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = x.unsqueeze(0)  # (1, t, d_model)
+        b, t, _ = x.shape
+        past = 0 if cache is None else cache.length
+        if positions is None:
+            positions = torch.arange(past, past + t, device=x.device)  # (t,)
+        q_nope, q_rope = self._queries(x, positions)
+        c_kv, k_rope = self._latents(x, positions)  # (b, 1, t, r), (b, 1, t, d_rope)
+        if cache is not None:
+            c_kv, k_rope = cache.update(c_kv, k_rope)  # (b, 1, s, r), (b, 1, s, d_rope)
+        mask = attn_mask
+        if is_causal:
+            mask = masks.causal(t, c_kv.shape[2], align="bottom-right", device=x.device)
+        attend = self._attend_absorbed if absorb else self._attend_naive
+        heads = attend(q_nope, q_rope, c_kv, k_rope, mask)  # (b, h, t, d_v)
+        concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.v_head_dim)
+        out: Tensor = self.out_proj(concat)  # (b, t, d_model)
+        return out[0] if unbatched else out
+
+    # -- interoperability with Hugging Face ----------------------------------------------
+
+    @classmethod
+    def from_hf(cls, layer: nn.Module) -> MultiHeadLatentAttention:
+        """A `MultiHeadLatentAttention` with the weights of Hugging Face's MLA layer.
+
+        Copies `transformers`' `DeepseekV3Attention` (see the class docstring for the
+        mapping of the weights), its softmax scale (`layer.scaling`, YaRN's correction
+        included), RoPE base and layout, RMSNorm epsilons, dropout and training mode.
+
+        Args:
+            layer: A `transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention`.
+
+        Returns:
+            A new module on the layer's device and dtype, sharing no storage with it.
+
+        Raises:
+            TypeError: If `layer` is not a `DeepseekV3Attention`.
+            ValueError: If its config scales RoPE (`rope_type` other than `"default"`,
+                e.g. DeepSeek-V3's YaRN): attnlab's RoPE has the plain frequencies.
+        """
+        if type(layer).__name__ != "DeepseekV3Attention" or not hasattr(layer, "config"):
+            raise TypeError(
+                f"layer must be a transformers DeepseekV3Attention, got {type(layer).__name__}"
+            )
+        hf: Any = layer
+        config = hf.config
+        rope = dict(config.rope_parameters or {})
+        rope_type = rope.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(
+                f"layer's config has rope_type={rope_type!r}, but MultiHeadLatentAttention "
+                "rotates with the plain RoPE frequencies (rope_type='default'); its softmax "
+                "scale alone is mla_softmax_scale(...)"
+            )
+        weight = hf.kv_b_proj.weight
+        mla = cls(
+            hf.hidden_size,
+            hf.num_heads,
+            kv_lora_rank=hf.kv_lora_rank,
+            qk_nope_head_dim=hf.qk_nope_head_dim,
+            qk_rope_head_dim=hf.qk_rope_head_dim,
+            v_head_dim=hf.v_head_dim,
+            q_lora_rank=hf.q_lora_rank,
+            rope_base=float(rope["rope_theta"]),
+            rope_interleave=bool(config.rope_interleave),
+            softmax_scale=float(hf.scaling),
+            bias=hf.kv_a_proj_with_mqa.bias is not None,
+            norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
+            dropout=float(hf.attention_dropout),
+        ).to(device=weight.device, dtype=weight.dtype)
+        pairs: list[tuple[nn.Module | None, nn.Module | None]] = [
+            (mla.q_proj, hf.q_proj),
+            (mla.q_down, hf.q_a_proj),
+            (mla.q_norm, hf.q_a_layernorm),
+            (mla.q_up, hf.q_b_proj),
+            (mla.kv_down, hf.kv_a_proj_with_mqa),
+            (mla.kv_norm, hf.kv_a_layernorm),
+            (mla.kv_up, hf.kv_b_proj),
+            (mla.out_proj, hf.o_proj),
+        ]
+        for ours, theirs in pairs:
+            if ours is not None and theirs is not None:
+                # Same parameter names ("weight", "bias") and shapes on both sides.
+                ours.load_state_dict(theirs.state_dict())
+        if mla.q_norm is not None:
+            mla.q_norm.eps = float(hf.q_a_layernorm.variance_epsilon)
+        return mla.train(hf.training)

@@ -1,0 +1,413 @@
+"""MultiHeadLatentAttention: equal to Hugging Face's DeepseekV3Attention after from_hf.
+
+The reference layer is built from a small random `DeepseekV3Config` (nothing downloaded)
+with eager attention, called as `DeepseekV3Model` calls it: cos/sin from
+`DeepseekV3RotaryEmbedding`, a 4-d additive mask, and `transformers.DynamicCache` when
+decoding. Its RMSNorm weights and biases are perturbed so that a weight copied to the
+wrong place, or not at all, changes the output.
+
+All sizes differ: b=2, heads=3, v_head_dim=5, qk_nope_head_dim=6, t=7,
+qk_rope_head_dim=8, kv_lora_rank=11, q_lora_rank=13, d_model=24.
+
+Hugging Face has no absorbed (decode-time) form of MLA: `DeepseekV3Attention` always
+expands the cached latents with `kv_b_proj`. The absorbed form is compared with the HF
+layer through the outputs, and with attnlab's own naive form.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+from transformers import DeepseekV3Config, DynamicCache
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+    DeepseekV3Attention,
+    DeepseekV3RotaryEmbedding,
+)
+
+from attnlab.kv_cache import DynamicKVCache, StaticKVCache
+from attnlab.mla import MultiHeadLatentAttention, mla_softmax_scale
+
+B, T = 2, 7
+D_MODEL, HEADS = 24, 3
+Q_LORA, KV_LORA, NOPE, ROPE, V = 13, 11, 6, 8, 5
+ATOL = 1e-5
+
+# attnlab's parameter -> Hugging Face's, for comparing gradients.
+HF_NAMES = {
+    "q_proj": "q_proj",
+    "q_down": "q_a_proj",
+    "q_norm": "q_a_layernorm",
+    "q_up": "q_b_proj",
+    "kv_down": "kv_a_proj_with_mqa",
+    "kv_norm": "kv_a_layernorm",
+    "kv_up": "kv_b_proj",
+    "out_proj": "o_proj",
+}
+
+
+def _config(
+    *, q_lora_rank: int | None = Q_LORA, interleave: bool = True, bias: bool = False, **extra: Any
+) -> DeepseekV3Config:
+    config = DeepseekV3Config(
+        vocab_size=17,
+        hidden_size=D_MODEL,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=KV_LORA,
+        qk_nope_head_dim=NOPE,
+        qk_rope_head_dim=ROPE,
+        v_head_dim=V,
+        rope_interleave=interleave,
+        attention_bias=bias,
+        **({"max_position_embeddings": 64} | extra),
+    )
+    config._attn_implementation = "eager"
+    return config
+
+
+def _hf_layer(config: DeepseekV3Config) -> DeepseekV3Attention:
+    layer = DeepseekV3Attention(config, layer_idx=0)
+    with torch.no_grad():  # norms start at 1 and biases at 0: make them matter
+        for name, p in layer.named_parameters():
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return layer.eval()
+
+
+def _causal_additive(t_q: int, t_k: int) -> Tensor:
+    """HF's 4-d additive causal mask, bottom-right aligned: `(1, 1, t_q, t_k)`."""
+    i = torch.arange(t_q)[:, None] + (t_k - t_q)
+    j = torch.arange(t_k)[None, :]
+    mask = torch.zeros(t_q, t_k).masked_fill(j > i, torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
+def _hf_forward(
+    layer: DeepseekV3Attention,
+    x: Tensor,
+    positions: Tensor,
+    mask: Tensor | None,
+    cache: DynamicCache | None = None,
+) -> Tensor:
+    rotary = DeepseekV3RotaryEmbedding(layer.config)
+    cos_sin = rotary(x, positions if positions.ndim == 2 else positions[None])
+    out, _ = layer(x, cos_sin, mask, cache=cache)
+    return out
+
+
+# -- equal to Hugging Face: outputs and gradients --------------------------------------
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("q_lora_rank", [Q_LORA, None], ids=["q-lora", "q-full"])
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "half"])
+def test_mla_equals_hf_outputs_and_gradients(
+    interleave: bool, q_lora_rank: int | None, bias: bool, absorb: bool
+) -> None:
+    hf = _hf_layer(_config(q_lora_rank=q_lora_rank, interleave=interleave, bias=bias))
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    expected = _hf_forward(hf, x_hf, torch.arange(T), _causal_additive(T, T))
+    got = ours(x_ours, is_causal=True, absorb=absorb)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    got.backward(grad_out)
+    assert x_ours.grad is not None
+    assert x_hf.grad is not None
+    torch.testing.assert_close(x_ours.grad, x_hf.grad, atol=ATOL, rtol=0)
+    hf_params = dict(hf.named_parameters())
+    compared = 0
+    for name, p in ours.named_parameters():
+        module, kind = name.split(".")
+        ref = hf_params[f"{HF_NAMES[module]}.{kind}"]
+        assert p.grad is not None, name
+        assert ref.grad is not None, name
+        torch.testing.assert_close(p.grad, ref.grad, atol=ATOL, rtol=0, msg=name)
+        compared += 1
+    assert compared == len(hf_params)
+
+
+def test_mla_from_hf_copies_every_weight_and_setting() -> None:
+    hf = _hf_layer(
+        _config(bias=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    )
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    hf_params = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        module, kind = name.split(".")
+        assert torch.equal(p, hf_params[f"{HF_NAMES[module]}.{kind}"]), name
+        assert p.data_ptr() != hf_params[f"{HF_NAMES[module]}.{kind}"].data_ptr()
+    assert ours.rope_base == 500.0
+    assert ours.rope_interleave
+    assert ours.softmax_scale == hf.scaling == (NOPE + ROPE) ** -0.5
+    assert not ours.training
+
+
+def test_mla_padded_batch_with_positions_equals_hf() -> None:
+    """Left padding: per-sequence positions `(b, t)` and an explicit 4-d mask."""
+    hf = _hf_layer(_config())
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    pad = torch.tensor([0, 3])  # the second sequence starts at index 3
+    positions = (torch.arange(T)[None] - pad[:, None]).clamp(min=0)  # (b, t)
+    keep = torch.arange(T)[None] >= pad[:, None]  # (b, t): real tokens
+    allowed = torch.ones(T, T, dtype=torch.bool).tril() & keep[:, None, None, :]  # (b,1,t,t)
+    allowed = allowed | torch.eye(T, dtype=torch.bool)  # padded queries see themselves
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+    expected = _hf_forward(hf, x, positions, additive)
+    for absorb in (False, True):
+        got = ours(x, positions=positions, attn_mask=allowed, absorb=absorb)
+        torch.testing.assert_close(got[keep], expected[keep], atol=ATOL, rtol=0)
+
+
+def test_mla_unbatched_equals_batched() -> None:
+    mla = MultiHeadLatentAttention.from_hf(_hf_layer(_config()))
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(mla(x[1], is_causal=True), mla(x, is_causal=True)[1])
+
+
+# -- cached decoding -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "dynamic"])
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_mla_cached_decode_equals_hf_cache_and_full_forward(cache_kind: str, absorb: bool) -> None:
+    """Prefill 3 tokens, a chunk of 2, then 2 single tokens; HF with its DynamicCache."""
+    hf = _hf_layer(_config())
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    full = _hf_forward(hf, x, torch.arange(T), _causal_additive(T, T))
+    hf_cache = DynamicCache(config=hf.config)
+    cache = ours.new_cache(B, max_length=T) if cache_kind == "static" else DynamicKVCache()
+    start = 0
+    for t_new in (3, 2, 1, 1):
+        chunk = x[:, start : start + t_new]
+        positions = torch.arange(start, start + t_new)
+        mask = _causal_additive(t_new, start + t_new) if t_new > 1 else None
+        expected = _hf_forward(hf, chunk, positions, mask, cache=hf_cache)
+        with torch.no_grad():
+            got = ours(chunk, cache=cache, is_causal=True, absorb=absorb)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(got, full[:, start : start + t_new], atol=ATOL, rtol=0)
+        start += t_new
+    # Both caches hold the same two tensors per token: the normed latent and the rotated
+    # RoPE key, (b, 1, length, kv_lora_rank) and (b, 1, length, qk_rope_head_dim).
+    empty = (torch.zeros(B, 1, 0, KV_LORA), torch.zeros(B, 1, 0, ROPE))
+    latents, rope_keys = cache.update(*empty)
+    assert cache.length == hf_cache.get_seq_length() == T
+    torch.testing.assert_close(latents, hf_cache.layers[0].keys, atol=ATOL, rtol=0)
+    torch.testing.assert_close(rope_keys, hf_cache.layers[0].values, atol=ATOL, rtol=0)
+
+
+def test_mla_cache_holds_only_latent_and_rope_key() -> None:
+    """The cache's size depends on kv_lora_rank + qk_rope_head_dim, not on the heads."""
+    sizes = {}
+    for heads in (1, HEADS, 16):
+        mla = MultiHeadLatentAttention(
+            D_MODEL, heads, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE,
+            qk_rope_head_dim=ROPE, v_head_dim=V,
+        )  # fmt: skip
+        cache = mla.new_cache(B, max_length=T)
+        mla(torch.randn(B, T, D_MODEL), cache=cache, is_causal=True)
+        sizes[heads] = cache.nbytes
+    assert set(sizes.values()) == {B * T * (KV_LORA + ROPE) * 4}
+
+
+# -- absorbed form = naive form (Hugging Face has no absorbed form) --------------------
+
+
+@pytest.mark.parametrize("q_lora_rank", [Q_LORA, None], ids=["q-lora", "q-full"])
+def test_mla_absorbed_equals_naive(q_lora_rank: int | None) -> None:
+    mla = MultiHeadLatentAttention(
+        D_MODEL, HEADS, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+        v_head_dim=V, q_lora_rank=q_lora_rank, bias=True,
+    )  # fmt: skip
+    x = torch.randn(B, T, D_MODEL, requires_grad=True)
+    naive = mla(x, is_causal=True)
+    absorbed = mla(x, is_causal=True, absorb=True)
+    torch.testing.assert_close(absorbed, naive, atol=ATOL, rtol=0)
+    grad_naive = torch.autograd.grad(naive.sum(), [x, *mla.parameters()])
+    grad_absorbed = torch.autograd.grad(absorbed.sum(), [x, *mla.parameters()])
+    for a, n in zip(grad_absorbed, grad_naive, strict=True):
+        torch.testing.assert_close(a, n, atol=ATOL, rtol=0)
+
+
+def test_mla_absorbed_decode_equals_naive_at_every_length() -> None:
+    mla = MultiHeadLatentAttention(
+        D_MODEL, HEADS, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+        v_head_dim=V, q_lora_rank=Q_LORA,
+    )  # fmt: skip
+    x = torch.randn(B, T, D_MODEL)
+    full = mla(x, is_causal=True)
+    cache = mla.new_cache(B, max_length=T)
+    for i in range(T):
+        step = mla(x[:, i : i + 1], cache=cache, absorb=True)
+        torch.testing.assert_close(step, full[:, i : i + 1], atol=ATOL, rtol=0)
+
+
+# -- softmax scale with YaRN -----------------------------------------------------------
+
+
+def test_mla_softmax_scale_equals_hf_with_yarn() -> None:
+    """DeepSeek-V3's checkpoints use YaRN; the scale gains mscale**2 (HF: layer.scaling).
+
+    attnlab's RoPE has no YaRN frequencies, so from_hf refuses such a layer.
+    """
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
+    hf = _hf_layer(_config(rope_parameters=rope, max_position_embeddings=640))
+    expected = mla_softmax_scale(NOPE + ROPE, rope_factor=40.0, mscale_all_dim=1.0)
+    assert math.isclose(hf.scaling, expected, rel_tol=1e-12)
+    assert expected > (NOPE + ROPE) ** -0.5
+    with pytest.raises(ValueError, match="rope_type='yarn'"):
+        MultiHeadLatentAttention.from_hf(hf)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+def _mla() -> MultiHeadLatentAttention:
+    return MultiHeadLatentAttention(
+        D_MODEL, HEADS, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+        v_head_dim=V,
+    )  # fmt: skip
+
+
+BAD_CALLS: dict[str, tuple[type[Exception], str, Any]] = {
+    "features": (ValueError, r"x has 5 features .* d_model=24", lambda m: m(torch.randn(B, T, 5))),
+    "x-int": (
+        TypeError,
+        "x must have a floating-point dtype",
+        lambda m: m(torch.ones(B, T, 24, dtype=torch.long)),
+    ),
+    "x-dtype": (
+        ValueError,
+        "x has dtype torch.float64",
+        lambda m: m(torch.randn(B, T, 24).double()),
+    ),
+    "positions-float": (
+        TypeError,
+        "positions must be an integer tensor, got torch.float32",
+        lambda m: m(torch.randn(B, T, 24), positions=torch.arange(T).float()),
+    ),
+    "positions-shape": (
+        ValueError,
+        r"positions must have shape \(t,\) = \(7,\) or \(b, t\) = \(2, 7\).*\(6,\)",
+        lambda m: m(torch.randn(B, T, 24), positions=torch.arange(6)),
+    ),
+    "positions-negative": (
+        ValueError,
+        "positions must be non-negative, got a minimum of -1",
+        lambda m: m(torch.randn(B, T, 24), positions=torch.arange(-1, T - 1)),
+    ),
+    "cache-type": (
+        TypeError,
+        "cache must be an attnlab.kv_cache.KVCache or None, got DynamicCache",
+        lambda m: m(torch.randn(B, T, 24), cache=DynamicCache()),
+    ),
+    "cache-sizes": (
+        ValueError,
+        r"cache must hold .* = \(1, 11, 8\) for this module, got \(3, 11, 8\)",
+        lambda m: m(torch.randn(B, T, 24), cache=StaticKVCache(B, T, 3, KV_LORA, head_dim_v=ROPE)),
+    ),
+    "cache-batch": (
+        ValueError,
+        "x has batch size 2 but the cache holds 3 sequences",
+        lambda m: m(torch.randn(B, T, 24), cache=m.new_cache(3, T)),
+    ),
+    "cache-dtype": (
+        ValueError,
+        "x is torch.float32 on cpu but the cache is torch.float64 on cpu",
+        lambda m: m(torch.randn(B, T, 24), cache=m.new_cache(B, T, dtype=torch.float64)),
+    ),
+    "cache-overflow": (
+        ValueError,
+        r"x has t=7 new tokens but the cache has room for max_length - length = 6 - 0 = 6",
+        lambda m: m(torch.randn(B, T, 24), cache=m.new_cache(B, 6)),
+    ),
+    "mask-shape": (
+        ValueError,
+        r"attn_mask of shape \(7, 6\) does not broadcast",
+        lambda m: m(torch.randn(B, T, 24), attn_mask=torch.ones(T, 6, dtype=torch.bool)),
+    ),
+    "mask-and-causal": (
+        ValueError,
+        "pass either attn_mask or is_causal=True, not both",
+        lambda m: m(
+            torch.randn(B, T, 24), attn_mask=torch.ones(T, T, dtype=torch.bool), is_causal=True
+        ),
+    ),
+    "absorb": (
+        TypeError,
+        "absorb must be a bool, got 1",
+        lambda m: m(torch.randn(B, T, 24), absorb=1),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_mla_bad_call_raises(case: str) -> None:
+    error, message, call = BAD_CALLS[case]
+    with pytest.raises(error, match=message):
+        call(_mla())
+
+
+def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
+    mla = _mla()
+    cache = DynamicKVCache()
+    mla(torch.randn(B, T, 24), cache=cache, is_causal=True)
+    with pytest.raises(ValueError, match="batch size 3 but the cache holds 2 sequences"):
+        mla(torch.randn(3, 1, 24), cache=cache)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"qk_rope_head_dim": 7}, ValueError, "qk_rope_head_dim must be even .* got 7"),
+        ({"kv_lora_rank": 0}, ValueError, "kv_lora_rank must be a positive int, got 0"),
+        ({"q_lora_rank": 2.0}, TypeError, "q_lora_rank must be a positive int, got 2.0"),
+        ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\), got 1.0"),
+        ({"rope_base": -1.0}, ValueError, "rope_base must be a positive number, got -1.0"),
+        ({"rope_interleave": "yes"}, TypeError, "rope_interleave must be a bool"),
+    ],
+)
+def test_mla_bad_config_raises(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    sizes: dict[str, Any] = {
+        "kv_lora_rank": KV_LORA,
+        "qk_nope_head_dim": NOPE,
+        "qk_rope_head_dim": ROPE,
+        "v_head_dim": V,
+    }
+    with pytest.raises(error, match=message):
+        MultiHeadLatentAttention(D_MODEL, HEADS, **(sizes | kwargs))
+
+
+def test_mla_from_hf_rejects_other_modules() -> None:
+    with pytest.raises(
+        TypeError, match="layer must be a transformers DeepseekV3Attention, got Linear"
+    ):
+        MultiHeadLatentAttention.from_hf(nn.Linear(2, 3))
