@@ -49,15 +49,22 @@ class SelfAttention(nn.Module):
         torch.Size([6, 4])
     """
 
+    W_query: nn.Parameter
+    W_key: nn.Parameter
+    W_value: nn.Parameter
+
     def __init__(self, d_in: int, d_out_kq: int, d_out_v: int) -> None:
         super().__init__()
         self.d_in = check_positive_int("d_in", d_in)
         self.d_out_kq = check_positive_int("d_out_kq", d_out_kq)
         self.d_out_v = check_positive_int("d_out_v", d_out_v)
-        # The order of these three calls fixes which random numbers each matrix gets.
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out_kq))
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out_kq))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out_v))
+        # Filled one after the other from the global generator, so this order (query,
+        # key, value) decides which numbers each matrix gets; `uniform_()` draws exactly
+        # what `torch.rand` would, which is how the article's numbers come out.
+        widths = {"W_query": d_out_kq, "W_key": d_out_kq, "W_value": d_out_v}
+        for name, width in widths.items():
+            matrix = torch.empty(d_in, width).uniform_()  # (d_in, width), U[0, 1)
+            self.register_parameter(name, nn.Parameter(matrix))
 
     def extra_repr(self) -> str:
         return f"d_in={self.d_in}, d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}"
@@ -139,7 +146,10 @@ class MultiHeadAttentionWrapper(nn.Module):
     def __init__(self, d_in: int, d_out_kq: int, d_out_v: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
-        self.heads = nn.ModuleList(SelfAttention(d_in, d_out_kq, d_out_v) for _ in range(num_heads))
+        # Head r is built after heads 0 .. r-1, so it draws the next numbers of the stream.
+        self.heads = nn.ModuleList()
+        for _ in range(num_heads):
+            self.heads.append(SelfAttention(d_in, d_out_kq, d_out_v))
 
     def forward(self, x: Tensor) -> Tensor:
         """Concatenate the heads' context vectors along the last axis.
@@ -151,14 +161,9 @@ class MultiHeadAttentionWrapper(nn.Module):
             Context vectors, `(..., t, num_heads * d_out_v)`.
         """
         if is_validation_enabled():
-            head = self.heads[0]
-            assert isinstance(head, SelfAttention)
-            check_tokens(
-                "x",
-                x,
-                features=head.d_in,
-                param="d_in",
-                owner=type(self).__name__,
-                like=head.W_query,
-            )
-        return torch.cat([head(x) for head in self.heads], dim=-1)
+            first = self.heads[0]
+            assert isinstance(first, SelfAttention)
+            owner = type(self).__name__
+            check_tokens("x", x, features=first.d_in, param="d_in", owner=owner, like=first.W_query)
+        per_head = [head(x) for head in self.heads]  # num_heads x (..., t, d_out_v)
+        return torch.cat(per_head, dim=-1)  # (..., t, num_heads * d_out_v)
