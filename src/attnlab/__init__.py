@@ -4,17 +4,24 @@ from attnlab import functional, masks, rope, toy
 from attnlab._validation import is_validation_enabled, set_validation, validation
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
+from attnlab.gqa import GroupedQueryAttention
+from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache, kv_cache_bytes_per_token
 from attnlab.multihead import MultiHeadAttention
 from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
 
 __all__ = [
     "CausalSelfAttention",
     "CrossAttention",
+    "DynamicKVCache",
+    "GroupedQueryAttention",
+    "KVCache",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
     "SelfAttention",
+    "StaticKVCache",
     "functional",
     "is_validation_enabled",
+    "kv_cache_bytes_per_token",
     "masks",
     "rope",
     "set_validation",

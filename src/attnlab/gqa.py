@@ -1,0 +1,462 @@
+r"""Grouped-query attention with RoPE, a sliding window and a KV cache: a modern LLM's layer.
+
+Grouped-query attention (GQA; Ainslie et al., 2023, https://arxiv.org/abs/2305.13245)
+keeps `num_heads` query heads but only `num_kv_heads` key/value heads; each key/value head
+serves a group of `num_heads / num_kv_heads` consecutive query heads. Multi-head attention
+is the case `num_kv_heads = num_heads`, multi-query attention (MQA; Shazeer, 2019,
+https://arxiv.org/abs/1911.02150) the case `num_kv_heads = 1`. Query head $h$ reads
+key/value head $g(h) = \lfloor h / (\text{num\_heads} / \text{num\_kv\_heads}) \rfloor$:
+
+$$
+O_h = \operatorname{softmax}\left(\frac{Q_h K_{g(h)}^\top}{\sqrt{d_h}} + M\right)
+V_{g(h)},
+\qquad \operatorname{GQA}(X) = \operatorname{concat}_h(O_h)\, W_o
+$$
+
+with rotary position embeddings applied to $Q$ and $K$ ([`attnlab.rope`][attnlab.rope])
+and $M$ a causal or sliding-window mask. The layer is the attention of Llama, Mistral and
+Qwen2; [`GroupedQueryAttention.from_hf`][attnlab.gqa.GroupedQueryAttention.from_hf]
+copies the weights of their Hugging Face implementations, and the tests check that the
+outputs, gradients and cached decoding agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import functional as F
+from attnlab import masks
+from attnlab._validation import (
+    check_attn_mask,
+    check_bool,
+    check_choice,
+    check_positive_int,
+    check_probability,
+    check_tokens,
+    is_validation_enabled,
+)
+from attnlab.kv_cache import KVCache
+from attnlab.multihead import Backend
+from attnlab.rope import Layout, apply_rope
+
+__all__ = ["GroupedQueryAttention"]
+
+_BACKENDS: tuple[Backend, ...] = ("torch", "scratch")
+_LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
+_HF_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
+
+
+def _cache_mask(t_q: int, t_k: int, window: int | None, device: torch.device) -> Tensor | None:
+    """The allowed mask of `t_q` new queries over `t_k` keys whose last `t_q` are theirs.
+
+    The queries are the last `t_q` tokens of the keys' sequence, so the causal diagonal is
+    bottom-right aligned. One new token without a window sees every key (all are in its
+    past), and then no mask is needed at all.
+    """
+    if window is None:
+        if t_q == 1:
+            return None
+        return masks.causal(t_q, t_k, align="bottom-right", device=device)  # (t_q, t_k)
+    return masks.sliding_window(t_q, t_k, window=window, align="bottom-right", device=device)
+
+
+class GroupedQueryAttention(nn.Module):
+    r"""Causal grouped-query self-attention with optional RoPE, sliding window and KV cache.
+
+    The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
+    `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
+    and `o_proj` maps the concatenated heads back to `d_model`. The attention runs on
+    PyTorch's `scaled_dot_product_attention` (`backend="torch"`) or attnlab's
+    [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
+    (`backend="scratch"`), both with `enable_gqa=True`, so the key/value heads are never
+    copied per query head.
+
+    Every query sees itself and the tokens before it; with `window`, only its last
+    `window` tokens (itself included), as in Mistral. With a
+    [`KVCache`][attnlab.kv_cache.KVCache], `forward` appends the new tokens' keys and
+    values to the cache and attends from the new queries to all cached tokens; the causal
+    mask is then bottom-right aligned ([`masks.causal`][attnlab.masks.causal]), and
+    cached decoding gives the outputs of one forward pass over the whole sequence.
+
+    Args:
+        d_model: Features per token, in and out.
+        num_heads: Query heads.
+        num_kv_heads: Key/value heads; a divisor of `num_heads`. Default `num_heads`
+            (multi-head attention); 1 is multi-query attention.
+        head_dim: Features per head; default `d_model // num_heads` (then `d_model` must
+            be a multiple of `num_heads`). Even if `rope` is True.
+        bias: Whether `q_proj`, `k_proj` and `v_proj` have a bias (Qwen2: True).
+        out_bias: Whether `o_proj` has a bias; default `bias` (Llama's `attention_bias`
+            sets all four, Qwen2 has none on `o_proj`).
+        rope: Rotate queries and keys by their positions ([`apply_rope`][attnlab.rope.apply_rope]).
+        rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config).
+        rope_layout: `"half"` (Llama / Hugging Face) or `"interleaved"`.
+        window: Sliding-window size (keys per query, itself included), or None.
+        dropout: Probability of dropping an attention weight, in training mode only.
+        backend: `"torch"` or `"scratch"`.
+
+    Shapes:
+        x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
+
+    Raises:
+        TypeError: If a size is not an int, a flag not a bool or `dropout` not a number.
+        ValueError: If a size is not positive, `num_heads` is not a multiple of
+            `num_kv_heads`, `d_model` is not a multiple of `num_heads` without
+            `head_dim`, `head_dim` is odd with `rope`, `rope_base` is not above 1, or
+            `dropout`, `rope_layout` or `backend` is out of range.
+
+    Examples:
+        >>> from attnlab.kv_cache import StaticKVCache
+        >>> _ = torch.manual_seed(0)
+        >>> gqa = GroupedQueryAttention(d_model=48, num_heads=6, num_kv_heads=2).eval()
+        >>> x = torch.randn(3, 10, 48)
+        >>> full = gqa(x)
+        >>> cache = StaticKVCache(3, max_length=16, num_kv_heads=2, head_dim=8)
+        >>> prefill = gqa(x[:, :7], cache=cache)  # the prompt
+        >>> steps = [gqa(x[:, i : i + 1], cache=cache) for i in range(7, 10)]  # decode
+        >>> torch.allclose(torch.cat([prefill, *steps], dim=1), full, atol=1e-6)
+        True
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        *,
+        head_dim: int | None = None,
+        bias: bool = False,
+        out_bias: bool | None = None,
+        rope: bool = True,
+        rope_base: float = 10000.0,
+        rope_layout: Layout = "half",
+        window: int | None = None,
+        dropout: float = 0.0,
+        backend: Backend = "torch",
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.num_kv_heads = (
+            num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        )
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads must be a multiple of num_kv_heads (each key/value head serves "
+                f"a group of query heads), got num_heads={num_heads} and "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if head_dim is None:
+            if d_model % num_heads != 0:
+                raise ValueError(
+                    f"d_model must be a multiple of num_heads when head_dim is not given, got "
+                    f"d_model={d_model} and num_heads={num_heads}; or pass head_dim"
+                )
+            head_dim = d_model // num_heads
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.bias = check_bool("bias", bias)
+        self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
+        self.rope = check_bool("rope", rope)
+        if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)):
+            raise TypeError(
+                f"rope_base must be a float, got {rope_base!r} ({type(rope_base).__name__})"
+            )
+        if not 1.0 < rope_base < float("inf"):
+            raise ValueError(f"rope_base must be a finite float greater than 1, got {rope_base}")
+        self.rope_base = float(rope_base)
+        self.rope_layout: Layout = check_choice("rope_layout", rope_layout, _LAYOUTS)  # type: ignore[assignment]
+        if rope and self.head_dim % 2:
+            raise ValueError(
+                f"head_dim must be even with rope=True (RoPE rotates pairs of features), "
+                f"got head_dim={self.head_dim}"
+            )
+        self.window = None if window is None else check_positive_int("window", window)
+        self.dropout = check_probability("dropout", dropout)
+        self.backend = backend
+        q_features = self.num_heads * self.head_dim
+        kv_features = self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, q_features, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
+        self.o_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
+
+    @property
+    def backend(self) -> Backend:
+        """`"torch"` or `"scratch"`: which scaled dot-product attention `forward` runs."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: Backend) -> None:
+        check_choice("backend", value, _BACKENDS)
+        self._backend: Backend = value
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head, `num_heads // num_kv_heads`."""
+        return self.num_heads // self.num_kv_heads
+
+    def extra_repr(self) -> str:
+        rope = (
+            f"rope_base={self.rope_base}, rope_layout={self.rope_layout!r}"
+            if self.rope
+            else "rope=False"
+        )
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {rope}, "
+            f"window={self.window}, bias={self.bias}, out_bias={self.out_bias}, "
+            f"dropout={self.dropout}, backend={self.backend!r}"
+        )
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_inputs(self, x: object, positions: object, cache: object, attn_mask: object) -> None:
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
+        owner, like = type(self).__name__, self.q_proj.weight
+        x = check_tokens("x", x, features=self.d_model, param="d_model", owner=owner, like=like)
+        b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
+        past = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(
+                    f"cache must be an attnlab KVCache (DynamicKVCache or StaticKVCache) or "
+                    f"None, got {type(cache).__name__}"
+                )
+            past = cache.length
+            held = cache._layout()
+            if held is not None:
+                self._check_cache_layout(x, b, held)
+        if positions is not None:
+            self._check_positions(positions, x, b, t, past, cache is not None)
+        target = (b, self.num_heads, t, past + t)  # (b, h, t_q, t_k)
+        check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
+
+    def _check_cache_layout(
+        self, x: Tensor, b: int, held: tuple[int, int, int, int, torch.dtype, torch.device]
+    ) -> None:
+        batch, heads, hd, hd_v, dtype, device = held
+        if b != batch:
+            raise ValueError(
+                f"x has batch size {b} but cache holds {batch} sequences "
+                f"(x.shape={tuple(x.shape)}); use one cache per batch, or reset() it"
+            )
+        if (heads, hd, hd_v) != (self.num_kv_heads, self.head_dim, self.head_dim):
+            raise ValueError(
+                f"cache holds num_kv_heads={heads}, head_dim={hd}, head_dim_v={hd_v} but "
+                f"this module has num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+            )
+        if dtype != x.dtype:
+            raise ValueError(
+                f"x has dtype {x.dtype} but cache holds {dtype}; build the cache with "
+                f"dtype={x.dtype}"
+            )
+        if device != x.device:
+            raise ValueError(
+                f"x is on {x.device} but cache is on {device}; build the cache on {x.device}"
+            )
+
+    @staticmethod
+    def _check_positions(
+        positions: object, x: Tensor, b: int, t: int, past: int, cached: bool
+    ) -> None:
+        if not isinstance(positions, Tensor):
+            raise TypeError(
+                f"positions must be a torch.Tensor of ints or None, got {type(positions).__name__}"
+            )
+        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+            raise TypeError(f"positions must have an integer dtype, got {positions.dtype}")
+        allowed = [(t,)] if x.ndim == 2 else [(t,), (b, t)]
+        if tuple(positions.shape) not in allowed:
+            expected = " or ".join(str(s) for s in allowed)
+            raise ValueError(
+                f"positions must have shape {expected} for x.shape={tuple(x.shape)}, got "
+                f"positions.shape={tuple(positions.shape)}"
+            )
+        if positions.device != x.device:
+            raise ValueError(f"positions is on {positions.device} but x is on {x.device}")
+        if positions.numel():
+            lo, hi = int(positions.min()), int(positions.max())
+            end = past + t
+            if lo < 0 or (cached and hi >= end):
+                where = f"[0, cache.length + t) = [0, {past} + {t})" if cached else "[0, inf)"
+                raise ValueError(f"positions must lie in {where}, got positions from {lo} to {hi}")
+
+    # -- computation ---------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Attend from each token of `x` to itself and the tokens before it (and the cache's).
+
+        Args:
+            x: Tokens, `(b, t, d_model)` or `(t, d_model)`.
+            positions: Integer position of each token for RoPE, `(t,)` or `(b, t)`;
+                default `cache.length + arange(t)` (or `arange(t)` without a cache).
+                Positions only rotate queries and keys: which keys a query sees follows
+                the order of the tokens in the cache.
+            cache: A [`KVCache`][attnlab.kv_cache.KVCache] that holds the earlier
+                tokens' keys and values; the new ones are appended to it.
+            attn_mask: An extra mask, combined with the causal one: bool (True = attend;
+                e.g. [`masks.key_padding`][attnlab.masks.key_padding]) or float (added to
+                the scores), broadcastable to `(b, num_heads, t, cache.length + t)`.
+
+        Returns:
+            `(b, t, d_model)` or `(t, d_model)`, like `x`.
+
+        Raises:
+            TypeError: If `x` is not a floating-point tensor, `positions` not an integer
+                tensor, `cache` not a `KVCache` or `attn_mask` of a wrong dtype.
+            ValueError: If the rank, feature size, dtype or device of `x` does not fit
+                the module or the cache; the batch size of `x` differs from the cache's;
+                the cache's heads or head size differ from the module's; `positions` has
+                a wrong shape or a position outside `[0, cache.length + t)`; a static
+                cache overflows; or the mask does not broadcast.
+        """
+        if is_validation_enabled():
+            self._check_inputs(x, positions, cache, attn_mask)
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = x.unsqueeze(0)  # (1, t, d_model)
+        b, t, _ = x.shape
+        h, h_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
+        k = self.k_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+        v = self.v_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+
+        past = 0 if cache is None else cache.length
+        if self.rope:
+            if positions is None:
+                positions = torch.arange(past, past + t, device=x.device)  # (t,)
+            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
+            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
+        t_k = k.shape[2]
+
+        mask: Tensor | None
+        is_causal = False
+        if self.window is not None and t_k > t + self.window - 1:
+            # Keys older than the window of the first query are hidden from every query:
+            # drop them, so that a decode step costs O(window), not O(context).
+            drop = t_k - (t + self.window - 1)
+            k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
+            if attn_mask is not None and attn_mask.shape[-1] != 1:
+                attn_mask = attn_mask[..., drop:]
+            t_k -= drop
+        if t_k == t and self.window is None and attn_mask is None:
+            mask, is_causal = None, True  # top-left = bottom-right: the fused causal path
+        else:
+            mask = _cache_mask(t, t_k, self.window, x.device)  # (t, t_k) or None
+            if attn_mask is not None:
+                if mask is None:
+                    mask = attn_mask
+                elif attn_mask.dtype == torch.bool:
+                    mask = mask & attn_mask
+                else:
+                    mask = masks.allowed_to_additive(mask, attn_mask.dtype) + attn_mask
+
+        dropout_p = self.dropout if self.training else 0.0
+        sdpa = (
+            torch.nn.functional.scaled_dot_product_attention
+            if self.backend == "torch"
+            else F.scaled_dot_product_attention
+        )
+        heads = sdpa(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=True
+        )  # (b, h, t, head_dim)
+        concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
+        out: Tensor = self.o_proj(concat)  # (b, t, d_model)
+        return out[0] if unbatched else out
+
+    # -- interoperability with Hugging Face transformers ---------------------------------
+
+    @classmethod
+    def from_hf(cls, module: nn.Module, *, backend: Backend = "torch") -> GroupedQueryAttention:
+        """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
+
+        Accepts `transformers`' `LlamaAttention`, `MistralAttention` and `Qwen2Attention`
+        (and subclasses). The weights map one to one, as `nn.Linear` weights of shape
+        `(out_features, in_features)`, with no permutation (both use the `"half"` RoPE
+        layout):
+
+        | Hugging Face | attnlab | weight shape |
+        |---|---|---|
+        | `q_proj` | `q_proj` | `(num_heads * head_dim, d_model)` |
+        | `k_proj` | `k_proj` | `(num_kv_heads * head_dim, d_model)` |
+        | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
+        | `o_proj` | `o_proj` | `(d_model, num_heads * head_dim)` |
+
+        Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
+        `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
+        (`config.attention_bias`); Mistral has none.
+
+        From the config: `hidden_size` (`d_model`), `num_attention_heads`,
+        `num_key_value_heads`, the layer's `head_dim`, `rope_parameters["rope_theta"]`
+        (`rope_theta` in older versions), `attention_dropout`, and the sliding window:
+        Mistral's `config.sliding_window`, or Qwen2's per-layer `module.sliding_window`
+        (set only on layers whose `layer_types` entry is `"sliding_attention"`).
+
+        Args:
+            module: The Hugging Face attention layer.
+            backend: Backend of the new module.
+
+        Returns:
+            A new module on the same device and dtype, in the same training mode.
+
+        Raises:
+            TypeError: If `module` is not one of the supported classes.
+            ValueError: If it uses a RoPE variant other than the default (e.g. Llama 3's
+                `"llama3"` frequency scaling), which this module does not implement.
+        """
+        names = {c.__name__ for c in type(module).__mro__}
+        if not names & set(_HF_CLASSES):
+            raise TypeError(
+                f"module must be a transformers {', '.join(_HF_CLASSES)}, got "
+                f"{type(module).__name__}"
+            )
+        hf: Any = module
+        config: Any = hf.config
+        rope_parameters = getattr(config, "rope_parameters", None) or {}
+        rope_type = rope_parameters.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(
+                f"module uses RoPE type {rope_type!r}; GroupedQueryAttention implements only "
+                "the default (unscaled) rotary embedding"
+            )
+        rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        if "Qwen2Attention" in names:
+            window = hf.sliding_window
+        else:
+            window = getattr(config, "sliding_window", None)
+        weight = hf.q_proj.weight
+        new = cls(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim=int(hf.head_dim),
+            bias=hf.q_proj.bias is not None,
+            out_bias=hf.o_proj.bias is not None,
+            rope=True,
+            rope_base=float(rope_theta),
+            rope_layout="half",
+            window=window,
+            dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+            backend=backend,
+        ).to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                theirs: nn.Linear = getattr(module, name)
+                ours: nn.Linear = getattr(new, name)
+                ours.weight.copy_(theirs.weight)
+                if theirs.bias is not None:
+                    assert ours.bias is not None
+                    ours.bias.copy_(theirs.bias)
+        return new.train(module.training)

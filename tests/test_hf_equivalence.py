@@ -1,0 +1,228 @@
+"""GroupedQueryAttention equals Hugging Face's Llama, Mistral and Qwen2 attention layers.
+
+The reference layers are built by `transformers` from small random configs (nothing is
+downloaded), driven the way their models drive them: position embeddings from the
+model's rotary module, the 4-d mask from `transformers.masking_utils`
+(`create_causal_mask` for Llama, `create_sliding_window_causal_mask` for Mistral and
+Qwen2), and for decoding the library's own `DynamicCache` / `StaticCache`. With a sliding
+window those caches keep only the last `window - 1` tokens (a rolling buffer) while
+attnlab's keep everything and mask; the outputs must agree anyway.
+
+Dimensions all differ: d_model 42 (transformers wants a multiple of the heads), 6 query
+heads, 2 (or 1, or 6) key/value heads, head_dim 12 (so num_heads * head_dim = 72 is not
+d_model), batch 3, 9 tokens, window 4.
+
+What the references lack, and is therefore tested elsewhere (tests/test_gqa.py against
+attnlab's own full forward): the interleaved RoPE layout (every Hugging Face layer here
+uses rotate_half), attention without RoPE (all three always rotate), and a sliding window
+on a Llama layer (LlamaAttention has none; Mistral and Qwen2 stand in).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache, LlamaConfig, MistralConfig, Qwen2Config, StaticCache  # noqa: E402
+from transformers.masking_utils import (  # noqa: E402
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
+from transformers.models.llama.modeling_llama import (  # noqa: E402
+    LlamaAttention,
+    LlamaRotaryEmbedding,
+)
+from transformers.models.mistral.modeling_mistral import (  # noqa: E402
+    MistralAttention,
+    MistralRotaryEmbedding,
+)
+from transformers.models.qwen2.modeling_qwen2 import (  # noqa: E402
+    Qwen2Attention,
+    Qwen2RotaryEmbedding,
+)
+
+from attnlab.gqa import GroupedQueryAttention  # noqa: E402
+from attnlab.kv_cache import DynamicKVCache, StaticKVCache  # noqa: E402
+
+D_MODEL, NUM_HEADS, HEAD_DIM, B, T, WINDOW = 42, 6, 12, 3, 9, 4
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+KINDS = ["llama", "llama-bias", "mistral", "qwen2"]
+IMPLS = ["eager", "sdpa"]
+
+
+class Reference:
+    """One Hugging Face attention layer with the pieces its model would hand it."""
+
+    def __init__(self, kind: str, impl: str, num_kv_heads: int = 2) -> None:
+        common: dict[str, Any] = {
+            "hidden_size": D_MODEL,
+            "num_attention_heads": NUM_HEADS,
+            "num_key_value_heads": num_kv_heads,
+            "head_dim": HEAD_DIM,
+            "num_hidden_layers": 1,
+            "intermediate_size": 8,
+            "vocab_size": 16,
+            "max_position_embeddings": 64,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+        }
+        config: Any
+        if kind.startswith("llama"):
+            config = LlamaConfig(**common, attention_bias=kind == "llama-bias")
+            layer, rotary = LlamaAttention, LlamaRotaryEmbedding
+        elif kind == "mistral":
+            config = MistralConfig(**common, sliding_window=WINDOW)
+            layer, rotary = MistralAttention, MistralRotaryEmbedding
+        else:
+            # max_window_layers=0: layer 0 is a "sliding_attention" layer.
+            config = Qwen2Config(
+                **common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0
+            )
+            layer, rotary = Qwen2Attention, Qwen2RotaryEmbedding
+        config._attn_implementation = impl
+        self.config = config
+        self.attn: nn.Module = layer(config, layer_idx=0).eval()
+        with torch.no_grad():  # biases start at 0 in some versions: make them matter
+            for p in self.attn.parameters():
+                p.normal_(0.0, 0.2)
+        self.rotary = rotary(config)
+        self.windowed = kind in ("mistral", "qwen2")
+
+    def __call__(self, x: Tensor, cache: Any = None) -> Tensor:
+        past = 0 if cache is None else cache.get_seq_length()
+        positions = torch.arange(past, past + x.shape[1])[None]  # (1, t)
+        make_mask = create_sliding_window_causal_mask if self.windowed else create_causal_mask
+        mask = make_mask(
+            config=self.config,
+            inputs_embeds=x,
+            attention_mask=None,
+            cache=cache,
+            position_ids=positions,
+        )
+        embeddings = self.rotary(x, positions)
+        out: Tensor = self.attn(
+            x, position_embeddings=embeddings, attention_mask=mask, cache=cache
+        )[0]
+        return out
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
+    ref = Reference(kind, impl)
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    assert ours.window == (WINDOW if ref.windowed else None)
+    assert ours.rope_base == 500.0
+    x = torch.randn(B, T, D_MODEL, requires_grad=True)
+    x_ours = x.detach().clone().requires_grad_(True)
+    expected, got = ref(x), ours(x_ours)
+    torch.testing.assert_close(got, expected, **TOL)
+
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    got.backward(grad)
+    assert x.grad is not None
+    assert x_ours.grad is not None
+    torch.testing.assert_close(x_ours.grad, x.grad, **TOL)
+    theirs = dict(ref.attn.named_parameters())
+    mine = dict(ours.named_parameters())
+    assert set(mine) == set(theirs)  # same names: q_proj.weight, ..., q_proj.bias (Qwen2)
+    for name, p in theirs.items():
+        ours_grad = mine[name].grad
+        assert p.grad is not None, name
+        assert ours_grad is not None, name
+        torch.testing.assert_close(ours_grad, p.grad, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_from_hf_copies_layout_and_biases(kind: str) -> None:
+    ref = Reference(kind, "eager")
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    assert (ours.d_model, ours.num_heads, ours.num_kv_heads, ours.head_dim) == (
+        D_MODEL,
+        NUM_HEADS,
+        2,
+        HEAD_DIM,
+    )
+    has_bias = kind in ("llama-bias", "qwen2")
+    assert ours.bias == has_bias
+    assert ours.out_bias == (kind == "llama-bias")  # Qwen2: biases on q, k, v only
+    for name, p in ref.attn.named_parameters():
+        assert torch.equal(ours.get_parameter(name), p), name
+        assert ours.get_parameter(name).data_ptr() != p.data_ptr()
+
+
+# Prefill lengths, then decode steps (several tokens at once, then one at a time), ending
+# after 11 tokens: windows of 4 are crossed both inside the prefill and while decoding.
+SCHEDULES = [[5, 1, 1, 1, 1, 1, 1], [2, 3, 1, 1, 4], [1] * 11]
+
+
+def _decode(module: Any, x: Tensor, schedule: list[int], cache: Any) -> list[Tensor]:
+    outs, start = [], 0
+    for n in schedule:
+        outs.append(module(x[:, start : start + n], cache=cache))
+        start += n
+    return outs
+
+
+# Each layer with each attention implementation, each under a different schedule.
+DECODE_CASES = [
+    ("llama", "eager", SCHEDULES[0]),
+    ("llama", "sdpa", SCHEDULES[1]),
+    ("mistral", "eager", SCHEDULES[1]),
+    ("mistral", "sdpa", SCHEDULES[2]),
+    ("qwen2", "eager", SCHEDULES[2]),
+    ("qwen2", "sdpa", SCHEDULES[0]),
+]
+
+
+@pytest.mark.parametrize(("kind", "impl", "schedule"), DECODE_CASES)
+def test_cached_decode_equals_hf_dynamic_cache(kind: str, impl: str, schedule: list[int]) -> None:
+    ref = Reference(kind, impl)
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    x = torch.randn(B, sum(schedule), D_MODEL)
+    with torch.no_grad():
+        expected = _decode(ref, x, schedule, DynamicCache(config=ref.config))
+        for cache in (DynamicKVCache(), StaticKVCache(B, 16, 2, HEAD_DIM)):
+            got = _decode(ours, x, schedule, cache)
+            for step, (g, e) in enumerate(zip(got, expected, strict=True)):
+                torch.testing.assert_close(g, e, **TOL, msg=f"step {step}")
+        full = ref(x)
+    torch.testing.assert_close(torch.cat(expected, dim=1), full, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+@pytest.mark.parametrize("num_kv_heads", [1, NUM_HEADS], ids=["mqa", "mha"])
+def test_cached_decode_equals_hf_static_cache(kind: str, num_kv_heads: int) -> None:
+    ref = Reference(kind, "sdpa", num_kv_heads=num_kv_heads)
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    assert ours.num_kv_heads == num_kv_heads
+    schedule = SCHEDULES[0]
+    x = torch.randn(B, sum(schedule), D_MODEL)
+    with torch.no_grad():
+        theirs = StaticCache(config=ref.config, max_cache_len=16)
+        expected = _decode(ref, x, schedule, theirs)
+        got = _decode(ours, x, schedule, StaticKVCache(B, 16, num_kv_heads, HEAD_DIM))
+    torch.testing.assert_close(torch.cat(got, dim=1), torch.cat(expected, dim=1), **TOL)
+
+
+def test_from_hf_rejects_other_modules() -> None:
+    with pytest.raises(
+        TypeError, match=r"module must be a transformers LlamaAttention.*got Linear"
+    ):
+        GroupedQueryAttention.from_hf(nn.Linear(2, 3))
+
+
+def test_from_hf_rejects_scaled_rope() -> None:
+    ref = Reference("llama", "eager")
+    ref.attn.config.rope_parameters = {
+        "rope_type": "linear",
+        "rope_theta": 500.0,
+        "factor": 2.0,
+    }
+    with pytest.raises(ValueError, match="RoPE type 'linear'; GroupedQueryAttention"):
+        GroupedQueryAttention.from_hf(ref.attn)
