@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlab
-from attnlab.flash import flash_attention
+from attnlab.flash import flash_attention, tile_map
+from attnlab.masks import sliding_window
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -203,6 +205,224 @@ def test_functional_reexports_flash_attention() -> None:
     assert "flash_attention" in attnlab.functional.__all__
 
 
+# Sliding window ------------------------------------------------------------------------
+
+WINDOW_LENGTHS = [(13, 9), (9, 13), (16, 16), (1, 5), (7, 1), (20, 6)]
+
+
+def _grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor) -> Any:
+    return torch.autograd.grad(out, inputs, grad_out)
+
+
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize("window", [1, 3, 5, 40])
+@pytest.mark.parametrize(("t_q", "t_k"), WINDOW_LENGTHS)
+def test_flash_attention_window_matches_torch_with_the_mask(
+    t_q: int, t_k: int, window: int, block_size: int | tuple[int, int]
+) -> None:
+    # Window 1 (each query sees itself only), windows that divide no block size, a
+    # window longer than both lengths, L != S both ways, and with (20, 6) queries that
+    # see no key at all (i >= S - 1 + window), which PyTorch answers with zeros.
+    q, k, v = _inputs(t_q, t_k, 2, 3, grad=True)
+    grad_out = torch.randn(2, 3, t_q, 6)
+    out = flash_attention(q, k, v, window=window, block_size=block_size)
+    expected = TorchSDPA(q, k, v, attn_mask=sliding_window(t_q, t_k, window=window))
+    torch.testing.assert_close(out, expected, **TOL)
+    ours, theirs = _grads(out, (q, k, v), grad_out), _grads(expected, (q, k, v), grad_out)
+    for name, got, want in zip("qkv", ours, theirs, strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def test_flash_attention_window_gradcheck_float64() -> None:
+    q, k, v = (x.double().requires_grad_() for x in _inputs(9, 7, 2))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: flash_attention(q, k, v, window=3, block_size=(2, 3)), (q, k, v)
+    )
+
+
+def test_flash_attention_window_implies_causal() -> None:
+    q, k, v = _inputs(11, 11, 2)
+    alone = flash_attention(q, k, v, window=4, block_size=3)
+    for is_causal in (False, True):
+        with_flag = flash_attention(q, k, v, is_causal=is_causal, window=4, block_size=3)
+        torch.testing.assert_close(with_flag, alone, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(12, 12), (12, 7), (7, 12)])
+def test_flash_attention_window_as_long_as_the_sequence_is_causal(t_q: int, t_k: int) -> None:
+    q, k, v = _inputs(t_q, t_k, 2)
+    causal = flash_attention(q, k, v, is_causal=True, block_size=5)
+    for window in (max(t_q, t_k), 100):
+        windowed = flash_attention(q, k, v, window=window, block_size=5)
+        torch.testing.assert_close(windowed, causal, **TOL)
+
+
+def test_flash_attention_window_output_ignores_keys_outside_it() -> None:
+    # Changing keys older than the window of queries 10.. changes none of their outputs.
+    q, k, v = _inputs(16, 16, 2)
+    out = flash_attention(q, k, v, window=4, block_size=3)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :7], v2[:, :7] = torch.randn(2, 7, 8), torch.randn(2, 7, 6)
+    out2 = flash_attention(q, k2, v2, window=4, block_size=3)
+    torch.testing.assert_close(out2[:, 10:], out[:, 10:], rtol=0, atol=0)
+
+
+def _tiles_from_mask(mask: torch.Tensor, block_q: int, block_k: int) -> torch.Tensor:
+    """0 for a tile of the mask with no allowed pair, 1 if all allowed, 2 if mixed."""
+    rows = [mask[i : i + block_q] for i in range(0, mask.shape[0], block_q)]
+    grid = [
+        [int(t.any()) + int(t.any() and not t.all()) for t in r.split(block_k, dim=1)] for r in rows
+    ]
+    return torch.tensor(grid, dtype=torch.int64).reshape(len(rows), -1)
+
+
+@pytest.mark.parametrize("block_size", [4, (3, 5), (5, 3), 64])
+@pytest.mark.parametrize(
+    ("t_q", "t_k", "is_causal", "window"),
+    [
+        (16, 16, False, None),
+        (13, 9, True, None),
+        (9, 13, True, None),
+        (16, 16, False, 1),
+        (23, 23, True, 6),
+        (9, 17, False, 5),
+        (20, 6, False, 3),
+    ],
+)
+def test_tile_map_matches_the_tiles_of_the_mask(
+    t_q: int, t_k: int, is_causal: bool, window: int | None, block_size: int | tuple[int, int]
+) -> None:
+    if window is not None:
+        mask = sliding_window(t_q, t_k, window=window)
+    elif is_causal:
+        mask = attnlab.masks.causal(t_q, t_k)
+    else:
+        mask = torch.ones(t_q, t_k, dtype=torch.bool)
+    block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
+    got = tile_map(t_q, t_k, block_size=block_size, is_causal=is_causal, window=window)
+    torch.testing.assert_close(got, _tiles_from_mask(mask, block_q, block_k), rtol=0, atol=0)
+
+
+class _CountScoreTiles(TorchDispatchMode):
+    """Counts the matrix products written into a preallocated tile (`bmm(..., out=)`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.bmm.out:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("t_q", "t_k", "block_size", "is_causal", "window"),
+    [
+        (40, 40, 4, False, 8),
+        (37, 29, (3, 5), False, 7),
+        (29, 37, (5, 3), True, 1),
+        (24, 10, 4, False, 3),
+        (40, 40, 4, True, None),
+        (40, 30, (4, 6), False, None),
+    ],
+)
+def test_flash_attention_computes_only_the_tiles_of_tile_map(
+    t_q: int,
+    t_k: int,
+    block_size: int | tuple[int, int],
+    is_causal: bool,
+    window: int | None,
+) -> None:
+    # The forward computes one score tile per visited tile, the backward two (P and dP),
+    # all with bmm(out=tile): counting those calls counts the tiles actually computed.
+    q, k, v = _inputs(t_q, t_k, 2, grad=True)
+    expected = int(
+        tile_map(
+            t_q, t_k, block_size=block_size, is_causal=is_causal, window=window
+        ).count_nonzero()
+    )
+    with _CountScoreTiles() as forward:
+        out = flash_attention(q, k, v, is_causal=is_causal, window=window, block_size=block_size)
+    with _CountScoreTiles() as backward:
+        out.backward(torch.randn_like(out))
+    assert forward.count == expected
+    assert backward.count == 2 * expected
+
+
+def test_flash_attention_window_work_grows_linearly_with_length() -> None:
+    # Window 8 in tiles of 4: query tile a sees key tiles a-2..a, so 3 per query tile but
+    # the first two. Full causal attention computes N(N+1)/2 tiles for N tiles a side.
+    counts = []
+    for t in (32, 64, 128):
+        q, k, v = _inputs(t, t, 1)
+        with _CountScoreTiles() as mode:
+            flash_attention(q, k, v, window=8, block_size=4)
+        counts.append(mode.count)
+    assert counts == [3 * (t // 4) - 3 for t in (32, 64, 128)] == [21, 45, 93]
+    causal = [int(tile_map(t, block_size=4, is_causal=True).count_nonzero()) for t in (32, 64)]
+    assert causal == [36, 136]
+
+
+# Autocast, double backward, scale types ---------------------------------------------------
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("input_dtype", [torch.float32, torch.float16])
+def test_flash_attention_under_autocast_matches_torch(
+    autocast_dtype: torch.dtype, input_dtype: torch.dtype
+) -> None:
+    # PyTorch's attention is on autocast's lower-precision list: its inputs are cast to
+    # the autocast dtype (float16 to bfloat16 too), and so is its output.
+    q, k, v = (x.to(input_dtype).requires_grad_() for x in _inputs(10, 7, 2))
+    grad_out = torch.randn(2, 10, 6)
+    with torch.autocast("cpu", dtype=autocast_dtype):
+        out = flash_attention(q, k, v, is_causal=True, block_size=3)
+        expected = TorchSDPA(q, k, v, is_causal=True)
+    assert out.dtype == expected.dtype == autocast_dtype
+    torch.testing.assert_close(out, expected)
+    ours, theirs = _grads(out, (q, k, v), grad_out), _grads(expected, (q, k, v), grad_out)
+    for got, want in zip(ours, theirs, strict=True):
+        assert got.dtype == want.dtype == input_dtype
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_flash_attention_under_autocast_leaves_float64_alone() -> None:
+    q, k, v = (x.double() for x in _inputs(10, 7, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = flash_attention(q, k, v, window=3, block_size=3)
+        expected = TorchSDPA(q, k, v, attn_mask=sliding_window(10, 7, window=3))
+    assert out.dtype == expected.dtype == torch.float64
+    torch.testing.assert_close(out, expected)
+
+
+def test_flash_attention_double_backward_raises_a_clear_error() -> None:
+    q, k, v = _inputs(9, 7, 2, grad=True)
+    out = flash_attention(q, k, v, is_causal=True, block_size=4)
+    # The first derivative with create_graph=True still works and is PyTorch's.
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
+    expected = TorchSDPA(q, k, v, is_causal=True)
+    for got, want in zip(
+        grads, torch.autograd.grad(expected.square().sum(), (q, k, v)), strict=True
+    ):
+        torch.testing.assert_close(got, want, **TOL)
+    with pytest.raises(RuntimeError, match="flash_attention does not support double backward"):
+        sum(g.square().sum() for g in grads).backward()
+
+
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("make_scale", [lambda: torch.tensor(0.3), lambda: np.float64(0.3)])
+def test_flash_attention_accepts_tensor_and_numpy_scales(validate: bool, make_scale: Any) -> None:
+    q, k, v = _inputs(10, 12, 2, grad=True)
+    with attnlab.validation(validate):
+        out = flash_attention(q, k, v, is_causal=True, scale=make_scale(), block_size=(4, 5))
+    expected = TorchSDPA(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(out, expected, **TOL)
+    (dq,) = torch.autograd.grad(out.sum(), q)
+    torch.testing.assert_close(dq, torch.autograd.grad(expected.sum(), q)[0], **TOL)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -218,6 +438,8 @@ def test_functional_reexports_flash_attention() -> None:
         ({"block_size": 2.5}, TypeError, "block_size must be a positive int"),
         ({"is_causal": 1}, TypeError, "is_causal must be a bool"),
         ({"scale": float("nan")}, ValueError, "scale must be finite"),
+        ({"window": 0}, ValueError, "window must be a positive int, got 0"),
+        ({"window": 2.0}, TypeError, r"window must be a positive int, got 2.0 \(float\)"),
     ],
 )
 def test_flash_attention_rejects_bad_input_naming_it(

@@ -16,6 +16,7 @@ at once, so the Python loop runs over blocks only. The chapter
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -26,6 +27,7 @@ from attnlab._validation import (
     check_bool,
     check_features,
     check_min_rank,
+    check_nonnegative_int,
     check_positive_int,
     check_same_dtype_device,
     check_scale,
@@ -33,7 +35,7 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 
-__all__ = ["flash_attention"]
+__all__ = ["flash_attention", "tile_map"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _LOG2_E = math.log2(math.e)
@@ -47,6 +49,7 @@ def flash_attention(
     value: Tensor,
     *,
     is_causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     block_size: int | tuple[int, int] = 256,
 ) -> Tensor:
@@ -65,8 +68,20 @@ def flash_attention(
     $i$ sees keys $j \le i$ (top-left aligned when `L != S`, as in PyTorch), and tiles that
     lie entirely above the diagonal are never computed.
 
-    float16 and bfloat16 inputs are computed in float32 and the result cast back.
-    There is no `attn_mask` and no dropout. The checks of the arguments follow
+    With `window=w` (sliding-window attention, as in Mistral), query $i$ sees only keys
+    $i - w < j \le i$, the mask of
+    [`masks.sliding_window`][attnlab.masks.sliding_window]. A window is causal by
+    definition, so it implies `is_causal=True` (passing `is_causal=False` with a window
+    does not turn it off). Tiles entirely outside the band are skipped in the forward and
+    the backward pass, so at a fixed window the work grows linearly with the length; see
+    [`tile_map`][attnlab.flash.tile_map]. A query that sees no key at all (only possible
+    when `L > S`, for queries $i \ge S - 1 + w$) gets zeros, as in PyTorch.
+
+    float16 and bfloat16 inputs are computed in float32 and the result cast back. Under
+    `torch.autocast`, the inputs are first cast to the autocast dtype (float64 excepted),
+    as PyTorch does for its attention, so the result has that dtype. There is no
+    `attn_mask` and no dropout, and the backward pass cannot itself be differentiated
+    (no `create_graph=True` second derivatives). The checks of the arguments follow
     [`set_validation`][attnlab.set_validation].
 
     Args:
@@ -74,6 +89,8 @@ def flash_attention(
         key: Keys, shape `(..., S, E)`, with the same leading dimensions as `query`.
         value: Values, shape `(..., S, Ev)`, with the same leading dimensions as `query`.
         is_causal: Hide key $j$ from query $i$ when $j > i$.
+        window: If given, also hide key $j$ from query $i$ when $j \le i - w$; each query
+            sees at most `window` keys, itself included. Implies `is_causal`.
         scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
         block_size: Rows of a tile, `block_q` for the queries and `block_k` for the keys;
             one int sets both. Any positive sizes give the same result; they trade the
@@ -89,43 +106,82 @@ def flash_attention(
         TypeError: If an input is not a floating-point tensor, or a flag or size has the
             wrong type.
         ValueError: If the shapes, dtypes or devices of `query`, `key` and `value` do not
-            fit together, or a block size is not positive.
+            fit together, or a block size or the window is not positive.
+        RuntimeError: If a second derivative is asked of the backward pass (the error
+            comes from the second backward, not from this call).
 
     Examples:
         >>> _ = torch.manual_seed(0)
-        >>> q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 5)
+        >>> q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 7, 8)
+        >>> v = torch.randn(2, 3, 7, 5)
         >>> out = flash_attention(q, k, v, is_causal=True, block_size=4)
         >>> out.shape
         torch.Size([2, 3, 10, 5])
-        >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        >>> torch.allclose(out, reference, atol=1e-6)
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention
+        >>> torch.allclose(out, sdpa(q, k, v, is_causal=True), atol=1e-6)
+        True
+        >>> from attnlab.masks import sliding_window
+        >>> out = flash_attention(q, k, v, window=3, block_size=4)
+        >>> mask = sliding_window(10, 7, window=3)
+        >>> torch.allclose(out, sdpa(q, k, v, attn_mask=mask))
         True
     """
+    query, key, value = _autocast_inputs(query, key, value)
     if is_validation_enabled():
         q, k, v = _check_inputs(query, key, value)
         check_bool("is_causal", is_causal)
+        w = None if window is None else check_positive_int("window", window)
         s = check_scale("scale", scale)
         block_q, block_k = _check_block_size(block_size)
     else:
-        q, k, v, s = query, key, value, scale
+        q, k, v, s, w = query, key, value, scale, window
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     *batch, t_q, e = q.shape
     t_k, e_v = k.shape[-2], v.shape[-1]
-    s = 1.0 / math.sqrt(max(e, 1)) if s is None else s  # E = 0: every score is 0 anyway
+    # E = 0: every score is 0 anyway. float(): a 0-d tensor or NumPy scale is welcome.
+    s = 1.0 / math.sqrt(max(e, 1)) if s is None else float(s)
     n = math.prod(batch)
     dtype = q.dtype
     if dtype in _LOW_PRECISION:
         q, k, v = q.float(), k.float(), v.float()
-    out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
-        q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
-        k.reshape(n, t_k, e),  # (n, S, E)
-        v.reshape(n, t_k, e_v),  # (n, S, Ev)
-        is_causal,
-        s,
-        block_q,
-        block_k,
-    )
+    with _autocast_off(q.device.type):
+        out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
+            q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
+            k.reshape(n, t_k, e),  # (n, S, E)
+            v.reshape(n, t_k, e_v),  # (n, S, Ev)
+            is_causal or w is not None,
+            s,
+            block_q,
+            block_k,
+            w,
+        )
     return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., L, Ev)
+
+
+def _autocast_inputs(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
+    """Cast the inputs as autocast casts those of PyTorch's attention, if it is on."""
+    device = getattr(query, "device", None)
+    if not isinstance(device, torch.device):
+        return query, key, value  # not a tensor: the checks name what is wrong
+    device_type = device.type
+    if not (
+        torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    ):
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(
+        x.to(dtype)
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64
+        else x
+        for x in (query, key, value)
+    )
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
+    """The loops run in the dtype they were written for, whatever autocast says."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Tensor, Tensor]:
@@ -179,36 +235,43 @@ class _FlashAttention(torch.autograd.Function):
         scale: float,
         block_q: int,
         block_k: int,
+        window: int | None,
     ) -> Tensor:
         n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
         args = (is_causal, scale, block_q, block_k)
         for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            _forward(q[h], k[h], v[h], out[h], lse[h], *args)
+            _forward(q[h], k[h], v[h], out[h], lse[h], *args, window=window)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = args
+        ctx.window = window
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
-        block_q, block_k = ctx.args[2:]
-        for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
-            _backward(*inputs, dq[h], dk[h], dv[h], *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        with torch.no_grad(), _autocast_off(q.device.type):
+            grad_out = grad_out.contiguous()
+            dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+            dv = torch.zeros_like(v)
+            n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
+            is_causal, scale, block_q, block_k = ctx.args
+            args = (is_causal, scale, block_q, block_k)
+            for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
+                inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
+                _backward(*inputs, dq[h], dk[h], dv[h], *args, window=ctx.window)
+        if torch.is_grad_enabled():  # create_graph=True: refuse the second derivative
+            dq, dk, dv = _no_second_derivative(dq, dk, dv, q, k, v, grad_out)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _head_groups(n: int, tile_size: int) -> list[slice]:
     """Split the n batch-and-head entries so that a tile of scores is ~4 MiB.
 
-    Each operation on a tile then stays in the CPU's caches: on the benchmark
-    machine, tiles of 16 heads x 256 x 256 ran 7% faster than of 32 heads.
+    The aim is that each operation on a tile works on memory that can stay in the CPU's
+    caches, which one tile of many heads at once would overflow; 4 MiB is a rule of
+    thumb, not tuned for each machine.
     """
     per_group = max(1, min(n, _TILE_FLOATS // max(1, tile_size)))
     return [slice(h0, min(h0 + per_group, n)) for h0 in range(0, n, per_group)]
@@ -217,17 +280,139 @@ def _head_groups(n: int, tile_size: int) -> list[slice]:
 # --8<-- [end:function]
 
 
-def _causal_bias(i0: int, i1: int, j0: int, j1: int, like: Tensor) -> Tensor:
-    """0 where key j may be seen by query i (j <= i), -inf where it may not; (i1-i0, j1-j0)."""
+class _NotTwiceDifferentiable(torch.autograd.Function):
+    """Passes the gradients through; differentiating them raises a clear error."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, dq: Tensor, dk: Tensor, dv: Tensor, *sources: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return dq, dk, dv
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor, ...]:
+        raise RuntimeError(
+            "flash_attention does not support double backward: its backward pass is "
+            "computed in place, tile by tile, and is not itself differentiable. For "
+            "second derivatives (torch.autograd.grad(..., create_graph=True) followed "
+            "by another backward) use torch.nn.functional.scaled_dot_product_attention."
+        )
+
+
+def _no_second_derivative(dq: Tensor, dk: Tensor, dv: Tensor, *sources: Tensor) -> list[Tensor]:
+    """dq, dk, dv as they are, but a backward through them raises a clear error."""
+    return list(_NotTwiceDifferentiable.apply(dq, dk, dv, *sources))  # type: ignore[no-untyped-call]
+
+
+# --8<-- [start:tiles]
+def _key_starts(
+    i0: int, i1: int, t_k: int, is_causal: bool, window: int | None, block_k: int
+) -> range:
+    """Starts of the key tiles that at least one query in i0..i1-1 may see."""
+    end = min(t_k, i1) if is_causal else t_k  # keys after i1 - 1: all in the future
+    lo = 0 if window is None else max(0, i0 - window + 1)  # keys before lo: too old
+    if lo >= end:
+        return range(0)
+    return range((lo // block_k) * block_k, end, block_k)
+
+
+def _query_starts(
+    j0: int, j1: int, t_q: int, is_causal: bool, window: int | None, block_q: int
+) -> range:
+    """Starts of the query tiles in which a query may see one of the keys j0..j1-1."""
+    if is_causal and j0 >= t_q:  # every query comes before these keys
+        return range(0)
+    first = (j0 // block_q) * block_q if is_causal else 0
+    end = t_q if window is None else min(t_q, j1 - 1 + window)
+    return range(first, end, block_q)
+
+
+def _needs_bias(
+    i0: int,
+    i1: int,
+    j0: int,
+    j1: int,
+    is_causal: bool,
+    window: int | None,
+) -> bool:
+    """Whether the tile holds a hidden (query, key) pair: the diagonal or the edge."""
+    crosses_diagonal = is_causal and j1 - 1 > i0
+    crosses_window = window is not None and j0 <= i1 - 1 - window
+    return crosses_diagonal or crosses_window
+
+
+def _bias(
+    i0: int,
+    i1: int,
+    j0: int,
+    j1: int,
+    window: int | None,
+    like: Tensor,
+) -> Tensor:
+    """0 where query i may see key j (i - window < j <= i), else -inf; (rows, cols)."""
     rows = torch.arange(i0, i1, device=like.device)[:, None]
     cols = torch.arange(j0, j1, device=like.device)
+    hidden = cols > rows  # (rows, cols)
+    if window is not None:
+        hidden |= cols <= rows - window
     bias = torch.zeros(i1 - i0, j1 - j0, dtype=like.dtype, device=like.device)
-    return bias.masked_fill_(cols > rows, float("-inf"))  # (rows, cols)
+    return bias.masked_fill_(hidden, float("-inf"))
 
 
-def _key_end(i1: int, t_k: int, is_causal: bool) -> int:
-    """One past the last key that any query before i1 may see."""
-    return min(t_k, i1) if is_causal else t_k
+# --8<-- [end:tiles]
+
+
+def tile_map(
+    t_q: int,
+    t_k: int | None = None,
+    *,
+    block_size: int | tuple[int, int] = 256,
+    is_causal: bool = False,
+    window: int | None = None,
+) -> Tensor:
+    """Which tiles `flash_attention` computes: 0 skipped, 1 computed, 2 computed and masked.
+
+    The forward and backward passes of [`flash_attention`][attnlab.flash.flash_attention]
+    visit exactly the tiles this marks nonzero, and add a mask (a bias of $-\\infty$) to
+    those marked 2; the map is read off the same loop bounds the passes use.
+
+    Args:
+        t_q: Number of queries, `L`.
+        t_k: Number of keys, `S`; defaults to `t_q`.
+        block_size: As for `flash_attention`: `(block_q, block_k)`, or one int for both.
+        is_causal: As for `flash_attention`.
+        window: As for `flash_attention`; implies `is_causal`.
+
+    Returns:
+        An int64 tensor of shape `(ceil(L / block_q), ceil(S / block_k))`: entry
+        `[a, b]` is for the queries of block `a` against the keys of block `b`.
+
+    Raises:
+        TypeError: If a size or flag has the wrong type.
+        ValueError: If a length is negative or a block size or the window is not positive.
+
+    Examples:
+        >>> tile_map(8, block_size=2, window=3)
+        tensor([[2, 0, 0, 0],
+                [2, 2, 0, 0],
+                [0, 2, 2, 0],
+                [0, 0, 2, 2]])
+        >>> int(tile_map(4096, window=512).count_nonzero()), int(tile_map(4096).numel())
+        (45, 256)
+    """
+    t_q = check_nonnegative_int("t_q", t_q)
+    t_k = t_q if t_k is None else check_nonnegative_int("t_k", t_k)
+    block_q, block_k = _check_block_size(block_size)
+    check_bool("is_causal", is_causal)
+    w = None if window is None else check_positive_int("window", window)
+    causal = is_causal or w is not None
+    grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
+    for i0 in range(0, t_q, block_q):
+        i1 = min(i0 + block_q, t_q)
+        for j0 in _key_starts(i0, i1, t_k, causal, w, block_k):
+            j1 = min(j0 + block_k, t_k)
+            grid[i0 // block_q, j0 // block_k] = 1 + _needs_bias(i0, i1, j0, j1, causal, w)
+    return grid
 
 
 # --8<-- [start:forward]
@@ -241,6 +426,7 @@ def _forward(
     scale: float,
     block_q: int,
     block_k: int,
+    window: int | None = None,
 ) -> None:
     """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E)."""
     n, t_q, _ = q.shape
@@ -249,27 +435,35 @@ def _forward(
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    # One buffer holds every tile of scores in turn: a fresh tensor per tile
-    # costs page faults as slow as the matmul that fills it.
+    # One buffer holds every tile of scores in turn, instead of a new
+    # allocation for every tile.
     tile = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
     k_t = k.transpose(1, 2)  # (n, E, S)
     for i0 in range(0, t_q, block_q):
         i1 = min(i0 + block_q, t_q)
-        # Scores in base 2: exp(x) = 2 ** (x log2 e), and PyTorch's exp2 is
-        # several times faster than its exp on the CPU. Fold log2(e) into q.
+        starts = _key_starts(i0, i1, t_k, is_causal, window, block_k)
+        if not starts:  # window and L > S: these queries see no key at all
+            out[:, i0:i1] = 0.0
+            lse[:, i0:i1] = float("-inf")
+            continue
+        # Scores in base 2: exp(x) = 2 ** (x log2 e), the form GPU kernels
+        # compute; fold log2(e) into q, with the scale.
         q_i = q[:, i0:i1] * (scale * _LOG2_E)  # (n, rows, E)
-        k_end = _key_end(i1, t_k, is_causal)
-        for j0 in range(0, k_end, block_k):
-            j1 = min(j0 + block_k, k_end)
+        for j0 in starts:
+            j1 = min(j0 + block_k, t_k)
             rows, cols = i1 - i0, j1 - j0
             s = tile[: n * rows * cols].view(n, rows, cols)
             torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # this tile's scores
-            if is_causal and j1 - 1 > i0:  # the tile crosses the diagonal
-                s.add_(_causal_bias(i0, i1, j0, j1, s))
-            if j0 == 0:
-                # The first tile starts the statistics. Every query sees
-                # key 0, so every row has a finite maximum.
+            if _needs_bias(i0, i1, j0, j1, is_causal, window):
+                s.add_(_bias(i0, i1, j0, j1, window, s))
+            if j0 == starts[0]:
+                # The first tile starts the statistics. Without a window it
+                # holds key 0, which every query sees: every row max is finite.
                 m = s.amax(dim=-1, keepdim=True)  # (n, rows, 1) running max
+                if window is not None:
+                    # A row may have no key in this tile: -inf - (-inf) is NaN,
+                    # so start it at the lowest finite float instead.
+                    m.clamp_min_(torch.finfo(s.dtype).min)
                 p = s.sub_(m).exp2_()  # unnormalized probabilities
                 ell = p.sum(dim=-1, keepdim=True)  # (n, rows, 1) running sum
                 acc = torch.bmm(p, v[:, j0:j1])  # (n, rows, Ev) running output
@@ -281,6 +475,10 @@ def _forward(
             ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
             m = m_new
+        if window is not None:  # rows that saw no key: sum 0, output 0 as PyTorch's
+            seen = ell > 0  # (n, rows, 1)
+            ell.clamp_min_(1.0)
+            m.masked_fill_(~seen, float("-inf"))
         out[:, i0:i1] = acc.div_(ell)  # normalize once, after the last tile
         # ln sum_j exp(s_ij), back from base 2
         lse[:, i0:i1] = ((m + ell.log2()) * _LN_2).squeeze(-1)
@@ -304,6 +502,7 @@ def _backward(
     scale: float,
     block_q: int,
     block_k: int,
+    window: int | None = None,
 ) -> None:
     """Add the gradients with respect to q, k and v into dq, dk, dv (zeros)."""
     n, t_q, _ = q.shape
@@ -313,15 +512,17 @@ def _backward(
     # D_i = sum_j P_ij dP_ij = dO_i . O_i: one number per query.
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (n, L, 1)
     lse2 = (lse * _LOG2_E).unsqueeze(-1)  # (n, L, 1), base 2 like the scores
+    if window is not None:  # a query that saw no key: make its P_ij = 2^(-inf) = 0
+        lse2.masked_fill_(lse2 == float("-inf"), float("inf"))
     q2 = q * (scale * _LOG2_E)  # (n, L, E), scaled as in the forward
     tile_p = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
     tile_dp = torch.empty_like(tile_p)
     for j0 in range(0, t_k, block_k):
         j1 = min(j0 + block_k, t_k)
         k_j, v_j = k[:, j0:j1], v[:, j0:j1]  # (n, cols, E), (n, cols, Ev)
-        # With a causal mask, queries before j0 see none of these keys.
-        first = (j0 // block_q) * block_q if is_causal else 0
-        for i0 in range(first, t_q, block_q):
+        # Only the query tiles that see one of these keys: the same tiles as
+        # the forward's.
+        for i0 in _query_starts(j0, j1, t_q, is_causal, window, block_q):
             i1 = min(i0 + block_q, t_q)
             rows, cols = i1 - i0, j1 - j0
             q_i = q2[:, i0:i1]  # (n, rows, E)
@@ -329,8 +530,8 @@ def _backward(
             # Recompute the tile's probabilities from the saved log-sum-exp.
             p = tile_p[: n * rows * cols].view(n, rows, cols)
             torch.bmm(q_i, k_j.transpose(1, 2), out=p)  # scores
-            if is_causal and j1 - 1 > i0:
-                p.add_(_causal_bias(i0, i1, j0, j1, p))
+            if _needs_bias(i0, i1, j0, j1, is_causal, window):
+                p.add_(_bias(i0, i1, j0, j1, window, p))
             p.sub_(lse2[:, i0:i1]).exp2_()  # P_ij = exp(s_ij - lse_i)
             # dV_j += P^T dO_i
             dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_i)
