@@ -1,0 +1,159 @@
+"""Start a group of processes on this machine, one per rank, and collect what they return.
+
+A small, test-friendly stand-in for `torchrun`: every process joins one process group
+over TCP on 127.0.0.1 (a free port found by binding port 0), runs a function, leaves the
+group, and returns its result to the parent. Nothing hangs: the process group has a
+timeout, and the parent kills whatever is still running after its own deadline.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from attnlab._validation import check_positive_int
+
+__all__ = ["free_port", "spawn"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it).
+
+    Returns:
+        The port number.
+
+    Examples:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 60.0,
+    backend: str = "gloo",
+) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` in `world_size` new processes forming one group.
+
+    Each process sets `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`, `RANK` and `WORLD_SIZE`,
+    calls `torch.distributed.init_process_group(backend, timeout=timeout)`, runs `fn`,
+    and destroys the group, also when `fn` raises. `fn` and `args` must be picklable (a
+    function defined at the top level of an importable module), and so must the results.
+
+    Args:
+        fn: The function every rank runs.
+        world_size: Number of processes.
+        *args: Further arguments of `fn`.
+        timeout: Seconds a collective or point-to-point operation may wait before it
+            fails (the process group's timeout); the parent gives the processes
+            `2 * timeout + 30` seconds in all (their start-up included) and then kills them.
+        backend: `"gloo"` (CPU) or `"nccl"` (one GPU per rank).
+
+    Returns:
+        What `fn` returned on each rank, in rank order.
+
+    Raises:
+        RuntimeError: If `fn` raised on any rank; the message has every failing rank's
+            exception.
+        TimeoutError: If the processes did not finish in time; they are killed.
+
+    Examples:
+        >>> from attnlab.distributed.demo import hello
+        >>> spawn(hello, 2)
+        ['rank 0 of 2', 'rank 1 of 2']
+    """
+    check_positive_int("world_size", world_size)
+    port = free_port()
+    context = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="attnlab-spawn-") as tmp:
+        processes = [
+            context.Process(
+                target=_run_rank,
+                args=(fn, rank, world_size, port, backend, timeout, tmp, args),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + 2 * timeout + 30
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        stuck = [rank for rank, p in enumerate(processes) if p.is_alive()]
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+        if stuck:
+            raise TimeoutError(
+                f"ranks {stuck} of {world_size} were still running after "
+                f"{2 * timeout + 30:.0f} s and were killed"
+            )
+        results, failures = [], []
+        for rank, process in enumerate(processes):
+            path = Path(tmp) / f"{rank}.pt"
+            if not path.exists():
+                failures.append(f"rank {rank}: exited with code {process.exitcode}, no result")
+                continue
+            status, value = torch.load(path, weights_only=False)
+            if status == "error":
+                failures.append(f"rank {rank}: {value}")
+            results.append(value)
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {world_size} ranks failed:\n" + "\n".join(failures))
+    return results
+
+
+def _run_rank(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    timeout: float,
+    tmp: str,
+    args: tuple[Any, ...],
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    result: tuple[str, Any]
+    try:
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        try:
+            result = ("ok", fn(rank, world_size, *args))
+        finally:
+            dist.destroy_process_group()
+    except Exception as error:  # reported to the parent, which raises
+        last = traceback.extract_tb(error.__traceback__)[-1]
+        where = f"{Path(last.filename).name}:{last.lineno}"
+        result = ("error", f"{type(error).__name__}: {error} ({where})")
+    partial = Path(tmp) / f"{rank}.part"
+    torch.save(result, partial)
+    partial.rename(Path(tmp) / f"{rank}.pt")

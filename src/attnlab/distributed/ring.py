@@ -1,0 +1,671 @@
+r"""Ring attention: exact attention over a sequence sharded across processes.
+
+When one sequence no longer fits one device, context parallelism splits it along the
+positions: each of $P$ ranks holds $T/P$ queries, keys and values. Attention needs every
+key for every query, so the key/value blocks travel around a ring of ranks: at each of
+$P$ steps a rank attends its queries to the block it holds, and meanwhile sends that block
+to the next rank and receives the next one from the previous rank (Ring Attention, Liu et
+al., 2023, https://arxiv.org/abs/2310.01889). The partial results of the steps are merged
+with the online-softmax rule of FlashAttention, so nothing of size $T \times T$, nor even
+the whole sequence, is ever held by one rank.
+
+The attention of one query block to one key block is `attnlab.flash`'s tiled kernel,
+reused as is: its forward returns the output and the log-sum-exp of each row, which is
+all the merge needs, and its backward accumulates the gradients of a block given the
+final output and log-sum-exp, which is all the ring backward needs. The chapter
+"Attention across devices" explains the schedule, the merge and the causal load balancing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from attnlab._validation import (
+    check_bool,
+    check_choice,
+    check_min_rank,
+    check_positive_int,
+    check_same_dtype_device,
+    check_scale,
+    check_tensor,
+    is_validation_enabled,
+)
+from attnlab.flash import _backward as _flash_backward
+from attnlab.flash import _forward as _flash_forward
+
+__all__ = [
+    "Layout",
+    "RingStats",
+    "merge_partials",
+    "ring_attention",
+    "shard_ranges",
+    "shard_sequence",
+    "unshard_sequence",
+]
+
+Layout = Literal["contiguous", "zigzag"]
+_LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_KV_TAG, _DKV_TAG = 0, 1
+
+
+# --8<-- [start:layout]
+def shard_ranges(
+    length: int, world_size: int, layout: Layout = "contiguous"
+) -> list[list[tuple[int, int]]]:
+    """The positions `[start, end)` of a sequence that each rank holds, in local order.
+
+    The sequence is cut into chunks whose lengths differ by at most one (the first
+    `length % chunks` chunks are one longer, as in `torch.tensor_split`).
+    `"contiguous"` cuts it into `world_size` chunks and gives chunk `r` to rank `r`.
+    `"zigzag"` cuts it into `2 * world_size` chunks and gives rank `r` chunks `r` and
+    `2 * world_size - 1 - r`, one from each end, so that under a causal mask every rank
+    has about the same number of (query, key) pairs to compute.
+
+    Args:
+        length: Number of positions `T` of the whole sequence.
+        world_size: Number of ranks `P`.
+        layout: `"contiguous"` or `"zigzag"`.
+
+    Returns:
+        For each rank, the list of its `(start, end)` ranges; its local tensor is their
+        concatenation along the sequence.
+
+    Raises:
+        TypeError: If `length` or `world_size` is not an int.
+        ValueError: If `world_size` is not positive, `length` is negative, or `layout` is
+            unknown.
+
+    Examples:
+        >>> shard_ranges(10, 2)
+        [[(0, 5)], [(5, 10)]]
+        >>> shard_ranges(10, 2, "zigzag")
+        [[(0, 3), (8, 10)], [(3, 6), (6, 8)]]
+    """
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise TypeError(f"length must be an int, got {length!r} ({type(length).__name__})")
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    check_positive_int("world_size", world_size)
+    check_choice("layout", layout, _LAYOUTS)
+    chunks = world_size if layout == "contiguous" else 2 * world_size
+    base, extra = divmod(length, chunks)
+    bounds = [0]
+    for i in range(chunks):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    if layout == "contiguous":
+        return [[(bounds[r], bounds[r + 1])] for r in range(world_size)]
+    last = chunks - 1
+    return [
+        [(bounds[r], bounds[r + 1]), (bounds[last - r], bounds[last - r + 1])]
+        for r in range(world_size)
+    ]
+
+
+# --8<-- [end:layout]
+
+
+def shard_sequence(
+    x: Tensor, world_size: int, rank: int, *, layout: Layout = "contiguous", dim: int = -2
+) -> Tensor:
+    """The part of `x` that `rank` holds under `layout`.
+
+    The ranges are those of [`shard_ranges`][attnlab.distributed.shard_ranges].
+
+    Args:
+        x: The whole sequence, e.g. queries of shape `(..., T, E)`.
+        world_size: Number of ranks `P`.
+        rank: This rank, `0 <= rank < world_size`.
+        layout: `"contiguous"` or `"zigzag"`.
+        dim: The sequence dimension of `x`; default the second to last.
+
+    Returns:
+        The local shard: the ranges of `rank` concatenated along `dim` (a copy).
+
+    Raises:
+        ValueError: If `rank` is not in `[0, world_size)`, or `layout` is unknown.
+
+    Examples:
+        >>> x = torch.arange(10.0).reshape(1, 10, 1)
+        >>> shard_sequence(x, 2, 1, layout="zigzag").flatten().tolist()
+        [3.0, 4.0, 5.0, 6.0, 7.0]
+    """
+    ranges = shard_ranges(x.shape[dim], world_size, layout)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    return torch.cat([x.narrow(dim, start, end - start) for start, end in ranges[rank]], dim)
+
+
+def unshard_sequence(
+    shards: Sequence[Tensor], *, layout: Layout = "contiguous", dim: int = -2
+) -> Tensor:
+    """Put the shards of all ranks back into one sequence; the inverse of `shard_sequence`.
+
+    Args:
+        shards: The local tensors of ranks `0, 1, ..., P - 1`, in that order.
+        layout: The layout they were sharded with.
+        dim: The sequence dimension.
+
+    Returns:
+        The whole sequence, of length the sum of the shards' lengths.
+
+    Raises:
+        ValueError: If `shards` is empty, or their lengths are not those that
+            `shard_ranges` gives for their total.
+
+    Examples:
+        >>> x = torch.arange(7.0).reshape(1, 7, 1)
+        >>> parts = [shard_sequence(x, 3, r, layout="zigzag") for r in range(3)]
+        >>> torch.equal(unshard_sequence(parts, layout="zigzag"), x)
+        True
+    """
+    if len(shards) == 0:
+        raise ValueError("shards must hold at least one tensor, got an empty sequence")
+    lengths = [s.shape[dim] for s in shards]
+    ranges = shard_ranges(sum(lengths), len(shards), layout)
+    expected = [sum(end - start for start, end in r) for r in ranges]
+    if lengths != expected:
+        raise ValueError(
+            f"shards have lengths {lengths} along dim {dim}, but layout {layout!r} of "
+            f"{sum(lengths)} positions over {len(shards)} ranks gives {expected}"
+        )
+    pieces: list[tuple[int, Tensor]] = []
+    for shard, rank_ranges in zip(shards, ranges, strict=True):
+        offset = 0
+        for start, end in rank_ranges:
+            pieces.append((start, shard.narrow(dim, offset, end - start)))
+            offset += end - start
+    return torch.cat([p for _, p in sorted(pieces, key=lambda item: item[0])], dim)
+
+
+# --8<-- [start:merge]
+def merge_partials(
+    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
+) -> tuple[Tensor, Tensor]:
+    r"""Merge attention over two disjoint sets of keys into attention over their union.
+
+    If `out_a` is the attention of some queries to key set $A$ and `lse_a` the
+    log-sum-exp $\ln \sum_{j \in A} e^{s_{ij}}$ of their scores, and likewise for $B$,
+    then attention to $A \cup B$ is the average of the two outputs weighted by their
+    softmax denominators:
+
+    $$
+    o = \frac{e^{\ell_A} o_A + e^{\ell_B} o_B}{e^{\ell_A} + e^{\ell_B}}, \qquad
+    \ell = \ln\left(e^{\ell_A} + e^{\ell_B}\right).
+    $$
+
+    This is the online-softmax update of the FlashAttention chapter (rescale what was
+    accumulated when the running maximum changes), written for normalized outputs: the
+    log-sum-exp $\ell$ carries both the running maximum $m$ and the running sum
+    $\sum e^{s - m}$ of that chapter in one number. Dividing by $e^{\ell}$ before
+    exponentiating keeps every factor in $[0, 1]$, so nothing overflows.
+
+    Args:
+        out_a: Attention outputs over key set A, shape `(..., L, Ev)`.
+        lse_a: Log-sum-exp of the scores over A, shape `(..., L)`; `-inf` where a query
+            sees no key of A.
+        out_b: Attention outputs over key set B, shape `(..., L, Ev)`.
+        lse_b: Log-sum-exp of the scores over B, shape `(..., L)`.
+
+    Returns:
+        The outputs `(..., L, Ev)` and log-sum-exp `(..., L)` over A and B together.
+        A row must see at least one key of A or B.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(4, 3), torch.randn(6, 3), torch.randn(6, 2)
+        >>> s = q @ k.T
+        >>> o_a, o_b = s[:, :2].softmax(-1) @ v[:2], s[:, 2:].softmax(-1) @ v[2:]
+        >>> o, lse = merge_partials(o_a, s[:, :2].logsumexp(-1), o_b, s[:, 2:].logsumexp(-1))
+        >>> torch.allclose(o, s.softmax(-1) @ v, atol=1e-6)
+        True
+    """
+    lse = torch.logaddexp(lse_a, lse_b)  # (..., L)
+    w_a = torch.exp(lse_a - lse).unsqueeze(-1)  # (..., L, 1), A's share of the softmax
+    w_b = torch.exp(lse_b - lse).unsqueeze(-1)  # (..., L, 1), B's share, 1 - w_a
+    return w_a * out_a + w_b * out_b, lse
+
+
+# --8<-- [end:merge]
+
+
+@dataclasses.dataclass
+class RingStats:
+    """What one rank did in `ring_attention` calls; pass one as `stats=` to fill it.
+
+    Counters add up over calls, forward and backward.
+
+    Attributes:
+        score_entries: (query, key) scores computed, per batch and head entry; the
+            measure of work that causal load balancing evens out.
+        bytes_sent: Bytes this rank sent to its ring neighbour.
+        bytes_received: Bytes it received from the other one.
+        compute_seconds: Wall time in the attention of blocks (and merges).
+        wait_seconds: Wall time blocked on communication that compute did not hide.
+    """
+
+    score_entries: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    compute_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    """Everything a rank knows about the ring, fixed for one call."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+    ranges: list[list[tuple[int, int]]]
+    n: int
+    e: int
+    e_v: int
+    is_causal: bool
+    scale: float
+    block_q: int
+    block_k: int
+    stats: RingStats
+
+    def pieces(self, rank: int) -> list[tuple[int, int, int]]:
+        """(start, end, local offset) of each range of `rank`."""
+        out, offset = [], 0
+        for start, end in self.ranges[rank]:
+            out.append((start, end, offset))
+            offset += end - start
+        return out
+
+    def length(self, rank: int) -> int:
+        return sum(end - start for start, end in self.ranges[rank])
+
+    def kv_numel(self, rank: int) -> int:
+        return self.n * self.length(rank) * (self.e + self.e_v)
+
+    def exchange(self, send: Tensor, recv: Tensor, tag: int) -> list[Any]:
+        """Start sending `send` to the next rank and receiving `recv` from the previous."""
+        ops = [
+            dist.P2POp(
+                dist.isend, send, group=self.group, group_peer=(self.rank + 1) % self.size, tag=tag
+            ),
+            dist.P2POp(
+                dist.irecv, recv, group=self.group, group_peer=(self.rank - 1) % self.size, tag=tag
+            ),
+        ]
+        self.stats.bytes_sent += send.numel() * send.element_size()
+        self.stats.bytes_received += recv.numel() * recv.element_size()
+        return list(dist.batch_isend_irecv(ops))
+
+    def wait(self, requests: list[Any]) -> None:
+        start = time.perf_counter()
+        for request in requests:
+            request.wait()
+        self.stats.wait_seconds += time.perf_counter() - start
+
+
+def _pair(q_range: tuple[int, int, int], k_range: tuple[int, int, int], is_causal: bool) -> str:
+    """How a block of queries sees a block of keys: "full", "diagonal" or "none".
+
+    Both blocks are whole chunks of the same split, so under a causal mask a key chunk
+    lies entirely before the query chunk, is the same chunk, or lies entirely after it.
+    """
+    (q0, q1, _), (k0, k1, _) = q_range, k_range
+    if q1 == q0 or k1 == k0:
+        return "none"
+    if not is_causal or k1 <= q0:
+        return "full"
+    return "diagonal" if k0 == q0 else "none"
+
+
+def _work(kind: str, rows: int, cols: int) -> int:
+    return rows * cols if kind == "full" else rows * (rows + 1) // 2 if kind == "diagonal" else 0
+
+
+def _pack(k: Tensor, v: Tensor) -> Tensor:
+    """K and V of a block in one flat buffer, so that one message carries both."""
+    return torch.cat([k.reshape(-1), v.reshape(-1)])
+
+
+def _unpack(buf: Tensor, n: int, length: int, e: int, e_v: int) -> tuple[Tensor, Tensor]:
+    split = n * length * e
+    return buf[:split].view(n, length, e), buf[split:].view(n, length, e_v)
+
+
+# --8<-- [start:forward]
+def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Out (n, t, Ev) and log-sum-exp (n, t) of the local queries over the whole sequence."""
+    mine = ring.pieces(ring.rank)
+    partial: list[tuple[Tensor, Tensor] | None] = [None] * len(mine)
+    buf = _pack(k, v)  # the block in hand: ours at step 0, then our ring neighbours'
+    for step in range(ring.size):
+        source = (ring.rank - step) % ring.size  # whose keys and values `buf` holds
+        requests: list[Any] = []
+        if step < ring.size - 1:
+            # Pass the block on while we compute with it: the next one arrives meanwhile.
+            incoming = q.new_empty(ring.kv_numel((source - 1) % ring.size))
+            requests = ring.exchange(buf, incoming, _KV_TAG)
+        start = time.perf_counter()
+        k_src, v_src = _unpack(buf, ring.n, ring.length(source), ring.e, ring.e_v)
+        for i, (q0, q1, qo) in enumerate(mine):
+            for k0, k1, ko in ring.pieces(source):
+                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal)
+                if kind == "none":
+                    continue
+                out = q.new_empty(ring.n, q1 - q0, ring.e_v)
+                lse = q.new_empty(ring.n, q1 - q0)
+                _flash_forward(
+                    q[:, qo : qo + q1 - q0],
+                    k_src[:, ko : ko + k1 - k0],
+                    v_src[:, ko : ko + k1 - k0],
+                    out,
+                    lse,
+                    kind == "diagonal",
+                    ring.scale,
+                    ring.block_q,
+                    ring.block_k,
+                )
+                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0)
+                before = partial[i]
+                partial[i] = (out, lse) if before is None else merge_partials(*before, out, lse)
+        ring.stats.compute_seconds += time.perf_counter() - start
+        ring.wait(requests)
+        if requests:
+            buf = incoming
+    out = q.new_empty(ring.n, q.shape[1], ring.e_v)
+    lse = q.new_empty(ring.n, q.shape[1])
+    for (q0, q1, qo), result in zip(mine, partial, strict=True):
+        if result is not None:  # None only for an empty chunk
+            out[:, qo : qo + q1 - q0], lse[:, qo : qo + q1 - q0] = result
+    return out, lse
+
+
+# --8<-- [end:forward]
+
+
+# --8<-- [start:backward]
+def _ring_backward(
+    ring: _Ring, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of the local shard: K/V go round again, each with its gradient."""
+    mine = ring.pieces(ring.rank)
+    dq = torch.zeros_like(q)
+    buf = _pack(k, v)
+    sending: tuple[Tensor, Tensor, list[Any]] | None = None  # dKV out, dKV in, requests
+    for step in range(ring.size):
+        source = (ring.rank - step) % ring.size
+        kv_requests: list[Any] = []
+        if step < ring.size - 1:
+            incoming = q.new_empty(ring.kv_numel((source - 1) % ring.size))
+            kv_requests = ring.exchange(buf, incoming, _KV_TAG)
+        start = time.perf_counter()
+        length = ring.length(source)
+        k_src, v_src = _unpack(buf, ring.n, length, ring.e, ring.e_v)
+        # Our queries' share of the gradient of the block of `source`.
+        dkv = q.new_zeros(ring.kv_numel(source))
+        dk_src, dv_src = _unpack(dkv, ring.n, length, ring.e, ring.e_v)
+        for q0, q1, qo in mine:
+            rows = slice(qo, qo + q1 - q0)
+            for k0, k1, ko in ring.pieces(source):
+                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal)
+                if kind == "none":
+                    continue
+                cols = slice(ko, ko + k1 - k0)
+                _flash_backward(
+                    q[:, rows],
+                    k_src[:, cols],
+                    v_src[:, cols],
+                    out[:, rows],  # the FINAL output and log-sum-exp, not this
+                    lse[:, rows],  # block's: P_ij = exp(s_ij - lse_i) is then exact
+                    grad_out[:, rows],
+                    dq[:, rows],
+                    dk_src[:, cols],
+                    dv_src[:, cols],
+                    kind == "diagonal",
+                    ring.scale,
+                    ring.block_q,
+                    ring.block_k,
+                )
+                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0)
+        ring.stats.compute_seconds += time.perf_counter() - start
+        if sending is not None:
+            # The ranks before us on the ring have added their shares to this block's
+            # gradient: add ours, then pass it on (it reaches the owner after P hops).
+            _, received, requests = sending
+            ring.wait(requests)
+            dkv.add_(received)
+        if ring.size > 1:
+            received = q.new_empty(ring.kv_numel((source - 1) % ring.size))
+            sending = (dkv, received, ring.exchange(dkv, received, _DKV_TAG))
+        ring.wait(kv_requests)
+        if kv_requests:
+            buf = incoming
+    if sending is not None:
+        _, dkv, requests = sending
+        ring.wait(requests)  # the gradient of our own block, summed over every rank
+    dk, dv = _unpack(dkv, ring.n, ring.length(ring.rank), ring.e, ring.e_v)
+    return dq, dk, dv
+
+
+# --8<-- [end:backward]
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, ring: _Ring) -> Tensor:
+        out, lse = _ring_forward(ring, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring = ring
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(ctx.ring, q, k, v, out, lse, grad_out.contiguous())
+        return dq, dk, dv, None
+
+
+def ring_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    layout: Layout = "contiguous",
+    block_size: int = 256,
+    stats: RingStats | None = None,
+) -> Tensor:
+    r"""Attention of this rank's queries to the whole sequence, sharded over a process group.
+
+    Every rank of `group` calls this with its own shard of one sequence (the ranges that
+    [`shard_ranges`][attnlab.distributed.shard_ranges] gives it for `layout`; use
+    [`shard_sequence`][attnlab.distributed.shard_sequence]) and gets the attention outputs
+    of its own queries: those of
+    `torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=is_causal,
+    scale=scale)` on the whole sequence, restricted to its positions. Keys and values go
+    around the ring with `torch.distributed` point-to-point messages, each transfer
+    overlapping the computation on the block before it; partial results are merged with
+    [`merge_partials`][attnlab.distributed.merge_partials]. The backward pass sends the
+    keys and values round again, each block followed by its gradient. A rank holds at most
+    two blocks of keys and values at a time, never the whole sequence.
+
+    Shapes, dtypes, flags and layout are exchanged first (one `all_gather_object`), so a
+    mistake on any rank raises the same error on every rank instead of leaving the others
+    waiting. If a rank dies, the others fail after the process group's `timeout`.
+
+    Args:
+        query: This rank's queries, shape `(..., t, E)`.
+        key: This rank's keys, shape `(..., t, E)`.
+        value: This rank's values, shape `(..., t, Ev)`.
+        group: The process group of the ring; default the default group. Ranks are
+            ordered by their rank in it.
+        is_causal: Hide key $j$ from query $i$ when $j > i$ (global positions).
+        scale: Factor applied to the scores; default $1 / \sqrt{E}$.
+        layout: How the sequence is split: `"contiguous"`, or `"zigzag"` to balance the
+            work under a causal mask. Every rank must use the same.
+        block_size: Tile size of the attention of one block to another (as in
+            [`flash_attention`][attnlab.flash.flash_attention]).
+        stats: If given, filled with this rank's work, bytes and time.
+
+    Returns:
+        The context vectors of this rank's queries, shape `(..., t, Ev)`.
+
+    Raises:
+        RuntimeError: If `torch.distributed` is not initialised, or this process is not
+            a member of `group`.
+        TypeError: If an input is not a floating-point tensor, or a flag has the wrong
+            type (on every rank, naming the rank).
+        ValueError: If shapes, dtypes or flags differ across ranks, the shards do not
+            follow `layout`, or the group has more ranks than the sequence has positions
+            (on every rank, naming the rank).
+
+    Examples:
+        A process group of one rank, so that the example runs in a single process; with
+        more, every rank runs the same call on its own shard.
+
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 5)
+        >>> out = ring_attention(q, k, v, is_causal=True)
+        >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, reference, atol=1e-6)
+        True
+        >>> dist.destroy_process_group()
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "ring_attention needs torch.distributed to be initialised: call "
+            "torch.distributed.init_process_group first (or start the processes with "
+            "attnlab.distributed.spawn or torchrun)"
+        )
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise RuntimeError("ring_attention: this process is not a member of group")
+    problem = None
+    try:
+        if is_validation_enabled():
+            _check_local(query, key, value, is_causal, scale, layout, block_size)
+    except (TypeError, ValueError) as error:
+        problem = (type(error).__name__, str(error))
+    mine = {
+        "problem": problem,
+        "shapes": [tuple(getattr(x, "shape", ())) for x in (query, key, value)],
+        "dtype": str(getattr(query, "dtype", None)),
+        "flags": (is_causal, scale, layout),
+    }
+    every: list[dict[str, Any]] = [{}] * size
+    dist.all_gather_object(every, mine, group=group)
+    _check_across_ranks(every)
+    t_q, e = query.shape[-2:]
+    e_v = value.shape[-1]
+    lengths = [info["shapes"][0][-2] for info in every]
+    ranges = shard_ranges(sum(lengths), size, layout)
+    *batch, _, _ = query.shape
+    n = math.prod(batch)
+    dtype = query.dtype
+    q, k, v = query, key, value
+    if dtype in _LOW_PRECISION:
+        q, k, v = q.float(), k.float(), v.float()
+    ring = _Ring(
+        group=group,
+        rank=rank,
+        size=size,
+        ranges=ranges,
+        n=n,
+        e=e,
+        e_v=e_v,
+        is_causal=is_causal,
+        scale=1.0 / math.sqrt(max(e, 1)) if scale is None else float(scale),
+        block_q=block_size,
+        block_k=block_size,
+        stats=RingStats() if stats is None else stats,
+    )
+    out: Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
+        q.reshape(n, t_q, e).contiguous(),  # (n, t, E), n = prod(batch)
+        k.reshape(n, t_q, e).contiguous(),  # (n, t, E)
+        v.reshape(n, t_q, e_v).contiguous(),  # (n, t, Ev)
+        ring,
+    )
+    return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., t, Ev)
+
+
+def _check_local(
+    query: object,
+    key: object,
+    value: object,
+    is_causal: object,
+    scale: object,
+    layout: object,
+    block_size: object,
+) -> None:
+    q = check_tensor("query", query)
+    k = check_tensor("key", key)
+    v = check_tensor("value", value)
+    check_min_rank("query", q, 2, "(..., t, E)")
+    check_min_rank("key", k, 2, "(..., t, E)")
+    check_min_rank("value", v, 2, "(..., t, Ev)")
+    check_same_dtype_device("query", q, key=k, value=v)
+    if not q.shape[:-1] == k.shape[:-1] == v.shape[:-1] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"ring_attention needs query, key and value of one shard of one sequence: the "
+            f"same batch dimensions and positions, and E features in query and key; got "
+            f"query.shape={tuple(q.shape)}, key.shape={tuple(k.shape)}, "
+            f"value.shape={tuple(v.shape)}"
+        )
+    check_bool("is_causal", is_causal)
+    check_scale("scale", scale)
+    check_choice("layout", layout, _LAYOUTS)
+    check_positive_int("block_size", block_size)
+
+
+def _check_across_ranks(every: list[dict[str, Any]]) -> None:
+    """Raise the same error on every rank if any rank's input is wrong or differs."""
+    for rank, info in enumerate(every):
+        if info["problem"] is not None:
+            kind, message = info["problem"]
+            error = TypeError if kind == "TypeError" else ValueError
+            raise error(f"ring_attention on rank {rank}: {message}")
+    first = every[0]
+    names = ("query", "key", "value")
+    for rank, info in enumerate(every[1:], start=1):
+        for name, got, want in zip(names, info["shapes"], first["shapes"], strict=True):
+            if len(got) != len(want) or got[:-2] != want[:-2] or got[-1] != want[-1]:
+                raise ValueError(
+                    f"ring_attention: {name}.shape is {got} on rank {rank} but {want} on "
+                    f"rank 0; every rank must hold the same batch dimensions and features "
+                    f"(only the number of positions may differ)"
+                )
+        for what, got, want in (
+            ("dtype", info["dtype"], first["dtype"]),
+            ("is_causal, scale, layout", info["flags"], first["flags"]),
+        ):
+            if got != want:
+                raise ValueError(
+                    f"ring_attention: {what} is {got} on rank {rank} but {want} on rank 0; "
+                    f"every rank must pass the same"
+                )
+    size = len(every)
+    lengths = [info["shapes"][0][-2] for info in every]
+    total, layout = sum(lengths), first["flags"][2]
+    if total < size:
+        raise ValueError(
+            f"ring_attention: the group has {size} ranks but the sequence only {total} "
+            f"positions (shards of lengths {lengths}); use at most {total} ranks"
+        )
+    expected = [sum(end - start for start, end in r) for r in shard_ranges(total, size, layout)]
+    if lengths != expected:
+        raise ValueError(
+            f"ring_attention: the shards have lengths {lengths} but layout {layout!r} of "
+            f"{total} positions over {size} ranks gives {expected}; split the sequence "
+            f"with attnlab.distributed.shard_sequence"
+        )
