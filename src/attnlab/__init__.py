@@ -6,6 +6,7 @@ from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache, kv_cache_bytes_per_token
+from attnlab.mla import MultiHeadLatentAttention
 from attnlab.multihead import MultiHeadAttention
 from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
 
@@ -17,6 +18,7 @@ __all__ = [
     "KVCache",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
+    "MultiHeadLatentAttention",
     "SelfAttention",
     "StaticKVCache",
     "functional",
