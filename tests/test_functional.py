@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlab.functional as AF
-from attnlab import masks
+from attnlab import masks, validation
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None)
@@ -286,6 +287,27 @@ def test_sdpa_uses_attention_weights() -> None:
     q, k, v = torch.randn(3, 4, 5), torch.randn(3, 6, 5), torch.randn(3, 6, 2)
     weights = AF.attention_weights(q, k, scale=0.7)
     torch.testing.assert_close(AF.scaled_dot_product_attention(q, k, v, scale=0.7), weights @ v)
+
+
+# -- scale types ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [torch.tensor(0.3), torch.tensor(0.3, dtype=torch.float64), torch.tensor(2), np.float32(0.3)],
+    ids=["tensor-float32", "tensor-float64", "tensor-int", "numpy-float32"],
+)
+@pytest.mark.parametrize("check", [True, False], ids=["validated", "unvalidated"])
+def test_sdpa_scale_as_tensor_or_numpy_equals_torch(scale: object, check: bool) -> None:
+    # Issue 11: PyTorch accepts a 0-d tensor or a NumPy float as scale; we raised TypeError.
+    q, k, v = torch.randn(2, 4, 5), torch.randn(2, 6, 5), torch.randn(2, 6, 3)
+    with validation(check):
+        out = AF.scaled_dot_product_attention(q, k, v, scale=scale)  # type: ignore[arg-type]
+        weights = AF.attention_weights(q, k, scale=scale)  # type: ignore[arg-type]
+    expected = TorchSDPA(q, k, v, scale=float(scale))  # type: ignore[arg-type]
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, TorchSDPA(q, k, v, scale=scale))  # type: ignore[arg-type]
+    torch.testing.assert_close(weights @ v, expected)
 
 
 # -- dropout ---------------------------------------------------------------------------

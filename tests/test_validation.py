@@ -654,6 +654,19 @@ ATTENTION_CASES = _cases(
     enable_gqa_type=({"enable_gqa": 0}, TypeError, r"enable_gqa must be a bool, got 0 \(int\)"),
     scale_inf=({"scale": float("inf")}, ValueError, "scale must be finite, got inf"),
     scale_type=({"scale": "1/8"}, TypeError, r"scale must be a float or None, got '1/8' \(str\)"),
+    scale_bool=({"scale": True}, TypeError, r"scale must be a float or None, got True \(bool\)"),
+    scale_tensor_of_one_element=(
+        {"scale": torch.tensor([0.5])},
+        TypeError,
+        r"scale must be a float, a 0-d real tensor or None, got a tensor of dtype "
+        r"torch.float32 and shape \(1,\)",
+    ),
+    scale_bool_tensor=(
+        {"scale": torch.tensor(True)},
+        TypeError,
+        r"scale must be a float, a 0-d real tensor or None, got a tensor of dtype torch.bool",
+    ),
+    scale_nan_tensor=({"scale": torch.tensor(float("nan"))}, ValueError, "scale must be finite"),
 )
 
 VALUE_CASES = _cases(

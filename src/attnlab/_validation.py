@@ -15,6 +15,8 @@ sit in a training step.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from collections.abc import Iterator
 
 import torch
@@ -226,14 +228,28 @@ def check_probability(name: str, value: object) -> float:
 
 
 def check_scale(name: str, value: object) -> float | None:
-    """Return ``value`` as a float if it is None or a finite real number; raise otherwise."""
+    """Return ``value`` as a Python float if it is None or a finite real number; raise otherwise.
+
+    Accepted, as PyTorch's ``scaled_dot_product_attention`` accepts them: Python and NumPy
+    ints and floats, and 0-d real tensors (read with ``.item()``). Refused, where PyTorch
+    would compute garbage or raise something cryptic: bools, strings, tensors of more
+    than one element or of a bool or complex dtype, NaN and infinities.
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, Tensor):
+        if value.ndim != 0 or value.dtype == torch.bool or value.is_complex():
+            raise TypeError(
+                f"{name} must be a float, a 0-d real tensor or None, got a tensor of dtype "
+                f"{value.dtype} and shape {_shape(value)}"
+            )
+        value = value.item()
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {value!r} ({type(value).__name__})")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
+    scale = float(value)
+    if not math.isfinite(scale):
+        raise ValueError(f"{name} must be finite, got {scale}")
+    return scale
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:

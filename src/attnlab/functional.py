@@ -335,15 +335,15 @@ def _weights(
     attn_mask: Tensor | None,
     dropout_p: float,
     is_causal: bool,
-    scale: float | None,
+    scale: float | Tensor | None,
     enable_gqa: bool,
 ) -> Tensor:
     if enable_gqa:
         key = _repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
     # max(E, 1): with E = 0 features every score is 0 whatever the scale (PyTorch then
     # averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
-    scale = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else scale
-    logits = attention_scores(query, key) * scale  # (..., L, S)
+    s = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else float(scale)
+    logits = attention_scores(query, key) * s  # (..., L, S)
     if is_causal:
         attn_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (L, S)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -366,7 +366,7 @@ def attention_weights(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
-    scale: float | None = None,
+    scale: float | Tensor | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
     r"""Attention weights $\alpha$, the part of scaled dot-product attention before the values.
@@ -387,7 +387,8 @@ def attention_weights(
         dropout_p: Probability of zeroing each weight; the survivors are scaled by
             $1 / (1 - p)$. Applied whenever it is > 0 (pass 0.0 in evaluation).
         is_causal: Hide key $j$ from query $i$ when $j > i$ (top-left aligned).
-        scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
+        scale: Factor $s$ applied to the scores, a finite number (Python or NumPy) or a
+            0-d tensor; default $1 / \sqrt{E}$.
         enable_gqa: Let `H` key heads serve `Hq` query heads (`H` must divide `Hq`).
 
     Returns:
@@ -396,7 +397,7 @@ def attention_weights(
 
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
-            neither bool nor float, a non-bool flag).
+            neither bool nor float, a non-bool flag, a scale that is no real number).
         ValueError: If shapes, dtypes or devices disagree, the mask does not broadcast,
             `dropout_p` is not in [0, 1), or both `attn_mask` and `is_causal` are given.
 
@@ -429,7 +430,7 @@ def scaled_dot_product_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
-    scale: float | None = None,
+    scale: float | Tensor | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
     r"""Scaled dot-product attention from scratch, with the semantics of PyTorch's.
@@ -467,7 +468,8 @@ def scaled_dot_product_attention(
             or float32) added to the scores, broadcastable to `(..., L, S)`.
         dropout_p: Probability of zeroing each attention weight.
         is_causal: Apply a top-left aligned causal mask; not together with `attn_mask`.
-        scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
+        scale: Factor $s$ applied to the scores, a finite number (Python or NumPy) or a
+            0-d tensor; default $1 / \sqrt{E}$.
         enable_gqa: Let `H` key/value heads serve `Hq` query heads (`H` must divide `Hq`).
 
     Returns:
@@ -475,7 +477,7 @@ def scaled_dot_product_attention(
 
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
-            neither bool nor float, a non-bool flag).
+            neither bool nor float, a non-bool flag, a scale that is no real number).
         ValueError: If shapes disagree (feature size of query and key, positions of key and
             value, batch or head dimensions), dtypes or devices differ, the mask does not
             broadcast, `dropout_p` is not in [0, 1), or both `attn_mask` and `is_causal`
