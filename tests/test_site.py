@@ -160,16 +160,37 @@ def test_every_article_output_is_on_its_built_page(site: tuple[Path, str]) -> No
     assert missing == []
 
 
-def test_notebook_page_is_executed_and_downloadable(site: tuple[Path, str]) -> None:
+def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> None:
     site_dir, _ = site
-    page = site_dir / "notebooks/article/index.html"
-    text = page.read_text("utf-8")
-    # The embedded sentence's first value, printed by an executed cell.
-    assert "0.3374" in html.unescape(re.sub(r"<[^>]+>", "", text))
-    notebook = json.loads((site_dir / "notebooks/article/article.ipynb").read_text("utf-8"))
-    code_cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
-    assert code_cells
-    assert all(c["outputs"] == [] and c["execution_count"] is None for c in code_cells)
+    chapters = sorted((site_dir / "article").glob("[0-9][0-9]-*/index.html"))
+    buttons = {}
+    for page in chapters:
+        found = re.findall(r'<a class="md-button" href="([^"]+\.ipynb)" download', page.read_text())
+        if found:
+            buttons[page.parent.name] = (page.parent / found[0]).resolve()
+    assert len(buttons) >= 10
+    assert "11-conclusion" not in buttons  # no code, no notebook
+    for name, path in buttons.items():
+        assert path == site_dir / "notebooks" / f"{name}.ipynb"
+        notebook = json.loads(path.read_text("utf-8"))
+        code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+        assert code
+        assert all(c["execution_count"] is not None for c in code), name
+    # Executed: chapter 05's first weights are printed; chapter 07's heatmap is drawn.
+    printed = "".join(
+        o.get("text", "")
+        for c in json.loads((site_dir / "notebooks/05-attention-weights.ipynb").read_text())[
+            "cells"
+        ]
+        for o in c.get("outputs", [])
+    )
+    assert "0.0386" in printed
+    figure = (site_dir / "notebooks/07-self-attention-class.ipynb").read_text("utf-8")
+    assert "image/svg+xml" in figure
+    # Links point at the published site, so they work in a downloaded notebook.
+    site_url = "https://attnlab.github.io/attnlab/"
+    assert f"]({site_url}article/05-attention-weights/)" in figure
+    assert "](../" not in figure
 
 
 def test_every_local_image_exists(site: tuple[Path, str]) -> None:

@@ -1,83 +1,185 @@
-"""Build the notebook page "The article as one notebook" from the article's chapters.
+"""One downloadable, executed Jupyter notebook per article chapter.
 
-The chapters are the single source: at every build this hook turns the chapters listed in
-``CHAPTERS`` into one ``.ipynb`` (prose as Markdown cells, runnable blocks as code cells,
-no outputs), writes it to a temporary folder, and adds it to the site as
-``notebooks/article.ipynb``. mkdocs-jupyter then executes and renders it, and copies the
-``.ipynb`` beside the page for download. Nothing generated is written into ``docs/``, so
-``mkdocs serve`` does not loop and there is no committed notebook to drift.
+The chapters are the single source. At every build this hook turns each chapter that has
+runnable code into ``notebooks/<chapter>.ipynb`` in the built site:
 
-Run it as a script to write the notebook somewhere yourself::
+- prose becomes Markdown cells; links, images and API cross-references become absolute
+  addresses under ``site_url``, so they work in a downloaded notebook; admonitions
+  (pitfall boxes) become Jupyter's coloured alert boxes;
+- every runnable block becomes a code cell, and the chapter's figures (its markdown-exec
+  blocks) become code cells that display the same SVG inline;
+- the cells are executed in order, in one namespace per chapter, in the build's own
+  Python process (no kernel to start), and their printed output and figures are stored
+  in the notebook, so a reader sees the results before running anything.
 
-    python docs/hooks/notebook.py article.ipynb
+A "Download notebook" button is added under the title of each such chapter. Nothing is
+written into ``docs/``, so ``mkdocs serve`` does not loop and no committed notebook can
+drift from its chapter.
+
+Run it as a script to write the notebooks somewhere yourself::
+
+    python docs/hooks/notebook.py out/ [https://attnlab.github.io/attnlab/]
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import posixpath
 import re
 import sys
-import tempfile
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 DOCS = Path(__file__).resolve().parent.parent
-NOTEBOOK_URI = "notebooks/article.ipynb"
-CHAPTERS = sorted(p.name for p in (DOCS / "article").glob("[0-9][0-9]-*.md"))
-SITE_ROOT = "../../"  # from the notebook page (notebooks/article/) to the site root
+ARTICLE = "article"
+SITE_URL = "https://attnlab.github.io/attnlab/"
+REPO_URL = "https://github.com/attnlab/attnlab"
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>`{3,})(?P<info>[^\n]*)$")
-AUTOREF = re.compile(r"\[([^\]]+)\]\[[\w.]+\]")  # [`SelfAttention`][attnlab.SelfAttention]
-ADMONITION = re.compile(r'^(?:!!!|\?\?\?\+?)\s+\w+(?:\s+"(?P<title>[^"]*)")?\s*$')
-LINK = re.compile(r"\]\((?!https?://|#|mailto:)(?P<target>[^)\s]+)\)")
+AUTOREF = re.compile(r"\[(?P<text>[^\]]+)\]\[(?P<ident>[\w.]+)\]")  # [`X`][attnlab.X]
+ADMONITION = re.compile(r'^(?:!!!|\?\?\?\+?)\s+(?P<kind>\w+)(?:\s+"(?P<title>[^"]*)")?\s*$')
+LINK = re.compile(r"\]\((?!https?://|mailto:)(?P<target>[^)\s]+)\)")
+FIGURE_PRINT = re.compile(
+    r"""^print\(f?(["'])<div class="attn-figure">\{figure_to_svg\((?P<fig>\w+)\)\}</div>\1\)$""",
+    flags=re.M,
+)
+ALERT = {  # admonition kind -> Jupyter's alert class
+    "warning": "warning", "caution": "warning", "attention": "warning",
+    "danger": "danger", "error": "danger", "bug": "danger", "failure": "danger",
+    "tip": "success", "hint": "success", "success": "success", "check": "success",
+}  # fmt: skip
+DOWNLOAD_ICON = (  # Material Design "download" icon
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" aria-hidden="true">'
+    '<path d="M5 20h14v-2H5m14-9h-4V3H9v6H5l7 7 7-7Z"/></svg>'
+)
+
+Resolver = Callable[[str], str | None]  # API identifier -> site-relative URL, or None
+Cell = dict[str, Any]
+
+
+class NotebookError(RuntimeError):
+    """A chapter's cell raised while its notebook was executed."""
+
+
+def _words(info: str) -> list[str]:
+    return info.strip().strip("{}").replace(".python", "python").split()
 
 
 def _is_code(info: str) -> bool:
-    words = info.strip().strip("{}").replace(".python", "python").split()
-    return (
-        bool(words)
-        and words[0] in ("python", "py")
-        and "notest" not in words
-        and not any(w.startswith("exec=") for w in words)
-    )
+    words = _words(info)
+    return bool(words) and words[0] in ("python", "py") and "notest" not in words
 
 
-def _site_url(target: str) -> str:
-    """A chapter's relative link or image path, as seen from the notebook page."""
+def _is_figure(info: str) -> bool:
+    return _is_code(info) and 'exec="on"' in info and 'html="1"' in info
+
+
+def chapters(docs: Path = DOCS) -> list[str]:
+    """The chapters with runnable code, as paths relative to ``docs``."""
+    return [
+        f"{ARTICLE}/{path.name}"
+        for path in sorted((docs / ARTICLE).glob("[0-9][0-9]-*.md"))
+        if any(
+            _is_code(m["info"]) and not m["indent"]
+            for m in map(FENCE.match, path.read_text("utf-8").split("\n"))
+            if m
+        )
+    ]
+
+
+def notebook_uri(chapter: str) -> str:
+    """Where a chapter's notebook lives in the site: ``notebooks/07-...ipynb``."""
+    return f"notebooks/{Path(chapter).stem}.ipynb"
+
+
+def page_url(src_uri: str) -> str:
+    """A page's site-relative URL with directory URLs: ``article/05-x/`` for ``05-x.md``."""
+    path = src_uri.removesuffix(".md").removesuffix("index")
+    return path if not path or path.endswith("/") else path + "/"
+
+
+def absolute_url(target: str, chapter: str, site_url: str = SITE_URL) -> str:
+    """A chapter's relative link or image path as an address that works anywhere."""
     path, hash_, anchor = target.partition("#")
-    path = posixpath.normpath("article/" + path)  # chapters live in article/
-    if path.endswith(".md"):  # the page's URL, with directory URLs
-        path = path.removesuffix(".md").removesuffix("index")
-        path = path if not path or path.endswith("/") else path + "/"
-    return SITE_ROOT + path + hash_ + anchor
+    if not path:  # a section of this chapter
+        return site_url + page_url(chapter) + hash_ + anchor
+    path = posixpath.normpath(posixpath.join(posixpath.dirname(chapter), path))
+    if path.endswith(".md"):
+        path = page_url(path)
+    return site_url + path + hash_ + anchor
 
 
-def _markdown_for_jupyter(text: str) -> str:
-    """Rewrite the site-only Markdown (autorefs, admonitions, .md links) for Jupyter."""
-    text = AUTOREF.sub(r"\1", text)
-    text = LINK.sub(lambda m: f"]({_site_url(m['target'])})", text)
-    lines, out, quoting = text.split("\n"), [], False
-    for line in lines:
-        match = ADMONITION.match(line)
-        if match:
-            quoting = True
-            out.append(f"> **{match['title'] or 'Note'}**")
+def _admonition(kind: str, title: str | None, body: list[str]) -> list[str]:
+    alert = ALERT.get(kind, "info")
+    heading = title if title is not None else kind.capitalize()
+    # Blank lines around the Markdown inside the <div>, so Jupyter renders it.
+    start = f'<div class="alert alert-block alert-{alert}">'
+    return [start, "", f"**{heading}**", "", *body, "", "</div>"]
+
+
+def markdown_for_jupyter(
+    text: str, chapter: str, site_url: str = SITE_URL, resolve: Resolver | None = None
+) -> str:
+    """Rewrite a chapter's site-only Markdown for Jupyter (links, autorefs, admonitions)."""
+
+    def autoref(match: re.Match[str]) -> str:
+        url = resolve(match["ident"]) if resolve is not None else None
+        return f"[{match['text']}]({site_url}{url})" if url is not None else match["text"]
+
+    text = AUTOREF.sub(autoref, text)
+    text = LINK.sub(lambda m: f"]({absolute_url(m['target'], chapter, site_url)})", text)
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        match = ADMONITION.match(lines[i])
+        if not match:
+            fence = FENCE.match(lines[i])
+            # Fences kept as prose (blocks that do not run): plain ```python for Jupyter.
+            if fence and _is_code(fence["info"]):
+                out.append(f"{fence['indent']}{fence['ticks']}python")
+            else:
+                out.append(lines[i])
+            i += 1
             continue
-        if quoting and (line.startswith("    ") or not line.strip()):
-            out.append("> " + line[4:] if line.strip() else ">")
-            continue
-        quoting = False
-        out.append(line)
+        body, i = [], i + 1
+        while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+            body.append(lines[i][4:])
+            i += 1
+        while body and not body[-1].strip():
+            body.pop()
+        out.extend(_admonition(match["kind"], match["title"], body))
+        if i < len(lines):
+            out.append("")
     return "\n".join(out).strip()
 
 
-def chapter_cells(markdown: str) -> list[dict[str, Any]]:
-    """Split one chapter into notebook cells: prose and runnable code, outputs dropped."""
-    cells: list[dict[str, Any]] = []
+def _code_cell(source: str, line: int, figure: bool = False) -> Cell:
+    cell: Cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}
+    cell["source"] = source
+    cell["_line"], cell["_figure"] = line, figure  # dropped before the notebook is written
+    return cell
+
+
+def _figure_source(code: str) -> str:
+    """A figure block's code as a notebook shows it: the SVG inline instead of HTML text."""
+    code, n = FIGURE_PRINT.subn(r"SVG(figure_to_svg(\g<fig>))  # drawn below the cell", code)
+    if n != 1:
+        raise ValueError("a figure block must end with print(f'<div class=\"attn-figure\">...')")
+    return "from IPython.display import SVG\n\n" + code
+
+
+def chapter_cells(
+    markdown: str, chapter: str, site_url: str = SITE_URL, resolve: Resolver | None = None
+) -> list[Cell]:
+    """Split one chapter into notebook cells: prose, runnable code and figures."""
+    cells: list[Cell] = []
     prose: list[str] = []
 
     def flush() -> None:
-        text = _markdown_for_jupyter("\n".join(prose))
+        text = markdown_for_jupyter("\n".join(prose), chapter, site_url, resolve)
         if text:
             cells.append({"cell_type": "markdown", "metadata": {}, "source": text})
         prose.clear()
@@ -97,17 +199,9 @@ def chapter_cells(markdown: str) -> list[dict[str, Any]]:
         body = "\n".join(line[len(fence["indent"]) :] for line in lines[i + 1 : j])
         if _is_code(info) and not fence["indent"]:
             flush()
-            cells.append(
-                {
-                    "cell_type": "code",
-                    "execution_count": None,
-                    "metadata": {},
-                    "outputs": [],
-                    "source": body,
-                }
-            )
-        elif 'title="Output"' in info or "exec=" in info:
-            pass  # outputs are recomputed by executing the notebook; figures are site-only
+            cells.append(_code_cell(body, i + 1, figure="exec=" in info))
+        elif 'title="Output"' in info:
+            pass  # the notebook's own outputs come from executing it
         else:
             prose.extend(lines[i : j + 1])
         i = j + 1
@@ -115,19 +209,81 @@ def chapter_cells(markdown: str) -> list[dict[str, Any]]:
     return cells
 
 
-def build_notebook(docs: Path = DOCS) -> dict[str, Any]:
-    """The article chapters as one nbformat-4 notebook, without outputs."""
-    intro = (
-        "# The article as one notebook\n\n"
-        "Every runnable block of the chapters *Introducing self-attention* to "
-        "*Cross-attention*, in order, in one notebook. It is generated from the chapters "
-        "at each build of the site and executed there, so what you see below is what the "
-        "code printed. [Download it](article.ipynb) and run it with `attnlab` installed "
-        "(`pip install -e .` in a clone of the repository)."
+def _fresh_state() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_printoptions(profile="default")
+
+
+def execute(cells: list[Cell], path: str) -> None:
+    """Run the code cells in order, in one namespace, and store what they print or draw.
+
+    Figure cells run the chapter's own code (which prints the figure as HTML) and store
+    its SVG as the cell's result; their source is then rewritten to display it inline.
+    """
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    _fresh_state()
+    count = 0
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            continue
+        count += 1
+        buffer = io.StringIO()
+        try:
+            # Pad with blank lines so a traceback points at the chapter's line.
+            code = compile("\n" * cell["_line"] + cell["source"], path, "exec", dont_inherit=True)
+            with contextlib.redirect_stdout(buffer):
+                exec(code, namespace)
+        except Exception as exc:
+            error = "".join(traceback.format_exception(*sys.exc_info(), limit=-3)).rstrip()
+            raise NotebookError(f"{path}:{cell['_line']}: the cell raised\n{error}") from exc
+        printed = buffer.getvalue()
+        cell["execution_count"] = count
+        if cell["_figure"]:
+            svg = printed[printed.index("<svg") : printed.rindex("</svg>") + len("</svg>")]
+            cell["source"] = _figure_source(cell["source"])
+            cell["outputs"] = [
+                {
+                    "output_type": "execute_result",
+                    "execution_count": count,
+                    "metadata": {},
+                    "data": {"image/svg+xml": svg, "text/plain": "<SVG figure>"},
+                }
+            ]
+        elif printed:
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": printed}]
+
+
+def build_notebook(
+    chapter: str,
+    *,
+    docs: Path = DOCS,
+    site_url: str = SITE_URL,
+    resolve: Resolver | None = None,
+    run: bool = True,
+) -> dict[str, Any]:
+    """One chapter as an nbformat-4 notebook, executed unless ``run`` is false."""
+    markdown = (docs / chapter).read_text(encoding="utf-8")
+    title = re.search(r"^# (.+)$", markdown, flags=re.M)
+    name = title[1].strip() if title else Path(chapter).stem
+    about = (
+        f"*This notebook is the chapter [{name}]({site_url}{page_url(chapter)}) of "
+        f"[attnlab]({site_url}), generated from the page and run when the site was built: "
+        "the outputs below are what its code printed. To run it yourself, install "
+        f"attnlab from a clone of [the repository]({REPO_URL}) (`pip install -e '.[plot]'`); "
+        "the cells run in order, each after the ones above it.*"
     )
-    cells: list[dict[str, Any]] = [{"cell_type": "markdown", "metadata": {}, "source": intro}]
-    for name in CHAPTERS:
-        cells.extend(chapter_cells((docs / "article" / name).read_text(encoding="utf-8")))
+    cells = chapter_cells(markdown, chapter, site_url, resolve)
+    after_title = 1 if cells and cells[0]["cell_type"] == "markdown" else 0
+    cells.insert(after_title, {"cell_type": "markdown", "metadata": {}, "source": about})
+    if run:
+        execute(cells, str(Path(docs.name) / chapter))
+    for k, cell in enumerate(cells):
+        if cell["cell_type"] == "code" and cell["_figure"] and not run:
+            cell["source"] = _figure_source(cell["source"])
+        cell.pop("_line", None)
+        cell.pop("_figure", None)
+        cell["id"] = f"cell-{k}"
     return {
         "cells": cells,
         "metadata": {
@@ -139,64 +295,79 @@ def build_notebook(docs: Path = DOCS) -> dict[str, Any]:
     }
 
 
-def write_notebook(path: Path) -> Path:
-    import nbformat
-
-    notebook = nbformat.from_dict(build_notebook())
-    for k, cell in enumerate(notebook.cells):
-        cell["id"] = f"cell-{k}"
-    nbformat.validate(notebook)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(notebook, str(path))
-    return path
+def write_notebooks(
+    out_dir: Path,
+    *,
+    docs: Path = DOCS,
+    site_url: str = SITE_URL,
+    resolve: Resolver | None = None,
+) -> list[Path]:
+    """Write every chapter's executed notebook under ``out_dir``; return their paths."""
+    written = []
+    for chapter in chapters(docs):
+        notebook = build_notebook(chapter, docs=docs, site_url=site_url, resolve=resolve)
+        path = out_dir / notebook_uri(chapter)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", "utf-8")
+        written.append(path)
+    return written
 
 
 # MkDocs hook ---------------------------------------------------------------------------
 
-_tmp: tempfile.TemporaryDirectory[str] | None = None
+
+def _site_url(config: Any) -> str:
+    url = config.get("site_url") or SITE_URL
+    return url if url.endswith("/") else url + "/"
 
 
-def _on_files(files: Any, config: Any) -> Any:
-    from mkdocs.structure.files import File
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Put a "Download notebook" button under the title of each chapter with code."""
+    from mkdocs.utils import get_relative_url
 
-    global _tmp
-    if _tmp is None:
-        _tmp = tempfile.TemporaryDirectory(prefix="attnlab-notebook-")
-    write_notebook(Path(_tmp.name) / NOTEBOOK_URI)
-    # A plain File rooted in the temporary folder (not File.generated): mkdocs-jupyter's
-    # wrapper derives the source path from src_dir, which generated files lack.
-    files.append(
-        File(
-            NOTEBOOK_URI,
-            src_dir=_tmp.name,
-            dest_dir=config["site_dir"],
-            use_directory_urls=config["use_directory_urls"],
-        )
+    src_uri = page.file.src_uri
+    if src_uri not in chapters(Path(config["docs_dir"])):
+        return html
+    href = get_relative_url(notebook_uri(src_uri), page.url)
+    button = (
+        f'<p class="attn-notebook"><a class="md-button" href="{href}" download '
+        'title="This chapter as a Jupyter notebook, with its outputs">'
+        f"{DOWNLOAD_ICON} Download notebook</a></p>"
     )
-    return files
+    heading_end = html.find("</h1>")
+    if heading_end < 0:
+        return button + html
+    heading_end += len("</h1>")
+    return html[:heading_end] + button + html[heading_end:]
 
 
-try:  # run before mkdocs-jupyter's on_files, which must see the notebook
-    from mkdocs.plugins import event_priority
+def on_post_build(config: Any) -> None:
+    autorefs = config["plugins"].get("autorefs")
 
-    on_files = event_priority(100)(_on_files)
-except ImportError:  # pragma: no cover - only when used as a script without mkdocs
-    on_files = _on_files
+    def resolve(identifier: str) -> str | None:
+        if autorefs is None:
+            return None
+        try:
+            url, _ = autorefs.get_item_url(identifier)
+        except KeyError:
+            return None
+        return str(url)
 
+    try:
+        write_notebooks(
+            Path(config["site_dir"]),
+            docs=Path(config["docs_dir"]),
+            site_url=_site_url(config),
+            resolve=resolve,
+        )
+    except NotebookError as exc:
+        from mkdocs.exceptions import PluginError
 
-def on_page_context(context: Any, page: Any, config: Any, nav: Any) -> Any:
-    if page.file.src_uri == NOTEBOOK_URI:
-        page.edit_url = None  # generated from the chapters: there is no file to edit
-    return context
-
-
-def on_post_page(output: str, page: Any, config: Any) -> str:
-    if page.file.src_uri == NOTEBOOK_URI:
-        # nbconvert's template loads MathJax from an empty URL; KaTeX renders the math here.
-        output = output.replace('<script src=""> </script>', "")
-    return output
+        raise PluginError(str(exc)) from exc
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "article.ipynb")
-    print(write_notebook(target))
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "notebooks-out")
+    site = sys.argv[2] if len(sys.argv) > 2 else SITE_URL
+    for written in write_notebooks(out, site_url=site):
+        print(written)
