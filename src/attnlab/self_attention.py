@@ -50,8 +50,11 @@ class SelfAttention(nn.Module):
     """
 
     W_query: nn.Parameter
+    """Query projection, `(d_in, d_out_kq)`, drawn first."""
     W_key: nn.Parameter
+    """Key projection, `(d_in, d_out_kq)`, drawn second."""
     W_value: nn.Parameter
+    """Value projection, `(d_in, d_out_v)`, drawn third."""
 
     def __init__(self, d_in: int, d_out_kq: int, d_out_v: int) -> None:
         super().__init__()
