@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention.bias import CausalBias, CausalVariant, causal_lower_right
 
 import attnlab.functional as AF
 from attnlab import masks, validation
@@ -289,7 +290,63 @@ def test_sdpa_uses_attention_weights() -> None:
     torch.testing.assert_close(AF.scaled_dot_product_attention(q, k, v, scale=0.7), weights @ v)
 
 
-# -- scale types ---------------------------------------------------------------------
+# -- PyTorch's CausalBias masks and scale types -----------------------------------------
+
+# (L, S) with fewer, more and as many queries as keys; lower-right with L > S leaves its
+# first L - S rows fully masked (PyTorch warns about NaN; the CPU gives zeros, as we do).
+BIAS_SIZES = [(4, 6), (6, 4), (5, 5)]
+
+
+def _causal_bias(variant: CausalVariant, t_q: int, t_k: int) -> CausalBias:
+    if variant == CausalVariant.LOWER_RIGHT and t_q > t_k:
+        with pytest.warns(UserWarning, match="will produce NaNs"):
+            return CausalBias(variant, t_q, t_k)
+    return CausalBias(variant, t_q, t_k)
+
+
+@pytest.mark.parametrize("variant", list(CausalVariant), ids=lambda v: v.name)
+@pytest.mark.parametrize(("t_q", "t_k"), BIAS_SIZES)
+def test_sdpa_causal_bias_equals_torch_forward_and_backward(
+    variant: CausalVariant, t_q: int, t_k: int
+) -> None:
+    # Issue 11: a CausalBias was added to the scores as if it were a float mask (its storage
+    # is uninitialised) and the result was a CausalBias object, wrong by up to 1.5.
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, t_q, 8, generator=gen, requires_grad=True)
+    k = torch.randn(2, 3, t_k, 8, generator=gen, requires_grad=True)
+    v = torch.randn(2, 3, t_k, 5, generator=gen, requires_grad=True)
+    bias = _causal_bias(variant, t_q, t_k)
+    out = AF.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    expected = TorchSDPA(q, k, v, attn_mask=bias)
+    assert type(out) is torch.Tensor
+    torch.testing.assert_close(out, expected)
+    align = "top-left" if variant == CausalVariant.UPPER_LEFT else "bottom-right"
+    torch.testing.assert_close(
+        out, AF.scaled_dot_product_attention(q, k, v, attn_mask=masks.causal(t_q, t_k, align=align))
+    )
+    grad_out = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    for got, want in zip(grads, torch.autograd.grad(expected, (q, k, v), grad_out), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("variant", list(CausalVariant), ids=lambda v: v.name)
+def test_attention_weights_causal_bias_equals_torch_with_identity_values(
+    variant: CausalVariant,
+) -> None:
+    q, k = torch.randn(2, 4, 5, dtype=torch.float64), torch.randn(2, 7, 5, dtype=torch.float64)
+    bias = _causal_bias(variant, 4, 7)
+    weights = AF.attention_weights(q, k, attn_mask=bias)
+    expected = TorchSDPA(q, k, torch.eye(7, dtype=torch.float64).expand(2, 7, 7), attn_mask=bias)
+    torch.testing.assert_close(weights, expected)
+
+
+def test_sdpa_causal_bias_without_validation() -> None:
+    q, k, v = torch.randn(2, 4, 5), torch.randn(2, 6, 5), torch.randn(2, 6, 3)
+    bias = causal_lower_right(4, 6)
+    with validation(False):
+        out = AF.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(out, TorchSDPA(q, k, v, attn_mask=bias))
 
 
 @pytest.mark.parametrize(

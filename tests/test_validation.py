@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.nn.attention.bias import causal_upper_left
 
 import attnlab
 from attnlab import (
@@ -667,6 +668,17 @@ ATTENTION_CASES = _cases(
         r"scale must be a float, a 0-d real tensor or None, got a tensor of dtype torch.bool",
     ),
     scale_nan_tensor=({"scale": torch.tensor(float("nan"))}, ValueError, "scale must be finite"),
+    causal_bias_sizes=(
+        {"attn_mask": causal_upper_left(T, T)},
+        ValueError,
+        r"attn_mask is a CausalBias for L=5 queries and S=5 keys, but the attention weights "
+        r"have shape \(2, 3, 5, 7\) \(batch..., L queries, S keys\)",
+    ),
+    causal_bias_and_is_causal=(
+        {"attn_mask": causal_upper_left(T, S), "is_causal": True},
+        ValueError,
+        "pass either attn_mask or is_causal=True, not both",
+    ),
 )
 
 VALUE_CASES = _cases(

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor
+from torch.nn.attention.bias import CausalBias
 
 __all__ = [
     "broadcast_shape",
@@ -330,10 +331,20 @@ def check_attn_mask(
     The mask must be None, a bool tensor (True = attend) or a float tensor to add to the
     scores (of dtype ``query.dtype`` or float32, as PyTorch accepts), on ``query``'s device,
     and it must broadcast to the shape of the attention weights, ``target``, without
-    growing it. ``query_name`` is what the caller calls the queries' tensor.
+    growing it. ``query_name`` is what the caller calls the queries' tensor. PyTorch's
+    ``CausalBias`` (``causal_upper_left(L, S)``, ``causal_lower_right(L, S)``) is accepted
+    when its ``L`` and ``S`` are those of ``target``.
     """
     if mask is None:
         return None
+    if isinstance(mask, CausalBias):
+        sizes = (mask.seq_len_q, mask.seq_len_kv)
+        if sizes != target[-2:]:
+            raise ValueError(
+                f"{name} is a CausalBias for L={sizes[0]} queries and S={sizes[1]} keys, but "
+                f"the attention weights have shape {target} (batch..., L queries, S keys)"
+            )
+        return mask
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and mask.dtype not in (query.dtype, torch.float32):

@@ -25,6 +25,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attnlab._validation import (
     broadcast_shape,
@@ -262,6 +263,15 @@ def _repeat_heads(x: Tensor, num_heads: int) -> Tensor:
     return x.repeat_interleave(num_heads // x.size(-3), dim=-3)  # (..., num_heads, s, e)
 
 
+def _causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
+    """The bool mask (True = attend) of PyTorch's `causal_upper_left` / `causal_lower_right`."""
+    t_q, t_k = bias.seq_len_q, bias.seq_len_kv
+    # Upper left: query i sees keys 0..i. Lower right: the queries are the last t_q
+    # positions of the keys' sequence, so the diagonal moves right by t_k - t_q.
+    diagonal = 0 if bias.variant == CausalVariant.UPPER_LEFT else t_k - t_q
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal)  # (L, S)
+
+
 def _check_attention_args(
     query: object,
     key: object,
@@ -272,7 +282,10 @@ def _check_attention_args(
     scale: object,
     enable_gqa: object,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Validate the arguments shared by the two public functions; return the tensors."""
+    """Validate the arguments shared by the two public functions; return the tensors.
+
+    `attn_mask` may still be a `CausalBias` here (it is materialized after the checks).
+    """
     q = check_tensor("query", query)
     k = check_tensor("key", key)
     v = None if value is None else check_tensor("value", value)
@@ -360,6 +373,33 @@ def _weights(
     return weights
 
 
+def _attend(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor | None,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    enable_gqa: bool,
+) -> Tensor:
+    """The weights (`value` None) or the output of attention, after the checks."""
+    if is_validation_enabled():
+        _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if isinstance(attn_mask, CausalBias):
+        attn_mask = _causal_bias_mask(attn_mask, query.device)  # (L, S)
+    dtype = query.dtype
+    if dtype in _LOW_PRECISION:
+        query, key = query.float(), key.float()
+        value = None if value is None else value.float()
+    weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if value is None:
+        return weights.to(dtype)  # (..., L, S)
+    if enable_gqa:
+        value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
+    return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
+
+
 def attention_weights(
     query: Tensor,
     key: Tensor,
@@ -382,8 +422,9 @@ def attention_weights(
     Args:
         query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
         key: Keys, shape `(..., S, E)` (`(..., H, S, E)` with `enable_gqa`).
-        attn_mask: None, a bool mask (True = attend) or a float mask added to the scores,
-            broadcastable to `(..., L, S)`.
+        attn_mask: None, a bool mask (True = attend), a float mask added to the scores,
+            broadcastable to `(..., L, S)`, or PyTorch's `causal_upper_left(L, S)` /
+            `causal_lower_right(L, S)` from `torch.nn.attention.bias`.
         dropout_p: Probability of zeroing each weight; the survivors are scaled by
             $1 / (1 - p)$. Applied whenever it is > 0 (pass 0.0 in evaluation).
         is_causal: Hide key $j$ from query $i$ when $j > i$ (top-left aligned).
@@ -398,8 +439,9 @@ def attention_weights(
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
             neither bool nor float, a non-bool flag, a scale that is no real number).
-        ValueError: If shapes, dtypes or devices disagree, the mask does not broadcast,
-            `dropout_p` is not in [0, 1), or both `attn_mask` and `is_causal` are given.
+        ValueError: If shapes, dtypes or devices disagree, the mask does not broadcast (or a
+            `CausalBias` has other lengths), `dropout_p` is not in [0, 1), `scale` is not
+            finite, or both `attn_mask` and `is_causal` are given.
 
     Examples:
         >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -414,13 +456,7 @@ def attention_weights(
         tensor([[0.6728, 0.1636, 0.1636],
                 [0.0000, 0.0000, 0.0000]])
     """
-    if is_validation_enabled():
-        _check_attention_args(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    dtype = query.dtype
-    if dtype in _LOW_PRECISION:
-        query, key = query.float(), key.float()
-    weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return weights.to(dtype)  # (..., L, S)
+    return _attend(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def scaled_dot_product_attention(
@@ -450,6 +486,8 @@ def scaled_dot_product_attention(
       *added* to the scores ($-\infty$ hides a key); it broadcasts to `(..., L, S)`.
     - `is_causal=True` hides key $j$ from query $i$ when $j > i$, aligned to the
       **top-left** corner when `L != S` (see `attnlab.masks.causal` for bottom-right).
+      PyTorch's `causal_upper_left(L, S)` and `causal_lower_right(L, S)` (from
+      `torch.nn.attention.bias`) are accepted as `attn_mask` and mean the same masks.
     - A query whose keys are **all masked** gets an output of zeros, not NaN. That is what
       PyTorch 2.13 returns on the CPU with every backend, including the math one (its
       "safe softmax"); the reference code in PyTorch's docstring would give NaN.
@@ -464,8 +502,9 @@ def scaled_dot_product_attention(
         query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
         key: Keys, shape `(..., S, E)` (`(..., H, S, E)` with `enable_gqa`).
         value: Values, shape `(..., S, Ev)` (`(..., H, S, Ev)` with `enable_gqa`).
-        attn_mask: None, a bool mask (True = attend) or a float mask (of the query's dtype
-            or float32) added to the scores, broadcastable to `(..., L, S)`.
+        attn_mask: None, a bool mask (True = attend), a float mask (of the query's dtype
+            or float32) added to the scores, broadcastable to `(..., L, S)`, or a
+            `CausalBias` of `L` queries and `S` keys.
         dropout_p: Probability of zeroing each attention weight.
         is_causal: Apply a top-left aligned causal mask; not together with `attn_mask`.
         scale: Factor $s$ applied to the scores, a finite number (Python or NumPy) or a
@@ -480,8 +519,8 @@ def scaled_dot_product_attention(
             neither bool nor float, a non-bool flag, a scale that is no real number).
         ValueError: If shapes disagree (feature size of query and key, positions of key and
             value, batch or head dimensions), dtypes or devices differ, the mask does not
-            broadcast, `dropout_p` is not in [0, 1), or both `attn_mask` and `is_causal`
-            are given.
+            broadcast (or a `CausalBias` has other lengths), `dropout_p` is not in [0, 1),
+            `scale` is not finite, or both `attn_mask` and `is_causal` are given.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -495,16 +534,13 @@ def scaled_dot_product_attention(
         >>> blocked = torch.zeros(3, 5, dtype=torch.bool)  # no query may see any key
         >>> scaled_dot_product_attention(q, k, v, attn_mask=blocked).abs().max()
         tensor(0.)
+        >>> from torch.nn.attention.bias import causal_lower_right
+        >>> out = scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 5))
+        >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(
+        ...     q, k, v, attn_mask=causal_lower_right(3, 5)), atol=1e-6)
+        True
     """
-    if is_validation_enabled():
-        _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    dtype = query.dtype
-    if dtype in _LOW_PRECISION:
-        query, key, value = query.float(), key.float(), value.float()
-    weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if enable_gqa:
-        value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-    return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
+    return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 # FlashAttention lives in its own module (attnlab.flash) and is re-exported here. Imported
