@@ -8,6 +8,7 @@ by hand, and PyTorch's attention for the naive implementation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -35,6 +36,18 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     status = bench.main(["--quick", "--threads", "1", "--no-progress", "--out-dir", str(out)])
     assert status == 0
     return out, json.loads((out / "bench.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def modern_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The suites of issue 8 on tiny sizes, through the per-suite options of the CLI."""
+    pytest.importorskip("attnlab.gqa")
+    pytest.importorskip("attnlab.mla")
+    out = tmp_path_factory.mktemp("bench-modern")
+    argv = ["--quick", "--suite", "window", "decode", "kv_memory", "--rounds", "2"]
+    argv += ["--threads", "1", "--no-progress", "--out-dir", str(out), "--json", "modern.json"]
+    assert bench.main(argv) == 0
+    return out, json.loads((out / "modern.json").read_text(encoding="utf-8"))
 
 
 def test_bench_quick_run_records_provenance(quick_run: tuple[Path, dict[str, Any]]) -> None:
@@ -81,12 +94,21 @@ def test_bench_quick_run_measures_every_implementation(
                 assert r["ratio_to_baseline"]["median"] > 0
 
 
-def test_bench_quick_run_writes_png_plots(quick_run: tuple[Path, dict[str, Any]]) -> None:
+def test_bench_quick_run_writes_transparent_svg_plots(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
     out, _ = quick_run
     for suite in ("kernels", "modules"):
         for what in ("time", "memory"):
-            png = out / f"{suite}_{what}.png"
-            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+            svg = (out / f"{suite}_{what}.svg").read_text(encoding="utf-8")
+            assert svg.lstrip().startswith("<?xml")
+            assert "<svg" in svg
+            # Transparent (no white page behind the axes), text as text, in the mid grey
+            # that reads on the light and the dark theme.
+            assert "#ffffff" not in svg
+            assert "<text" in svg
+            assert "#8a8a8a" in svg
+            assert "sequence length T" in svg
 
 
 def test_bench_markdown_tables_list_every_result(quick_run: tuple[Path, dict[str, Any]]) -> None:
@@ -94,7 +116,7 @@ def test_bench_markdown_tables_list_every_result(quick_run: tuple[Path, dict[str
     assert bench.results_markdown(data, "kernels", "forward+backward").count(">naive<") == 4
     tables = bench.results_markdown(data, "kernels", "forward")
     assert tables.count(">flash_attention</code>") == 4  # one row in each of the four tables
-    assert '=== "Time / baseline"' in tables
+    assert '=== "Time / torch_sdpa"' in tables
     for t in bench.QUICK["kernels"].seq_lens["forward"]:
         assert f" {t} |" in tables
     assert "configurations" in bench.goals_markdown(data)  # tiny sizes decide no goal
@@ -123,17 +145,58 @@ def test_goals_are_decided_from_the_goal_configurations() -> None:
                     result("naive", "forward+backward", 2048, 9.0, 1000),
                 ],
             },
-            "modules": {"results": [result("MultiHeadAttention[torch]", "forward", 1024, 1.0, 1)]},
+            "modules": {
+                "results": [
+                    result("MultiHeadAttention[torch]", "forward", 1024, 1.0, 1),
+                    result("MultiHeadAttention[torch]", "forward", 128, 1.25, 1),
+                    result("MultiHeadAttention[torch]", "forward", 16, 9.0, 1),  # --quick
+                    result("SelfAttention", "forward", 128, 0.5, 1),
+                ]
+            },
         }
     }
     goals = {g["goal"]: (g["value"], g["met"]) for g in bench.evaluate_goals(data)}
-    assert len(goals) == 5
+    assert len(goals) == 6
     values = list(goals.values())
-    assert values[0] == (1.2, True)  # time ratio at T=4096
+    assert values[0] == (1.2, True)  # time ratio at T=4096: the flash goal stays
     assert values[1] == (pytest.approx(0.05), True)  # 0.1 GiB of a 2 GiB score tensor
     assert values[2] == (3.5, False)  # forward+backward over 3x
     assert values[3] == (0.1, True)  # 100 bytes of naive's 1000
-    assert values[4] == (1.0, True)  # MultiHeadAttention as fast as nn.MultiheadAttention
+    # MultiHeadAttention's speed is a goal at every length, shortest first.
+    assert values[4] == (0.8, False)  # 1 / 1.25 at t=128
+    assert values[5] == (1.0, True)  # as fast as nn.MultiheadAttention at t=1024
+    assert "t=128" in list(goals)[4]
+
+
+def test_window_goal_is_the_growth_of_time_per_token_per_doubling() -> None:
+    def result(t: int, seconds: float) -> dict[str, Any]:
+        return {
+            "impl": "flash_attention[window=512]",
+            "mode": "forward",
+            "seq_len": t,
+            "time_s": {"median": seconds},
+        }
+
+    data = {
+        "suites": {
+            "window": {
+                "config": {"window": 512},
+                # linear (2x per doubling), then 2.6x: the second doubling misses 1.2.
+                "results": [
+                    result(1024, 0.5),
+                    result(2048, 1.0),
+                    result(4096, 2.0),
+                    result(8192, 5.2),
+                ],
+            }
+        }
+    }
+    goals = bench.evaluate_goals(data)
+    assert [g["goal"].split(", ")[1] for g in goals] == [
+        "T=2048 to 4096: growth of the time per token",
+        "T=4096 to 8192: growth of the time per token",
+    ]  # from 2048 on: the window is 512, shorter lengths are not yet in the linear regime
+    assert [(g["value"], g["met"]) for g in goals] == [(1.0, True), (pytest.approx(1.3), False)]
 
 
 def test_peak_extra_bytes_sees_freed_temporaries() -> None:
@@ -192,3 +255,162 @@ def test_measure_matmul_peak_reports_best_size() -> None:
 def test_run_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         bench.run(progress=False, **kwargs)
+
+
+def test_window_pairs_counts_the_visible_pairs() -> None:
+    for t, w in [(1, 1), (5, 2), (7, 7), (9, 4), (6, 10)]:
+        visible = sum(1 for i in range(t) for j in range(t) if i - w < j <= i)
+        assert bench.window_pairs(t, w) == visible, (t, w)
+
+
+def test_count_flops_window_and_decode() -> None:
+    config = bench.SuiteConfig(batch=2, heads=3, width=4, seq_lens={}, window=2)
+    windowed = bench.count_flops("window", config, 5, "flash_attention[window=2]", "forward")
+    assert windowed == 2 * 3 * (1 + 2 + 2 + 2 + 2) * 2 * 2 * 4
+    full = bench.count_flops("window", config, 5, "flash_attention", "forward")
+    assert full == bench.count_flops("kernels", config, 5, "flash_attention", "forward")
+    # decode: d_model 8, 2 query heads of 4 features, 1 key/value head, 3 steps after 5
+    dec = bench.SuiteConfig(batch=1, heads=2, width=8, seq_lens={}, kv_heads=1, steps=3)
+    per_token = 2 * 8 * (4 * 2 + 4 * 1 + 4 * 1 + 4 * 2)  # q, k, v, o projections
+    keys = 6 + 7 + 8  # the three new tokens see 6, 7 and 8 keys
+    assert bench.count_flops("decode", dec, 5, "kv_cache", "decode") == (
+        3 * per_token + 2 * 2 * 2 * 4 * keys
+    )
+    pairs = 6 * 7 // 2  # recomputing: causal attention over 6 tokens
+    assert bench.count_flops("decode", dec, 5, "recompute", "decode") == (
+        6 * per_token + 2 * 2 * 2 * 4 * pairs
+    )
+
+
+def test_decode_slopes_fit_a_line() -> None:
+    rows = [
+        {"impl": impl, "seq_len": n, "time_s": {"median": base + n * per}}
+        for impl, base, per in [("kv_cache", 1e-3, 2e-9), ("recompute", 0.0, 1e-6)]
+        for n in (512, 2048, 8192)
+    ]
+    slopes = bench.decode_slopes(rows)
+    assert slopes["kv_cache"]["slope_us_per_1k_context"] == pytest.approx(2.0)
+    assert slopes["recompute"]["slope_us_per_1k_context"] == pytest.approx(1000.0)
+    assert slopes["recompute"]["growth"] == pytest.approx(16.0)
+    assert slopes["kv_cache"]["context_growth"] == 16.0
+    assert "2" in bench.decode_slopes_markdown({"suites": {"decode": {"slopes": slopes}}})
+
+
+def test_bench_modern_suites_run_and_report(modern_run: tuple[Path, dict[str, Any]]) -> None:
+    out, data = modern_run
+    assert data["schema"] == bench.SCHEMA_VERSION == 2
+    assert set(data["suites"]) == {"window", "decode"}
+    assert data["provenance"]["command"].startswith("python -m attnlab.bench --quick --suite")
+    window = data["suites"]["window"]
+    assert window["config"]["window"] == bench.QUICK["window"].window
+    impls = {r["impl"] for r in window["results"]}
+    assert impls == {"flash_attention", f"flash_attention[window={window['config']['window']}]"}
+    assert {(r["mode"], r["seq_len"]) for r in window["results"]} == {
+        ("forward", 16),
+        ("forward", 32),
+        ("forward+backward", 16),
+    }
+    decode = data["suites"]["decode"]
+    assert decode["baseline"] == "recompute"
+    for r in decode["results"]:
+        assert r["mode"] == "decode"
+        assert r["tokens_per_call"] == (
+            bench.QUICK["decode"].steps if r["impl"] == "kv_cache" else 1
+        )
+        assert r["time_s"]["repeats"] == 2
+        config = bench.QUICK["decode"]
+        per_call = bench.count_flops("decode", config, r["seq_len"], r["impl"], "decode")
+        assert r["flops"] == pytest.approx(per_call / r["tokens_per_call"], rel=1e-3)
+    assert set(decode["slopes"]) == {"kv_cache", "recompute"}
+    tables = bench.results_markdown(data, "decode", "decode")
+    assert '=== "Tokens/s"' in tables
+    assert '=== "Time / recompute"' in tables
+    assert "| context = | 8 | 16 |" in tables
+    for suite in ("window", "decode"):
+        for what in ("time", "memory"):
+            assert (out / f"{suite}_{what}.svg").exists()
+
+
+def test_bench_kv_memory_is_measured_on_real_caches(
+    modern_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, data = modern_run
+    shape = data["kv_memory"]["shape"]
+    assert shape == dataclasses.asdict(bench.KV_QUICK)
+    by_variant = {r["variant"]: r for r in data["kv_memory"]["results"]}
+    assert list(by_variant) == ["MHA", "GQA", "MQA", "MLA"]
+    size = torch.tensor([], dtype=getattr(torch, shape["dtype"])).element_size()
+    hd = shape["head_dim"]
+    expected_per_layer = {  # numbers per token and layer, computed by hand
+        "MHA": shape["num_heads"] * 2 * hd,
+        "GQA": shape["gqa_kv_heads"] * 2 * hd,
+        "MQA": 2 * hd,
+        "MLA": shape["kv_lora_rank"] + shape["qk_rope_head_dim"],
+    }
+    for name, numbers in expected_per_layer.items():
+        r = by_variant[name]
+        assert r["features_per_token_per_layer"] == numbers
+        assert r["bytes_per_token_per_layer"] == numbers * size
+        assert r["bytes_per_token"] == numbers * size * shape["num_layers"]
+        assert r["formula_bytes_per_token"] == r["bytes_per_token"]
+        assert r["ratio_to_mha"] == pytest.approx(numbers / expected_per_layer["MHA"])
+    table = bench.kv_memory_markdown(data)
+    assert table.count("| equal |") == 4
+    assert f"bytes per token, {shape['num_layers']} layers" in table
+
+
+def test_kv_memory_default_shape_is_llama3_8b_like() -> None:
+    shape = bench.KV_FULL
+    assert (shape.num_heads, shape.gqa_kv_heads, shape.head_dim, shape.num_layers) == (
+        32,
+        8,
+        128,
+        32,
+    )
+    assert shape.dtype == "bfloat16"
+
+
+def test_replot_draws_the_plots_of_a_results_file(
+    quick_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    out, _ = quick_run
+    assert bench.main(["--replot", str(out / "bench.json"), "--out-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "kernels_memory.svg",
+        "kernels_time.svg",
+        "modules_memory.svg",
+        "modules_time.svg",
+    ]
+
+
+def test_results_markdown_states_units_once_and_splits_long_names() -> None:
+    def result(impl: str, t: int, seconds: float, memory: int) -> dict[str, Any]:
+        return {
+            "impl": impl,
+            "mode": "forward",
+            "seq_len": t,
+            "time_s": {"median": seconds, "min": seconds * 0.9, "max": seconds * 1.1},
+            "ratio_to_baseline": {"median": 1.0},
+            "peak_extra_bytes": memory,
+            "gflops": 12.0,
+            "share_of_peak": 0.25,
+        }
+
+    data = {
+        "suites": {
+            "modules": {
+                "baseline": "nn.MultiheadAttention[need_weights=False]",
+                "results": [
+                    result("nn.MultiheadAttention[need_weights=False]", 128, 0.004, 3 * 2**20),
+                    result("nn.MultiheadAttention[need_weights=False]", 8192, 2.5, 5 * 2**30),
+                ],
+            }
+        }
+    }
+    tables = bench.results_markdown(data, "modules", "forward")
+    assert '=== "Time (ms)"' in tables  # the smallest time decides the unit
+    assert "| 4<br><small>3.6–4.4</small> | 2500<br><small>2250–2750</small> |" in tables
+    assert '=== "Peak extra memory (MiB)"' in tables
+    assert "| 3 | 5120 |" in tables
+    assert "nn.MultiheadAttention</code><br><small>need_weights=False</small>" in tables
+    assert "12<br><small>25%</small>" in tables

@@ -39,7 +39,7 @@ matmul peak, machine load), `attnlab.bench.runner` (the timed rounds and the goa
 [`attnlab.bench.overhead`][attnlab.bench.overhead] times what argument checks cost.
 """
 
-from attnlab.bench.cases import count_flops, naive_attention
+from attnlab.bench.cases import count_flops, naive_attention, window_pairs
 from attnlab.bench.cli import main
 from attnlab.bench.config import (
     FORWARD,
@@ -50,28 +50,44 @@ from attnlab.bench.config import (
     SCHEMA_VERSION,
     SuiteConfig,
 )
+from attnlab.bench.kv_memory import KV_FULL, KV_QUICK, KVShape, measure_kv_memory
 from attnlab.bench.measure import measure_matmul_peak, peak_extra_bytes
 from attnlab.bench.plots import write_plots
-from attnlab.bench.report import goals_markdown, provenance_markdown, results_markdown
-from attnlab.bench.runner import evaluate_goals, run
+from attnlab.bench.report import (
+    decode_slopes_markdown,
+    goals_markdown,
+    kv_memory_markdown,
+    provenance_markdown,
+    results_markdown,
+)
+from attnlab.bench.runner import decode_slopes, evaluate_goals, run
 
 __all__ = [
     "FORWARD",
     "FORWARD_BACKWARD",
     "FULL",
+    "KV_FULL",
+    "KV_QUICK",
     "MODES",
     "QUICK",
     "SCHEMA_VERSION",
+    "SUITES",
+    "KVShape",
     "SuiteConfig",
     "count_flops",
+    "decode_slopes",
+    "decode_slopes_markdown",
     "evaluate_goals",
     "goals_markdown",
+    "kv_memory_markdown",
     "main",
+    "measure_kv_memory",
     "measure_matmul_peak",
     "naive_attention",
     "peak_extra_bytes",
     "provenance_markdown",
     "results_markdown",
     "run",
+    "window_pairs",
     "write_plots",
 ]

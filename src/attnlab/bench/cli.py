@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.cases import CASES
-from attnlab.bench.config import FULL, MODES, QUICK, SuiteConfig
+from attnlab.bench.config import FULL, MODES, QUICK, SUITES
+from attnlab.bench.kv_memory import KV_FULL, KV_QUICK
 from attnlab.bench.plots import write_plots
 from attnlab.bench.runner import run
 
@@ -24,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m attnlab.bench",
         description="Time and measure the memory of attnlab's attention implementations "
-        "against PyTorch's, and write bench.json and PNG plots.",
+        "against PyTorch's, and write bench.json (or --json NAME) and SVG plots.",
     )
     parser.add_argument(
         "--out-dir",
@@ -38,18 +39,35 @@ def _parser() -> argparse.ArgumentParser:
         help="tiny sizes, 2 repeats: checks that everything runs (seconds)",
     )
     parser.add_argument(
-        "--suites", nargs="+", choices=sorted(CASES), default=["kernels", "modules"]
+        "--suites",
+        "--suite",
+        nargs="+",
+        choices=SUITES,
+        default=["kernels", "modules"],
+        help="suites to run (default: %(default)s)",
     )
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="modes of the kernels, modules and window suites (decode has its own)",
+    )
+    parser.add_argument(
+        "--json",
+        default="bench.json",
+        help="name of the results file in --out-dir (default: %(default)s)",
+    )
     parser.add_argument(
         "--seq-lens",
         nargs="+",
         type=int,
         default=None,
-        help="override every suite's sequence lengths",
+        help="override every suite's sequence lengths (decode: its context lengths)",
     )
     parser.add_argument(
         "--repeats",
+        "--rounds",
         type=int,
         default=None,
         help="timed rounds per size (default: 7, or 2 with --quick)",
@@ -65,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         "--note", default="", help="free text stored in the provenance, e.g. what else ran"
     )
     parser.add_argument("--no-plots", action="store_true", help="write bench.json only")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="measure nothing: draw the plots of a results file into --out-dir",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -90,13 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.replot is not None:
+        data = json.loads(args.replot.read_text(encoding="utf-8"))
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        for p in write_plots(data, args.out_dir):
+            print(p)
+        return 0
     base = QUICK if args.quick else FULL
     plan = base
     if args.seq_lens is not None:
         plan = {
-            s: SuiteConfig(
-                c.batch, c.heads, c.width, {m: tuple(args.seq_lens) for m in MODES}, c.longest
-            )
+            s: dataclasses.replace(c, seq_lens={m: tuple(args.seq_lens) for m in c.seq_lens})
             for s, c in base.items()
         }
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
@@ -104,6 +133,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         suites=args.suites,
         modes=args.modes,
         plan=plan,
+        kv_shape=KV_QUICK if args.quick else KV_FULL,
         repeats=repeats,
         seed=args.seed,
         progress=not args.no_progress,
@@ -113,7 +143,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     data["provenance"]["note"] = args.note
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "bench.json"
+    path = out_dir / args.json
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     written = [path] if args.no_plots else [path, *write_plots(data, out_dir)]
     for p in written:

@@ -1,26 +1,22 @@
-"""Markdown tables of a run for the Benchmarks page: results, goals, provenance."""
+"""Markdown tables of a run for the Benchmarks page: results, goals, provenance, KV memory."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-# ---------------------------------------------------------------------------------------
-# Reports: Markdown tables for the Benchmarks page, PNG plots
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+_BYTE_UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
 
 
 def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
+    size, unit = next((u for u in _BYTE_UNITS if n >= u[0]), _BYTE_UNITS[-1])
+    return f"{_num(n / size)} {unit}"
 
 
-def _time_range(t: dict[str, float]) -> str:
-    """'12.3 ms (11.9–13)': median, then min–max, in the median's unit."""
-    scale, unit = next((u for u in ((1.0, "s"), (1e-3, "ms")) if t["median"] >= u[0]), (1e-6, "µs"))
-    med, low, high = (_num(t[key] / scale) for key in ("median", "min", "max"))
-    return f"{med} {unit} ({low}–{high})"
+def _unit(smallest: float, units: tuple[tuple[float, str], ...]) -> tuple[float, str]:
+    """The largest unit in which `smallest` is at least 1 (the last unit otherwise)."""
+    return next((u for u in units if smallest >= u[0]), units[-1])
 
 
 def _num(x: float) -> str:
@@ -29,8 +25,15 @@ def _num(x: float) -> str:
 
 
 def _name(impl: str) -> str:
-    """An implementation's name as code that does not wrap inside a narrow table column."""
-    return f'<code style="white-space: nowrap">{impl}</code>'
+    """An implementation's name as code, its `[variant]` on a second, smaller line.
+
+    Keeps the first column narrow: `nn.MultiheadAttention[need_weights=False]` on one line
+    would take half the page's width.
+    """
+    base, bracket, rest = impl.partition("[")
+    if not bracket:
+        return f'<code style="white-space: nowrap">{impl}</code>'
+    return f'<code style="white-space: nowrap">{base}</code><br><small>{rest.rstrip("]")}</small>'
 
 
 def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
@@ -39,13 +42,15 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     Four tables, each in a content tab: the time (median, then the fastest and slowest
     round), the time relative to the baseline (median of the per-round ratios), the
     peak extra memory, and the FLOP rate with its share of the machine's matmul peak.
-    Implementations are sorted by their ratio to the baseline at the longest length
-    each was measured at.
+    Each table states its unit once, in its tab's title, so that six lengths fit the
+    page's width. The decode suite's times are per generated token, and it has one more
+    tab: tokens per second. Implementations are sorted by their ratio to the baseline at
+    the longest length each was measured at.
 
     Args:
         data: The dict that `run` returns (or `bench.json` loaded).
-        suite: `"kernels"` or `"modules"`.
-        mode: `"forward"` or `"forward+backward"`.
+        suite: `"kernels"`, `"modules"`, `"window"` or `"decode"`.
+        mode: `"forward"` or `"forward+backward"` (`"decode"` for the decode suite).
 
     Returns:
         The Markdown, or a sentence saying there are no results.
@@ -63,28 +68,95 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
         return float(r["time_s"]["median"] if ratio is None else ratio["median"])
 
     impls = sorted({r["impl"] for r in rows}, key=at_longest)
+    t_scale, t_unit = _unit(min(r["time_s"]["median"] for r in rows), _TIME_UNITS)
+    m_scale, m_unit = _unit(
+        min((r["peak_extra_bytes"] for r in rows if r["peak_extra_bytes"]), default=1),
+        _BYTE_UNITS,
+    )
+
+    def time(r: dict[str, Any]) -> str:
+        med, low, high = (_num(r["time_s"][k] / t_scale) for k in ("median", "min", "max"))
+        return f"{med}<br><small>{low}–{high}</small>"
 
     def ratio(r: dict[str, Any]) -> str:
         return "" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']['median']:.2f}"
 
+    per_token = suite == "decode"
     tables: dict[str, Callable[[dict[str, Any]], str]] = {
-        "Time": lambda r: _time_range(r["time_s"]).replace(" (", "<br><small>(") + "</small>",
-        "Time / baseline": ratio,
-        "Peak extra memory": lambda r: _bytes(r["peak_extra_bytes"]),
-        "GFLOP/s (% of matmul peak)": lambda r: (
-            f"{r['gflops']:.1f} ({100 * r['share_of_peak']:.0f}%)"
-        ),
+        f"Time{' per token' if per_token else ''} ({t_unit})": time,
     }
+    if per_token:
+        tables["Tokens/s"] = lambda r: _num(1.0 / r["time_s"]["median"])
+    tables[f"Time / {data['suites'][suite].get('baseline', 'baseline')}"] = ratio
+    tables[f"Peak extra memory{' per call' if per_token else ''} ({m_unit})"] = lambda r: _num(
+        r["peak_extra_bytes"] / m_scale
+    )
+    tables["GFLOP/s (% of matmul peak)"] = lambda r: (
+        f"{_num(r['gflops'])}<br><small>{100 * r['share_of_peak']:.0f}%</small>"
+    )
     out: list[str] = []
+    first = "context =" if per_token else "T ="
     for title, show in tables.items():
         out += [f'=== "{title}"', ""]
-        out.append("    | T = | " + " | ".join(str(t) for t in lengths) + " |")
+        out.append(f"    | {first} | " + " | ".join(str(t) for t in lengths) + " |")
         out.append("    |:--|" + "--:|" * len(lengths))
         for impl in impls:
             cells = [show(cell[impl, t]) if (impl, t) in cell else "" for t in lengths]
             out.append(f"    | {_name(impl)} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
+
+
+def decode_slopes_markdown(data: dict[str, Any]) -> str:
+    """A Markdown table of how decoding's time per token grows with the context.
+
+    Args:
+        data: The dict that `run` returns (or its JSON loaded), with the decode suite.
+
+    Returns:
+        The table (slope of the least-squares line, and the growth from the shortest to
+        the longest context), or a sentence saying the run has no decode results.
+    """
+    slopes = data["suites"].get("decode", {}).get("slopes")
+    if not slopes:
+        return "*No decode results in this run.*"
+    lines = [
+        "| | slope: µs per token, per 1,000 tokens of context | time per token, "
+        "longest / shortest context |",
+        "|:--|--:|--:|",
+    ]
+    for impl, s in sorted(slopes.items()):
+        growth = f"{s['growth']:.2f}x (context {s['context_growth']:.0f}x)"
+        lines.append(f"| {_name(impl)} | {_num(s['slope_us_per_1k_context'])} | {growth} |")
+    return "\n".join(lines)
+
+
+def kv_memory_markdown(data: dict[str, Any]) -> str:
+    """A Markdown table of the measured KV cache bytes per token of each variant.
+
+    Args:
+        data: The dict that `run` returns (or its JSON loaded), with `kv_memory`.
+
+    Returns:
+        The table, or a sentence saying the run did not measure it.
+    """
+    kv = data.get("kv_memory")
+    if not kv:
+        return "*This run did not measure the KV cache memory.*"
+    layers = kv["shape"]["num_layers"]
+    lines = [
+        f"| | K/V heads | cached numbers per token and layer | bytes per token and layer "
+        f"| bytes per token, {layers} layers | / MHA | formula |",
+        "|:--|--:|--:|--:|--:|--:|:--|",
+    ]
+    for r in kv["results"]:
+        check = "equal" if r["bytes_per_token"] == r["formula_bytes_per_token"] else "differs"
+        lines.append(
+            f"| {r['variant']} | {r['num_kv_heads']} | {r['features_per_token_per_layer']} "
+            f"| {_bytes(r['bytes_per_token_per_layer'])} | {_bytes(r['bytes_per_token'])} "
+            f"| {r['ratio_to_mha']:.3g} | {check} |"
+        )
+    return "\n".join(lines)
 
 
 def provenance_markdown(data: dict[str, Any]) -> str:
