@@ -25,6 +25,7 @@ from attnlab import (
     SelfAttention,
     masks,
     toy,
+    validation,
 )
 from attnlab import functional as AF
 
@@ -575,3 +576,70 @@ def test_sdpa_half_precision_equals_torch(dtype: torch.dtype, scale: float) -> N
         weights.float(),
         AF.attention_weights(q.float(), k.float(), attn_mask=mask).to(dtype).float(),
     )
+
+
+# -- torch.autocast --------------------------------------------------------------------
+
+AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["validated", "unvalidated"])
+@pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
+def test_sdpa_under_autocast_equals_torch(dtype: torch.dtype, check: bool) -> None:
+    # Issue 11: under autocast the matmuls ran in `dtype` and the values stayed float32, so
+    # validation raised "values has dtype torch.float32 but weights has dtype ..." and, with
+    # it off, the output came back float32. PyTorch casts SDPA's inputs (the float mask
+    # too) to the autocast dtype and returns that dtype; the gradients reach the float32
+    # leaves in float32.
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(B, HEADS, T, D_KQ, generator=gen, requires_grad=True)
+    k = torch.randn(B, HEADS, S, D_KQ, generator=gen).to(dtype).requires_grad_()  # mixed
+    v = torch.randn(B, HEADS, S, D_V, generator=gen, requires_grad=True)
+    bias = torch.randn(T, S, generator=gen)
+    with validation(check), torch.autocast("cpu", dtype=dtype):
+        out = AF.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        expected = sdpa_torch(q, k, v, attn_mask=bias)
+        weights = AF.attention_weights(q, k, attn_mask=bias)
+    assert out.dtype == expected.dtype == weights.dtype == dtype
+    torch.testing.assert_close(out, expected)
+    # The same computation as outside autocast on inputs cast by hand.
+    cast = [x.detach().to(dtype) for x in (q, k, v, bias)]
+    torch.testing.assert_close(out, AF.scaled_dot_product_attention(*cast), rtol=0, atol=0)
+    torch.testing.assert_close(weights, AF.attention_weights(*cast[:2], attn_mask=cast[3]))
+    grad_out = torch.randn(out.shape, generator=gen).to(dtype)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    for got, want, leaf in zip(
+        grads, torch.autograd.grad(expected, (q, k, v), grad_out), (q, k, v), strict=True
+    ):
+        assert got.dtype == want.dtype == leaf.dtype
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
+def test_sdpa_under_autocast_leaves_float64_alone_like_torch(dtype: torch.dtype) -> None:
+    q, k, v = (torch.randn(B, n, D_KQ, dtype=torch.float64) for n in (T, S, S))
+    with torch.autocast("cpu", dtype=dtype):
+        out = AF.scaled_dot_product_attention(q, k, v)
+        expected = sdpa_torch(q, k, v)
+    assert out.dtype == expected.dtype == torch.float64
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["validated", "unvalidated"])
+@pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
+def test_multihead_under_autocast_equals_torch(dtype: torch.dtype, check: bool) -> None:
+    torch.manual_seed(6)
+    reference = nn.MultiheadAttention(D_OUT, HEADS, kdim=D_CTX, vdim=D_CTX, batch_first=True)
+    reference.eval()
+    x, context = torch.randn(B, T, D_OUT), torch.randn(B, S, D_CTX)
+    with validation(check), torch.autocast("cpu", dtype=dtype):
+        expected, _ = reference(x, context, context, need_weights=False)
+        outputs = {
+            backend: MultiHeadAttention.from_torch(reference, backend=backend)(x, context)  # type: ignore[arg-type]
+            for backend in ("torch", "scratch")
+        }
+    for out in outputs.values():
+        assert out.dtype == expected.dtype == dtype
+        # Projections rounded to `dtype` in a different order: a unit or two in the last place.
+        torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(outputs["scratch"], outputs["torch"], rtol=1e-2, atol=1e-3)

@@ -21,7 +21,9 @@ Shapes follow PyTorch: any leading batch dimensions, then sequence, then feature
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -43,6 +45,8 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
+
+_T = TypeVar("_T")
 
 __all__ = [
     "attention_scores",
@@ -272,6 +276,32 @@ def _causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal)  # (L, S)
 
 
+def _autocast_dtype(query: object) -> torch.dtype | None:
+    """The dtype autocast casts attention's inputs to on `query`'s device; None when off."""
+    if not isinstance(query, Tensor):
+        return None
+    device_type = query.device.type  # "meta" has no autocast and would raise below
+    if not (
+        torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    ):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def _autocast_input(x: _T, dtype: torch.dtype) -> _T:
+    """Cast `x` as autocast casts the arguments of PyTorch's SDPA (a lower-precision op)."""
+    # Autocast casts floating-point tensors other than float64; bool masks and the
+    # CausalBias object (a tensor subclass without storage) pass unchanged.
+    if (
+        isinstance(x, Tensor)
+        and not isinstance(x, CausalBias)
+        and x.is_floating_point()
+        and x.dtype != torch.float64
+    ):
+        return cast(_T, x.to(dtype))
+    return x
+
+
 def _check_attention_args(
     query: object,
     key: object,
@@ -384,20 +414,34 @@ def _attend(
     enable_gqa: bool,
 ) -> Tensor:
     """The weights (`value` None) or the output of attention, after the checks."""
+    autocast = _autocast_dtype(query)
+    if autocast is not None:
+        # Inside torch.autocast, PyTorch casts SDPA's inputs to the autocast dtype (it is
+        # on the lower-precision list of both the CPU and the CUDA autocast) and returns
+        # that dtype. So do we, then compute with autocast off, as its kernels do: else
+        # every matmul below would be cast again, and the softmax not.
+        query, key = _autocast_input(query, autocast), _autocast_input(key, autocast)
+        value, attn_mask = _autocast_input(value, autocast), _autocast_input(attn_mask, autocast)
     if is_validation_enabled():
         _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if isinstance(attn_mask, CausalBias):
         attn_mask = _causal_bias_mask(attn_mask, query.device)  # (L, S)
     dtype = query.dtype
-    if dtype in _LOW_PRECISION:
-        query, key = query.float(), key.float()
-        value = None if value is None else value.float()
-    weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if value is None:
-        return weights.to(dtype)  # (..., L, S)
-    if enable_gqa:
-        value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-    return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
+    off = (
+        torch.autocast(query.device.type, enabled=False)
+        if autocast is not None
+        else contextlib.nullcontext()
+    )
+    with off:
+        if dtype in _LOW_PRECISION:
+            query, key = query.float(), key.float()
+            value = None if value is None else value.float()
+        weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if value is None:
+            return weights.to(dtype)  # (..., L, S)
+        if enable_gqa:
+            value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
+        return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
 
 
 def attention_weights(
@@ -433,8 +477,9 @@ def attention_weights(
         enable_gqa: Let `H` key heads serve `Hq` query heads (`H` must divide `Hq`).
 
     Returns:
-        Weights of shape `(..., L, S)`. Each row sums to 1 (without dropout), except a row
-        whose keys are all masked, which is all zeros.
+        Weights of shape `(..., L, S)`, in the query's dtype (the autocast dtype inside
+        `torch.autocast`). Each row sums to 1 (without dropout), except a row whose keys
+        are all masked, which is all zeros.
 
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
@@ -497,6 +542,8 @@ def scaled_dot_product_attention(
       same, it draws the same dropout mask as PyTorch's math backend.
     - float16 and bfloat16 inputs are computed in float32 and the result rounded back, as
       PyTorch does on the CPU, so that large scores neither overflow nor lose their digits.
+    - Inside `torch.autocast`, the inputs (and a float mask) are cast to the autocast dtype
+      and the output has that dtype, as PyTorch's SDPA does; float64 stays float64.
 
     Args:
         query: Queries, shape `(..., L, E)` (`(..., Hq, L, E)` with `enable_gqa`).
@@ -512,7 +559,8 @@ def scaled_dot_product_attention(
         enable_gqa: Let `H` key/value heads serve `Hq` query heads (`H` must divide `Hq`).
 
     Returns:
-        The context vectors, shape `(..., L, Ev)`.
+        The context vectors, shape `(..., L, Ev)`, in the query's dtype (the autocast dtype
+        inside `torch.autocast`).
 
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
@@ -539,6 +587,9 @@ def scaled_dot_product_attention(
         >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(
         ...     q, k, v, attn_mask=causal_lower_right(3, 5)), atol=1e-6)
         True
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     scaled_dot_product_attention(q, k, v, scale=torch.tensor(0.5)).dtype
+        torch.bfloat16
     """
     return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
