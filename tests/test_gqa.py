@@ -1,0 +1,429 @@
+"""GroupedQueryAttention: equal to a per-head loop written here, cached decoding equal to
+the full forward, and clear errors.
+
+The reference below computes every head on its own, with the key/value head of query head
+h taken as h // group and the causal / sliding-window mask written as a condition on the
+positions, so neither PyTorch's `enable_gqa` nor `attnlab.masks` is trusted. The
+equivalence with Hugging Face's layers is in tests/test_hf_equivalence.py.
+
+Dimensions all differ: d_model 20, 6 query heads, 3 (or 1, or 6) key/value heads, head_dim
+4 (so num_heads * head_dim = 24 is not d_model), batch 2, 9 tokens, window 3.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from torch import Tensor
+
+from attnlab import masks, validation
+from attnlab.gqa import GroupedQueryAttention
+from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
+from attnlab.rope import apply_rope
+
+D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
+
+
+def _module(num_kv_heads: int = 3, **kwargs: object) -> GroupedQueryAttention:
+    module = GroupedQueryAttention(D_MODEL, H, num_kv_heads, head_dim=HD, **kwargs)  # type: ignore[arg-type]
+    return module.eval()
+
+
+def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    """The layer as a loop over heads, in float64."""
+    b, t, _ = x.shape
+    x64 = x.double()
+    w = {n: getattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+    def project(name: str, heads: int) -> Tensor:
+        lin = w[name]
+        y = x64 @ lin.weight.double().T
+        if lin.bias is not None:
+            y = y + lin.bias.double()
+        return y.view(b, t, heads, module.head_dim).transpose(1, 2)  # (b, heads, t, hd)
+
+    q, k, v = (
+        project("q_proj", module.num_heads),
+        *(project(n, module.num_kv_heads) for n in ("k_proj", "v_proj")),
+    )
+    if module.rope:
+        pos = torch.arange(t) if positions is None else positions
+        q = apply_rope(q, pos, base=module.rope_base, layout=module.rope_layout)
+        k = apply_rope(k, pos, base=module.rope_base, layout=module.rope_layout)
+    i = torch.arange(t)[:, None]
+    j = torch.arange(t)[None, :]
+    allowed = j <= i
+    if module.window is not None:
+        allowed = allowed & (i - j < module.window)
+    group = module.num_heads // module.num_kv_heads
+    heads = []
+    for h in range(module.num_heads):
+        kv = h // group  # query heads 0..group-1 share key/value head 0, and so on
+        scores = q[:, h] @ k[:, kv].transpose(-1, -2) / math.sqrt(module.head_dim)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        heads.append(scores.softmax(-1) @ v[:, kv])  # (b, t, hd)
+    concat = torch.cat(heads, dim=-1)  # (b, t, num_heads * hd)
+    out = concat @ w["o_proj"].weight.double().T
+    if w["o_proj"].bias is not None:
+        out = out + w["o_proj"].bias.double()
+    return out.to(x.dtype)
+
+
+CONFIGS = {
+    "gqa": {"num_kv_heads": 3},
+    "mqa": {"num_kv_heads": 1},
+    "mha": {"num_kv_heads": 6},
+    "gqa-window": {"num_kv_heads": 3, "window": WINDOW},
+    "mqa-window-interleaved": {"num_kv_heads": 1, "window": WINDOW, "rope_layout": "interleaved"},
+    "gqa-no-rope": {"num_kv_heads": 3, "rope": False},
+    "mha-window-no-rope-bias": {"num_kv_heads": 6, "window": WINDOW, "rope": False, "bias": True},
+    "qwen2-biases": {"num_kv_heads": 2, "bias": True, "out_bias": False, "rope_base": 300.0},
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_forward_equals_per_head_reference(name: str, backend: str) -> None:
+    module = _module(**{**CONFIGS[name], "backend": backend})
+    if module.bias:
+        with torch.no_grad():
+            for lin in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
+                if lin.bias is not None:
+                    lin.bias.normal_()
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(module(x), reference(module, x), atol=1e-5, rtol=1e-5)
+
+
+def test_backends_agree_in_gradients() -> None:
+    torch_module = _module(window=WINDOW)
+    scratch = _module(window=WINDOW, backend="scratch")
+    scratch.load_state_dict(torch_module.state_dict())
+    x1 = torch.randn(B, T, D_MODEL, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    torch_module(x1).square().sum().backward()
+    scratch(x2).square().sum().backward()
+    assert x1.grad is not None
+    assert x2.grad is not None
+    torch.testing.assert_close(x2.grad, x1.grad)
+    for (name, p1), p2 in zip(torch_module.named_parameters(), scratch.parameters(), strict=True):
+        assert p1.grad is not None, name
+        assert p2.grad is not None, name
+        torch.testing.assert_close(p2.grad, p1.grad, msg=name)
+
+
+def test_group_size_and_repr() -> None:
+    module = _module(2)
+    assert module.group_size == 3
+    assert repr(module) == (
+        "GroupedQueryAttention(\n  d_model=20, num_heads=6, num_kv_heads=2, head_dim=4, "
+        "rope_base=10000.0, rope_layout='half', window=None, bias=False, out_bias=False, "
+        "dropout=0.0, backend='torch'\n"
+        "  (q_proj): Linear(in_features=20, out_features=24, bias=False)\n"
+        "  (k_proj): Linear(in_features=20, out_features=8, bias=False)\n"
+        "  (v_proj): Linear(in_features=20, out_features=8, bias=False)\n"
+        "  (o_proj): Linear(in_features=24, out_features=20, bias=False)\n)"
+    )
+
+
+def test_default_head_dim_and_mha() -> None:
+    module = GroupedQueryAttention(24, 4)
+    assert (module.head_dim, module.num_kv_heads, module.k_proj.out_features) == (6, 4, 24)
+
+
+# -- properties ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gqa", "gqa-window"])
+def test_future_tokens_do_not_change_earlier_outputs(name: str) -> None:
+    module = _module(**CONFIGS[name])
+    x = torch.randn(B, T, D_MODEL)
+    changed = x.clone()
+    changed[:, 5:] = torch.randn(B, T - 5, D_MODEL)
+    torch.testing.assert_close(module(changed)[:, :5], module(x)[:, :5])
+    assert not torch.allclose(module(changed)[:, 5:], module(x)[:, 5:])
+
+
+def test_window_forgets_tokens_beyond_it() -> None:
+    module = _module(window=WINDOW)
+    x = torch.randn(B, T, D_MODEL)
+    changed = x.clone()
+    changed[:, 0] = torch.randn(B, D_MODEL)
+    # Token 0 is within the window of tokens 0 .. WINDOW - 1 only.
+    out, out_changed = module(x), module(changed)
+    torch.testing.assert_close(out_changed[:, WINDOW:], out[:, WINDOW:])
+    assert not torch.allclose(out_changed[:, WINDOW - 1], out[:, WINDOW - 1])
+
+
+def test_rope_sees_only_relative_positions() -> None:
+    module = _module()
+    x = torch.randn(B, T, D_MODEL)
+    shifted = module(x, positions=torch.arange(T) + 17)
+    torch.testing.assert_close(shifted, module(x), atol=1e-5, rtol=1e-5)
+
+
+def test_per_sequence_positions_equal_separate_calls() -> None:
+    module = _module()
+    x = torch.randn(B, T, D_MODEL)
+    positions = torch.stack([torch.arange(T), torch.arange(T) * 2 + 3])  # (b, t)
+    both = module(x, positions=positions)
+    for s in range(B):
+        alone = module(x[s : s + 1], positions=positions[s])
+        torch.testing.assert_close(both[s : s + 1], alone)
+        torch.testing.assert_close(both[s], reference(module, x[s : s + 1], positions[s])[0])
+
+
+def test_unbatched_equals_batch_of_one() -> None:
+    module = _module()
+    x = torch.randn(T, D_MODEL)
+    torch.testing.assert_close(module(x), module(x[None])[0])
+
+
+def test_padding_mask_combines_with_the_causal_mask() -> None:
+    module = _module(window=WINDOW)
+    x = torch.randn(B, T, D_MODEL)
+    lengths = [T, 6]
+    out = module(x, attn_mask=masks.key_padding(lengths, max_len=T))
+    # Right padding hides only keys after a sequence's end: its real tokens never see them.
+    torch.testing.assert_close(out[1, :6], module(x[1:, :6])[0])
+    torch.testing.assert_close(out[0], module(x[:1])[0])
+    additive = masks.allowed_to_additive(masks.key_padding(lengths, max_len=T))
+    torch.testing.assert_close(module(x, attn_mask=additive)[1, :6], out[1, :6])
+
+
+def test_dropout_only_in_training() -> None:
+    module = _module(dropout=0.5)
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(module(x), reference(module, x), atol=1e-5, rtol=1e-5)
+    module.train()
+    assert not torch.allclose(module(x), reference(module, x), atol=1e-3)
+
+
+# -- KV-cached decoding equals the full forward ------------------------------------------
+
+
+def _decode(
+    module: GroupedQueryAttention, x: Tensor, schedule: list[int], cache: KVCache
+) -> Tensor:
+    outs, start = [], 0
+    for n in schedule:
+        outs.append(module(x[:, start : start + n], cache=cache))
+        start += n
+    return torch.cat(outs, dim=1)
+
+
+SCHEDULES = {
+    "prompt1": [1] * 11,
+    "prompt4": [4, 1, 1, 1, 1, 1, 1, 1],
+    "prompt7": [7, 1, 1, 1, 1],
+    "chunks": [2, 5, 1, 3],
+    "prompt11": [11],
+}
+
+
+# Every schedule with the sliding window (crossing its boundary inside the prompt and while
+# decoding) and each cache; the other configurations with two schedules, one per cache.
+DECODE_CASES = [
+    *(("gqa-window", schedule, cache) for schedule in SCHEDULES for cache in ("dynamic", "static")),
+    *(
+        case
+        for name in ("gqa", "mqa", "mha", "mqa-window-interleaved", "gqa-no-rope")
+        for case in ((name, "prompt4", "dynamic"), (name, "chunks", "static"))
+    ),
+    ("mha", "prompt1", "static"),
+    ("gqa-no-rope", "prompt1", "dynamic"),
+]
+
+
+@pytest.mark.parametrize(("name", "schedule", "cache_kind"), DECODE_CASES)
+def test_cached_decoding_equals_full_forward(name: str, schedule: str, cache_kind: str) -> None:
+    module = _module(**CONFIGS[name])
+    steps = SCHEDULES[schedule]
+    x = torch.randn(B, sum(steps), D_MODEL)
+    cache: KVCache = (
+        DynamicKVCache()
+        if cache_kind == "dynamic"
+        else StaticKVCache(B, 12, module.num_kv_heads, HD)
+    )
+    with torch.no_grad():
+        got = _decode(module, x, steps, cache)
+        expected = module(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert cache.length == sum(steps)
+
+
+def test_cached_decoding_with_both_backends_and_gradients() -> None:
+    module = _module(window=WINDOW, backend="scratch")
+    x = torch.randn(B, 8, D_MODEL, requires_grad=True)
+    cache = DynamicKVCache()
+    got = _decode(module, x, [3, 1, 1, 2, 1], cache)
+    expected = module(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    (grad_got,) = torch.autograd.grad(got.sum(), x)
+    (grad_expected,) = torch.autograd.grad(expected.sum(), x)
+    torch.testing.assert_close(grad_got, grad_expected, atol=1e-5, rtol=1e-5)
+
+
+def test_default_positions_continue_after_the_cache() -> None:
+    module = _module()
+    x = torch.randn(B, 5, D_MODEL)
+    implicit, explicit = DynamicKVCache(), DynamicKVCache()
+    module(x[:, :3], cache=implicit)
+    module(x[:, :3], cache=explicit, positions=torch.arange(3))
+    torch.testing.assert_close(
+        module(x[:, 3:], cache=implicit),
+        module(x[:, 3:], cache=explicit, positions=torch.tensor([3, 4])),
+    )
+
+
+def test_decode_step_mask_is_bottom_right_aligned() -> None:
+    # After 4 cached tokens, 2 new queries see keys 0..4 and 0..5: the diagonal of the
+    # causal mask sits at the bottom right. A top-left mask would hide tokens 2..4.
+    mask = masks.causal(2, 6, align="bottom-right")
+    assert mask.tolist() == [
+        [True, True, True, True, True, False],
+        [True, True, True, True, True, True],
+    ]
+    module = _module(rope=False)
+    x = torch.randn(B, 6, D_MODEL)
+    cache = DynamicKVCache()
+    module(x[:, :4], cache=cache)
+    torch.testing.assert_close(module(x[:, 4:], cache=cache), module(x)[:, 4:])
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"num_heads": 6, "num_kv_heads": 4},
+            ValueError,
+            "num_heads must be a multiple of num_kv_heads .* got num_heads=6 and num_kv_heads=4",
+        ),
+        ({"num_kv_heads": 0}, ValueError, "num_kv_heads must be a positive int, got 0"),
+        (
+            {"d_model": 21, "head_dim": None},
+            ValueError,
+            "d_model must be a multiple of num_heads when head_dim is not given, got "
+            "d_model=21 and num_heads=6",
+        ),
+        ({"head_dim": 5}, ValueError, "head_dim must be even with rope=True .* got head_dim=5"),
+        ({"window": 0}, ValueError, "window must be a positive int, got 0"),
+        ({"rope_base": 1.0}, ValueError, "rope_base must be a finite float greater than 1"),
+        ({"rope_base": "big"}, TypeError, "rope_base must be a float, got 'big'"),
+        ({"rope_layout": "pairs"}, ValueError, "rope_layout must be one of 'half', 'interleaved'"),
+        ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch'"),
+        ({"bias": 1}, TypeError, r"bias must be a bool, got 1 \(int\)"),
+        ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
+    ],
+)
+def test_constructor_rejects_bad_configuration(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    args: dict[str, object] = {
+        "d_model": D_MODEL,
+        "num_heads": H,
+        "num_kv_heads": 3,
+        "head_dim": HD,
+    }
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        GroupedQueryAttention(**args)  # type: ignore[arg-type]
+
+
+def test_odd_head_dim_is_fine_without_rope() -> None:
+    module = GroupedQueryAttention(D_MODEL, H, 3, head_dim=5, rope=False)
+    assert module(torch.randn(B, T, D_MODEL)).shape == (B, T, D_MODEL)
+
+
+def _prefilled(cache: KVCache, module: GroupedQueryAttention, t: int = 4) -> KVCache:
+    module(torch.randn(B, t, D_MODEL), cache=cache)
+    return cache
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_forward_rejects_a_cache_that_does_not_fit(kind: str) -> None:
+    module = _module()
+    cache: KVCache = DynamicKVCache() if kind == "dynamic" else StaticKVCache(B, 6, 3, HD)
+    _prefilled(cache, module)
+    with pytest.raises(ValueError, match=r"x has batch size 3 but cache holds 2 sequences"):
+        module(torch.randn(3, 1, D_MODEL), cache=cache)
+    with pytest.raises(
+        ValueError, match=re.escape("x has dtype torch.float64 but cache holds torch.float32")
+    ):
+        module.double()(torch.randn(B, 1, D_MODEL, dtype=torch.float64), cache=cache)
+    module.float()
+    other = _module(num_kv_heads=1)
+    with pytest.raises(
+        ValueError,
+        match="cache holds num_kv_heads=3, head_dim=4, head_dim_v=4 but this module has "
+        "num_kv_heads=1",
+    ):
+        other(torch.randn(B, 1, D_MODEL), cache=cache)
+    assert cache.length == 4  # nothing was appended
+
+
+def test_forward_rejects_overflowing_a_static_cache() -> None:
+    module = _module()
+    cache = _prefilled(StaticKVCache(B, 6, 3, HD), module)
+    with pytest.raises(ValueError, match=r"key has t_new=3 tokens but the static cache has room"):
+        module(torch.randn(B, 3, D_MODEL), cache=cache)
+
+
+@pytest.mark.parametrize(
+    ("positions", "error", "message"),
+    [
+        (
+            torch.tensor([5]),
+            ValueError,
+            re.escape("positions must lie in [0, cache.length + t) = [0, 4 + 1), got positions")
+            + " from 5 to 5",
+        ),
+        (torch.tensor([-1]), ValueError, "got positions from -1 to -1"),
+        (torch.tensor([4.0]), TypeError, "positions must have an integer dtype, got torch.float32"),
+        (
+            torch.tensor([[4], [4], [4]]),
+            ValueError,
+            re.escape(
+                "positions must have shape (1,) or (2, 1) for x.shape=(2, 1, 20), got "
+                "positions.shape=(3, 1)"
+            ),
+        ),
+        ([4], TypeError, "positions must be a torch.Tensor of ints or None, got list"),
+    ],
+)
+def test_forward_rejects_bad_positions(
+    positions: object, error: type[Exception], message: str
+) -> None:
+    module = _module()
+    cache = _prefilled(DynamicKVCache(), module)
+    with pytest.raises(error, match=message):
+        module(torch.randn(B, 1, D_MODEL), cache=cache, positions=positions)  # type: ignore[arg-type]
+
+
+def test_forward_rejects_other_inputs() -> None:
+    module = _module()
+    with pytest.raises(TypeError, match=r"cache must be an attnlab KVCache .* got dict"):
+        module(torch.randn(B, 1, D_MODEL), cache={})  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match="x has 21 features but GroupedQueryAttention expects d_model=20"
+    ):
+        module(torch.randn(B, 1, 21))
+    with pytest.raises(
+        ValueError,
+        match=re.escape("does not broadcast to the attention weights' shape (2, 6, 9, 9)"),
+    ):
+        module(torch.randn(B, T, D_MODEL), attn_mask=torch.ones(T, T + 1, dtype=torch.bool))
+
+
+def test_validation_off_gives_the_same_outputs() -> None:
+    module = _module(window=WINDOW)
+    x = torch.randn(B, 7, D_MODEL)
+    expected = _decode(module, x, [4, 1, 2], StaticKVCache(B, 8, 3, HD))
+    with validation(False):
+        got = _decode(module, x, [4, 1, 2], StaticKVCache(B, 8, 3, HD))
+    torch.testing.assert_close(got, expected)
