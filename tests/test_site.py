@@ -193,6 +193,32 @@ def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> No
     assert "](../" not in figure
 
 
+SOURCES = {
+    "article": "https://magazine.sebastianraschka.com/p/understanding-and-coding-self-attention",
+    "vaswani": "https://arxiv.org/abs/1706.03762",
+    "flash1": "https://arxiv.org/abs/2205.14135",
+    "flash2": "https://arxiv.org/abs/2307.08691",
+    "online-softmax": "https://arxiv.org/abs/1805.02867",
+}
+
+
+@pytest.mark.parametrize(
+    ("page", "sources"),
+    [
+        ("index.html", ["article"]),
+        ("article/index.html", ["article"]),
+        ("article/01-introducing-self-attention/index.html", ["vaswani", "flash1", "flash2"]),
+        ("article/11-conclusion/index.html", ["online-softmax", "flash1"]),
+    ],
+)
+def test_pages_link_the_sources_they_name(
+    site: tuple[Path, str], page: str, sources: list[str]
+) -> None:
+    text = (site[0] / page).read_text("utf-8")
+    for source in sources:
+        assert f'href="{SOURCES[source]}"' in text, source
+
+
 def test_every_local_image_exists(site: tuple[Path, str]) -> None:
     site_dir, _ = site
     broken = []
