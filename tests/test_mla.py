@@ -28,6 +28,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3RotaryEmbedding,
 )
 
+import attnlab
 from attnlab.kv_cache import DynamicKVCache, StaticKVCache
 from attnlab.mla import MultiHeadLatentAttention, mla_softmax_scale
 
@@ -178,6 +179,29 @@ def test_mla_unbatched_equals_batched() -> None:
     mla = MultiHeadLatentAttention.from_hf(_hf_layer(_config()))
     x = torch.randn(B, T, D_MODEL)
     torch.testing.assert_close(mla(x[1], is_causal=True), mla(x, is_causal=True)[1])
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_mla_causal_future_tokens_change_nothing_before(absorb: bool) -> None:
+    mla = _mla()
+    x = torch.randn(B, T, D_MODEL)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(B, T - 4, D_MODEL)
+    before = mla(x, is_causal=True, absorb=absorb)
+    after = mla(changed, is_causal=True, absorb=absorb)
+    torch.testing.assert_close(after[:, :4], before[:, :4], atol=ATOL, rtol=0)
+    assert not torch.allclose(after[:, 4:], before[:, 4:])
+
+
+def test_mla_validation_off_gives_the_same_outputs() -> None:
+    mla = _mla()
+    x = torch.randn(B, T, D_MODEL)
+    cache = mla.new_cache(B, max_length=T)
+    expected = mla(x, cache=cache, is_causal=True)
+    with attnlab.validation(False):
+        cache.reset()
+        got = mla(x, cache=cache, is_causal=True)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
 
 
 # -- cached decoding -------------------------------------------------------------------
