@@ -110,18 +110,23 @@ def test_flash_attention_large_scores_do_not_overflow() -> None:
     assert torch.isfinite(dq).all()
 
 
-def test_flash_attention_no_keys_gives_zeros_like_torch() -> None:
+@pytest.mark.parametrize("window", [None, 2])
+def test_flash_attention_no_keys_gives_zeros_like_torch(window: int | None) -> None:
     q, k, v = _inputs(4, 0, 2, grad=True)
-    out = flash_attention(q, k, v)
+    out = flash_attention(q, k, v, window=window)
     torch.testing.assert_close(out, TorchSDPA(q, k, v))
     assert not out.isnan().any()
     (dq,) = torch.autograd.grad(out.sum(), q)
     torch.testing.assert_close(dq, torch.zeros_like(q))
 
 
-def test_flash_attention_no_queries_gives_empty_output() -> None:
-    q, k, v = _inputs(0, 5, 2)
-    assert flash_attention(q, k, v, is_causal=True).shape == (2, 0, 6)
+@pytest.mark.parametrize("window", [None, 2])
+def test_flash_attention_no_queries_gives_empty_output(window: int | None) -> None:
+    q, k, v = _inputs(0, 5, 2, grad=True)
+    out = flash_attention(q, k, v, is_causal=True, window=window)
+    assert out.shape == (2, 0, 6)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(not g.any() for g in grads)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -192,11 +197,12 @@ def test_flash_attention_saves_logsumexp_not_probabilities() -> None:
     assert shapes == sorted([(6, 13, 8), (6, 9, 8), (6, 9, 6), (6, 13, 6), (6, 13)])
 
 
-def test_flash_attention_without_validation_gives_the_same_result() -> None:
+@pytest.mark.parametrize("window", [None, 3])
+def test_flash_attention_without_validation_gives_the_same_result(window: int | None) -> None:
     q, k, v = _inputs(9, 6, 2)
-    checked = flash_attention(q, k, v, is_causal=True, block_size=(4, 5))
+    checked = flash_attention(q, k, v, is_causal=True, window=window, block_size=(4, 5))
     with attnlab.validation(False):
-        unchecked = flash_attention(q, k, v, is_causal=True, block_size=(4, 5))
+        unchecked = flash_attention(q, k, v, is_causal=True, window=window, block_size=(4, 5))
     torch.testing.assert_close(unchecked, checked, rtol=0, atol=0)
 
 
@@ -453,3 +459,22 @@ def test_flash_attention_rejects_bad_input_naming_it(
     args.update(kwargs)
     with pytest.raises(error, match=match):
         flash_attention(**args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"t_q": -1}, ValueError, "t_q must be a non-negative int, got -1"),
+        ({"t_k": 2.0}, TypeError, "t_k must be a non-negative int"),
+        ({"block_size": (4, 0)}, ValueError, r"block_size\[1\] must be a positive int"),
+        ({"window": 0}, ValueError, "window must be a positive int, got 0"),
+        ({"is_causal": None}, TypeError, "is_causal must be a bool"),
+    ],
+)
+def test_tile_map_rejects_bad_input_naming_it(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    args: dict[str, Any] = {"t_q": 8, "t_k": 6}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        tile_map(**args)

@@ -9,6 +9,11 @@ The backward pass follows FlashAttention-2 (Dao, 2023, https://arxiv.org/abs/230
 the forward saves only the output $O$ and the log-sum-exp of each row, and the backward
 recomputes the probabilities of one block at a time from them.
 
+With a sliding window (local attention as in Longformer, Beltagy et al., 2020,
+https://arxiv.org/abs/2004.05150, and Mistral 7B, Jiang et al., 2023,
+https://arxiv.org/abs/2310.06825), the tiles outside the window are skipped, so the
+work grows linearly with the length at a fixed window.
+
 This is plain PyTorch: each block is a batched matmul over all batch and head dimensions
 at once, so the Python loop runs over blocks only. The chapter
 "FlashAttention from scratch" derives every line.
