@@ -283,29 +283,68 @@ def test_mla_absorbed_decode_equals_naive_at_every_length() -> None:
         torch.testing.assert_close(step, full[:, i : i + 1], atol=ATOL, rtol=0)
 
 
-# -- softmax scale with YaRN -----------------------------------------------------------
+# -- scaled RoPE: YaRN (DeepSeek-V3's checkpoints), linear -----------------------------
+
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 40.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+SCALED_ROPE = {
+    "yarn": YARN,
+    # mscale != mscale_all_dim: HF's rotary embedding then scales cos and sin too
+    "yarn-attention-factor": YARN | {"mscale_all_dim": 0.5},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+}
 
 
 def test_mla_softmax_scale_equals_hf_with_yarn() -> None:
-    """DeepSeek-V3's checkpoints use YaRN; the scale gains mscale**2 (HF: layer.scaling).
-
-    attnlab's RoPE has no YaRN frequencies, so from_hf refuses such a layer.
-    """
-    rope = {
-        "rope_type": "yarn",
-        "rope_theta": 10000.0,
-        "factor": 40.0,
-        "original_max_position_embeddings": 16,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    }
-    hf = _hf_layer(_config(rope_parameters=rope, max_position_embeddings=640))
+    """DeepSeek-V3's checkpoints use YaRN; the scale gains mscale**2 (HF: layer.scaling)."""
+    hf = _hf_layer(_config(rope_parameters=YARN, max_position_embeddings=640))
     expected = mla_softmax_scale(NOPE + ROPE, rope_factor=40.0, mscale_all_dim=1.0)
     assert math.isclose(hf.scaling, expected, rel_tol=1e-12)
     assert expected > (NOPE + ROPE) ** -0.5
-    with pytest.raises(ValueError, match="rope_type='yarn'"):
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+@pytest.mark.parametrize("rope", list(SCALED_ROPE))
+def test_mla_scaled_rope_equals_hf(rope: str, absorb: bool) -> None:
+    """Positions past original_max_position_embeddings=16, a prefill and 2 decode steps."""
+    hf = _hf_layer(_config(rope_parameters=SCALED_ROPE[rope], max_position_embeddings=640))
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    assert ours.rope_frequencies is not None
+    x = torch.randn(B, T, D_MODEL)
+    x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    positions = torch.arange(T) * 9  # up to 54
+    expected = _hf_forward(hf, x_hf, positions, _causal_additive(T, T))
+    got = ours(x_ours, positions=positions, is_causal=True, absorb=absorb)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    got.backward(grad_out)
+    assert x_ours.grad is not None
+    assert x_hf.grad is not None
+    torch.testing.assert_close(x_ours.grad, x_hf.grad, atol=ATOL, rtol=0)
+
+    hf_cache, cache = DynamicCache(config=hf.config), ours.new_cache(B, max_length=T)
+    for start, stop in ((0, T - 2), (T - 2, T - 1), (T - 1, T)):
+        mask = _causal_additive(stop - start, stop) if stop - start > 1 else None
+        chunk, pos = x[:, start:stop], positions[start:stop]
+        with torch.no_grad():
+            expected = _hf_forward(hf, chunk, pos, mask, cache=hf_cache)
+            got = ours(chunk, positions=pos, cache=cache, is_causal=True, absorb=absorb)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_mla_from_hf_refuses_rope_that_changes_with_length() -> None:
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    hf = _hf_layer(_config(rope_parameters=dynamic))
+    with pytest.raises(ValueError, match="rope_type='dynamic', whose frequencies change"):
         MultiHeadLatentAttention.from_hf(hf)
 
 
@@ -415,6 +454,12 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\), got 1.0"),
         ({"rope_base": -1.0}, ValueError, "rope_base must be a positive number, got -1.0"),
         ({"rope_interleave": "yes"}, TypeError, "rope_interleave must be a bool"),
+        (
+            {"rope_frequencies": torch.ones(3)},
+            ValueError,
+            r"rope_frequencies must have shape \(qk_rope_head_dim // 2,\) = \(4,\), got \(3,\)",
+        ),
+        ({"rope_scale": 0.0}, ValueError, "rope_scale must be a positive number, got 0.0"),
     ],
 )
 def test_mla_bad_config_raises(

@@ -30,6 +30,7 @@ both forms; they are equal.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -43,6 +44,7 @@ from attnlab._validation import (
     check_positive_int,
     check_probability,
     check_scale,
+    check_tensor,
     check_tokens,
     is_validation_enabled,
 )
@@ -95,6 +97,10 @@ def mla_softmax_scale(
     return scale
 
 
+_STATIC_ROPE_TYPES = ("default", "yarn", "linear", "llama3")
+"""Hugging Face `rope_type`s whose frequencies do not depend on the sequence length."""
+
+
 def _deinterleave(x: Tensor) -> Tensor:
     """Reorder features `(x0, x1, x2, x3, ...)` as `(x0, x2, ..., x1, x3, ...)`.
 
@@ -103,6 +109,20 @@ def _deinterleave(x: Tensor) -> Tensor:
     checkpoints (and Hugging Face's `apply_rotary_pos_emb_interleave`) use it this way.
     """
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)  # (..., d)
+
+
+def _rope_with_frequencies(x: Tensor, positions: Tensor, frequencies: Tensor) -> Tensor:
+    """RoPE in the half layout with given frequencies: x `(b, h, t, d)`, positions `(t,)`
+    or `(b, t)`, frequencies `(d/2,)`. [`apply_rope`][attnlab.rope.apply_rope] computes
+    its own frequencies from a base; scaled RoPE variants (YaRN) bring theirs.
+    """
+    angles = positions[..., None].float() * frequencies.float()  # (..., t, d/2)
+    if angles.ndim == 3:  # (b, t, d/2): the same for every head
+        angles = angles.unsqueeze(1)  # (b, 1, t, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)  # (b, h, t, d/2) each: pair i is (x1[i], x2[i])
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)  # (b, h, t, d)
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -146,6 +166,12 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: Features per value head.
         q_lora_rank: Rank of the low-rank query projection; None for a full `q_proj`.
         rope_base: RoPE's base $\theta$ (`rope_theta`).
+        rope_frequencies: The `qk_rope_head_dim // 2` rotation frequencies, replacing
+            those of `rope_base`: e.g. YaRN's, which DeepSeek-V3 uses to extend its
+            context and which `from_hf` copies from Hugging Face's rotary embedding.
+        rope_scale: Factor on the rotated queries and keys (Hugging Face's
+            `attention_scaling` of the rotary embedding; 1 for plain RoPE and for
+            DeepSeek-V3's YaRN settings).
         rope_interleave: Rotate interleaved feature pairs (DeepSeek's checkpoints, and
             Hugging Face's default) rather than the two halves.
         softmax_scale: Factor on the scores; default `qk_head_dim ** -0.5`
@@ -195,6 +221,8 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: int,
         q_lora_rank: int | None = None,
         rope_base: float = 10000.0,
+        rope_frequencies: Tensor | None = None,
+        rope_scale: float = 1.0,
         rope_interleave: bool = True,
         softmax_scale: float | None = None,
         bias: bool = False,
@@ -220,6 +248,21 @@ class MultiHeadLatentAttention(nn.Module):
         if base is None or base <= 0:
             raise ValueError(f"rope_base must be a positive number, got {rope_base!r}")
         self.rope_base = base
+        self.rope_frequencies: Tensor | None = None
+        if rope_frequencies is not None:
+            freqs = check_tensor("rope_frequencies", rope_frequencies)
+            if tuple(freqs.shape) != (qk_rope_head_dim // 2,):
+                raise ValueError(
+                    f"rope_frequencies must have shape (qk_rope_head_dim // 2,) = "
+                    f"({qk_rope_head_dim // 2},), got {tuple(freqs.shape)}"
+                )
+            # A plain float32 attribute, not a buffer: module.to(torch.bfloat16) must not
+            # round the frequencies (it is moved to the positions' device when used).
+            self.rope_frequencies = freqs.detach().float().clone()
+        scale_r = check_scale("rope_scale", rope_scale)
+        if scale_r is None or scale_r <= 0:
+            raise ValueError(f"rope_scale must be a positive number, got {rope_scale!r}")
+        self.rope_scale = scale_r
         self.rope_interleave = check_bool("rope_interleave", rope_interleave)
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         scale = check_scale("softmax_scale", softmax_scale)
@@ -252,6 +295,8 @@ class MultiHeadLatentAttention(nn.Module):
             f"kv_lora_rank={self.kv_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
             f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}, "
             f"q_lora_rank={self.q_lora_rank}, rope_base={self.rope_base}, "
+            f"rope_frequencies={'custom' if self.rope_frequencies is not None else None}, "
+            f"rope_scale={self.rope_scale}, "
             f"rope_interleave={self.rope_interleave}, softmax_scale={self.softmax_scale}, "
             f"bias={self.bias}, dropout={self.dropout}"
         )
@@ -387,7 +432,12 @@ class MultiHeadLatentAttention(nn.Module):
     def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
         if self.rope_interleave:
             x = _deinterleave(x)  # (..., t, qk_rope_head_dim)
-        return apply_rope(x, positions, base=self.rope_base, layout="half")
+        if self.rope_frequencies is None:
+            rotated = apply_rope(x, positions, base=self.rope_base, layout="half")
+        else:
+            freqs = self.rope_frequencies.to(positions.device)
+            rotated = _rope_with_frequencies(x, positions, freqs)
+        return rotated if self.rope_scale == 1.0 else rotated * self.rope_scale
 
     def _queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The no-RoPE and the rotated parts of the queries, `(b, h, t, ...)` each."""
@@ -535,6 +585,10 @@ class MultiHeadLatentAttention(nn.Module):
         Copies `transformers`' `DeepseekV3Attention` (see the class docstring for the
         mapping of the weights), its softmax scale (`layer.scaling`, YaRN's correction
         included), RoPE base and layout, RMSNorm epsilons, dropout and training mode.
+        When the config scales RoPE with fixed frequencies (`rope_type` `"yarn"`, as
+        DeepSeek-V3's checkpoints, `"linear"` or `"llama3"`), the frequencies and the
+        factor on cos/sin are taken from Hugging Face's `DeepseekV3RotaryEmbedding` built
+        from the same config, as `rope_frequencies` and `rope_scale`.
 
         Args:
             layer: A `transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention`.
@@ -544,8 +598,8 @@ class MultiHeadLatentAttention(nn.Module):
 
         Raises:
             TypeError: If `layer` is not a `DeepseekV3Attention`.
-            ValueError: If its config scales RoPE (`rope_type` other than `"default"`,
-                e.g. DeepSeek-V3's YaRN): attnlab's RoPE has the plain frequencies.
+            ValueError: If its RoPE frequencies change with the sequence length
+                (`rope_type` `"dynamic"` or `"longrope"`), which this module does not do.
         """
         if type(layer).__name__ != "DeepseekV3Attention" or not hasattr(layer, "config"):
             raise TypeError(
@@ -555,12 +609,18 @@ class MultiHeadLatentAttention(nn.Module):
         config = hf.config
         rope = dict(config.rope_parameters or {})
         rope_type = rope.get("rope_type", "default")
-        if rope_type != "default":
+        frequencies, rope_scale = None, 1.0
+        if rope_type not in _STATIC_ROPE_TYPES:
+            static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
             raise ValueError(
-                f"layer's config has rope_type={rope_type!r}, but MultiHeadLatentAttention "
-                "rotates with the plain RoPE frequencies (rope_type='default'); its softmax "
-                "scale alone is mla_softmax_scale(...)"
+                f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
+                f"the sequence length; MultiHeadLatentAttention supports {static}"
             )
+        if rope_type != "default":
+            # The module that defines the layer also defines its rotary embedding.
+            modeling = importlib.import_module(type(layer).__module__)
+            rotary = modeling.DeepseekV3RotaryEmbedding(config)
+            frequencies, rope_scale = rotary.inv_freq, float(rotary.attention_scaling)
         weight = hf.kv_b_proj.weight
         mla = cls(
             hf.hidden_size,
@@ -571,6 +631,8 @@ class MultiHeadLatentAttention(nn.Module):
             v_head_dim=hf.v_head_dim,
             q_lora_rank=hf.q_lora_rank,
             rope_base=float(rope["rope_theta"]),
+            rope_frequencies=frequencies,
+            rope_scale=rope_scale,
             rope_interleave=bool(config.rope_interleave),
             softmax_scale=float(hf.scaling),
             bias=hf.kv_a_proj_with_mqa.bias is not None,
