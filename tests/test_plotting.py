@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
 import torch
 
 from attnlab import CrossAttention, SelfAttention
-from attnlab.plotting import figure_to_svg, heatmap
+from attnlab.plotting import figure_to_svg, heatmap, interactive_heatmap
 
 pytest.importorskip("matplotlib")
 
@@ -115,3 +117,136 @@ def test_plotting_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     with pytest.raises(ImportError, match=r"attnlab\[plot\]"):
         heatmap(torch.eye(2), ["a", "b"], ["a", "b"])
+
+
+# interactive_heatmap ---------------------------------------------------------------------
+
+
+class _Cells(HTMLParser):
+    """Collects the cells, buttons and panels of an interactive heatmap, with their text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[dict[str, str]] = []  # data-q, data-k, data-w, title, shown
+        self.buttons: list[str] = []
+        self.panels: list[dict[str, str | None]] = []
+        self.hidden: dict[str, bool] = {}
+        self._text: list[str] | None = None
+        self._where = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        cls = a.get("class") or ""
+        if "attn-heatmap-cell" in cls:
+            self.cells.append({k: v or "" for k, v in a.items() if k.startswith("data-")})
+        elif "attn-heatmap-panel" in cls:
+            self.panels.append(a)
+        elif cls in ("attn-heatmap-select", "attn-heatmap-readout"):
+            self.hidden[cls] = "hidden" in a
+        if tag == "button":
+            self._text, self._where = [], "button"
+        elif tag == "title" and self.cells and "title" not in self.cells[-1]:
+            self._text, self._where = [], "title"
+        elif (
+            tag == "text"
+            and self.cells
+            and "shown" not in self.cells[-1]
+            and ("title" in self.cells[-1])
+        ):
+            self._text, self._where = [], "shown"
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._text is None or tag not in ("button", "title", "text"):
+            return
+        text, self._text = "".join(self._text), None
+        if self._where == "button":
+            self.buttons.append(text)
+        else:
+            self.cells[-1][self._where] = text
+
+
+def _parse(html: str) -> _Cells:
+    parser = _Cells()
+    parser.feed(html)
+    return parser
+
+
+def test_interactive_heatmap_one_cell_per_weight_with_its_readout() -> None:
+    torch.manual_seed(123)
+    weights = torch.softmax(torch.randn(3, 4, 5), dim=-1)  # (heads, t_q, t_k)
+    rows = ["The", "cat", "sat", "down"]
+    cols = [f"k{j}" for j in range(5)]
+    page = _parse(interactive_heatmap(weights, rows, cols))
+    assert len(page.cells) == 3 * 4 * 5
+    # Cells come panel by panel, row by row; each carries its weight to 4 decimals (the
+    # read-out), the tooltip names both tokens, and the cell shows 2 decimals.
+    flat = weights.reshape(-1, 5)
+    for n, cell in enumerate(page.cells):
+        i, j = (n // 5) % 4, n % 5
+        value = flat[n // 5, j].item()
+        assert (int(cell["data-q"]), int(cell["data-k"])) == (i, j)
+        assert float(cell["data-w"]) == pytest.approx(value, abs=5e-5)
+        assert cell["title"] == f"query {rows[i]} → key {cols[j]}: {value:.4f}"
+        assert cell["shown"] == f"{value:.2f}"
+
+
+def test_interactive_heatmap_selector_lists_every_panel_first_shown() -> None:
+    weights = torch.softmax(torch.randn(2, 3, 4, 4), dim=-1)  # (layers, heads, t, t)
+    page = _parse(interactive_heatmap(weights, list("abcd"), list("abcd")))
+    names = [f"layer {layer} · head {head}" for layer in (1, 2) for head in (1, 2, 3)]
+    assert page.buttons == names
+    assert [p["data-name"] for p in page.panels] == names
+    # Without the script only the first panel shows, and no dead controls.
+    assert ["hidden" in p for p in page.panels] == [False] + [True] * 5
+    assert page.hidden == {"attn-heatmap-select": True, "attn-heatmap-readout": True}
+
+    named = _parse(
+        interactive_heatmap(weights[0], list("abcd"), list("abcd"), panel_names=list("xyz"))
+    )
+    assert named.buttons == ["x", "y", "z"]
+    single = _parse(interactive_heatmap(weights[0, 0], list("abcd"), list("abcd")))
+    assert single.buttons == []
+    assert len(single.panels) == 1
+    assert len(single.cells) == 16
+
+
+def test_interactive_heatmap_colours_follow_the_weights() -> None:
+    html = interactive_heatmap(torch.tensor([[0.0, 0.5, 1.0]]), ["q"], ["a", "b", "c"])
+    fills = re.findall(r'<rect [^>]*fill="(#[0-9a-f]{6})"', html)
+    assert fills == ["#f7fbff", "#6baed6", "#08306b"]  # lightest, middle, darkest stop
+    # A shared scale: vmax fixes the darkest colour for every panel.
+    html = interactive_heatmap(torch.tensor([[0.0, 0.5]]), ["q"], ["a", "b"], vmax=1.0)
+    assert re.findall(r'<rect [^>]*fill="(#[0-9a-f]{6})"', html) == ["#f7fbff", "#6baed6"]
+
+
+def test_interactive_heatmap_escapes_labels() -> None:
+    html = interactive_heatmap(torch.eye(2), ["<s>", "a&b"], ["x", "y"], title='"t"')
+    assert "<s>" not in html
+    assert "&lt;s&gt;" in html
+    assert "a&amp;b" in html
+    assert _parse(html).cells[0]["title"] == "query <s> → key x: 1.0000"
+
+
+def test_interactive_heatmap_rejects_bad_input_with_named_argument() -> None:
+    with pytest.raises(ValueError, match=r"weights must have 2 or 3 or 4 dimensions.*\(6,\)"):
+        interactive_heatmap(torch.rand(6), WORDS, WORDS)
+    with pytest.raises(ValueError, match="row_labels has 5 labels but weights has 6 rows"):
+        interactive_heatmap(torch.rand(2, 6, 8), WORDS[:5], [str(j) for j in range(8)])
+    with pytest.raises(ValueError, match="col_labels has 6 labels but weights has 8 columns"):
+        interactive_heatmap(torch.rand(6, 8), WORDS, WORDS)
+    with pytest.raises(ValueError, match="panel_names has 1 labels but weights has 2 panels"):
+        interactive_heatmap(torch.rand(2, 6, 6), WORDS, WORDS, panel_names=["only"])
+    with pytest.raises(ValueError, match="weights must be finite"):
+        interactive_heatmap(torch.tensor([[float("nan")]]), ["a"], ["b"])
+    with pytest.raises(ValueError, match="weights is empty"):
+        interactive_heatmap(torch.zeros(2, 0), ["a", "b"], [])
+    with pytest.raises(ValueError, match="vmax must not be below vmin"):
+        interactive_heatmap(torch.eye(2), ["a", "b"], ["a", "b"], vmin=0.5, vmax=0.1)
+    with pytest.raises(TypeError, match="row_labels must be a sequence"):
+        interactive_heatmap(torch.eye(2), "ab", ["a", "b"])  # not split into characters
+    with pytest.raises(TypeError, match="weights must hold real numbers"):
+        interactive_heatmap(torch.eye(2, dtype=torch.bool), ["a", "b"], ["a", "b"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Sequence
+from html import escape
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["figure_to_svg", "heatmap"]
+__all__ = ["figure_to_svg", "heatmap", "interactive_heatmap"]
 
 _INSTALL_HINT = (
     "attnlab.plotting needs matplotlib, which is not installed; "
@@ -232,3 +233,276 @@ def figure_to_svg(fig: Figure) -> str:
         fig.savefig(buffer, format="svg", metadata={"Date": None}, facecolor="white")
     text = buffer.getvalue()
     return text[text.index("<svg") :]
+
+
+# Interactive heatmaps -------------------------------------------------------------------
+#
+# Plain SVG written here, no matplotlib: every cell is a <rect> that carries its query,
+# key and weight, so the page's script (docs/assets/javascripts/attention-heatmap.js) can
+# show a read-out, and a <title> so that a browser without the script still shows a
+# tooltip. Panels other than the first start hidden; the script reveals the selector.
+
+# Stops of a light-to-dark blue scale (after ColorBrewer's "Blues"); each cell has its own
+# fill and text colour, so the scale reads the same on Material's light and dark schemes.
+_BLUES = (
+    (0xF7, 0xFB, 0xFF),
+    (0xDE, 0xEB, 0xF7),
+    (0xC6, 0xDB, 0xEF),
+    (0x9E, 0xCA, 0xE1),
+    (0x6B, 0xAE, 0xD6),
+    (0x42, 0x92, 0xC6),
+    (0x21, 0x71, 0xB5),
+    (0x08, 0x51, 0x9C),
+    (0x08, 0x30, 0x6B),
+)
+_CELL = 40  # px, one weight
+_CHAR = 7.2  # px, rough width of one label character at the 12 px font
+_FONT = 12
+
+
+def _blues(position: float) -> str:
+    """Colour at `position` in [0, 1] along the blue scale, as #rrggbb."""
+    position = min(max(position, 0.0), 1.0) * (len(_BLUES) - 1)
+    low = min(int(position), len(_BLUES) - 2)
+    frac = position - low
+    channels = (
+        round(a + (b - a) * frac) for a, b in zip(_BLUES[low], _BLUES[low + 1], strict=True)
+    )
+    return "#" + "".join(f"{c:02x}" for c in channels)
+
+
+def _as_panels(weights: Any) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Weights as (panels, t_q, t_k) float64, and the (layer, head) of each panel."""
+    if isinstance(weights, torch.Tensor):
+        if weights.is_complex() or weights.dtype == torch.bool:
+            raise TypeError(f"weights must hold real numbers, got a {weights.dtype} tensor")
+        stack = weights.detach().to(device="cpu", dtype=torch.float64)
+    else:
+        try:
+            stack = torch.as_tensor(weights, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                "weights must be a tensor, array or nested list of numbers, got "
+                f"{type(weights).__name__}"
+            ) from None
+    check_rank(
+        "weights", stack, (2, 3, 4), "(t_q, t_k), (heads, t_q, t_k) or (layers, heads, t_q, t_k)"
+    )
+    if stack.numel() == 0:
+        raise ValueError(
+            f"weights is empty (weights.shape={tuple(stack.shape)}): there is no weight to draw"
+        )
+    if not bool(torch.isfinite(stack).all()):
+        raise ValueError(
+            "weights must be finite to be drawn, got NaN or inf; attention weights from "
+            "attnlab are always finite, so check where these came from"
+        )
+    layers, heads = (
+        (1, 1)
+        if stack.ndim == 2
+        else (1, stack.shape[0])
+        if stack.ndim == 3
+        else (
+            stack.shape[0],
+            stack.shape[1],
+        )
+    )
+    index = [(layer, head) for layer in range(layers) for head in range(heads)]
+    return stack.reshape(layers * heads, *stack.shape[-2:]), index  # (panels, t_q, t_k)
+
+
+def _panel_svg(
+    matrix: torch.Tensor,
+    rows: list[str],
+    cols: list[str],
+    *,
+    panel: int,
+    name: str,
+    vmin: float,
+    vmax: float,
+    xlabel: str,
+    ylabel: str,
+    hidden: bool,
+) -> str:
+    t_q, t_k = matrix.shape
+    left = 18 + round(_CHAR * max(len(r) for r in rows)) + 8  # axis name, labels, gap
+    # Column labels are turned 45 degrees: their height is their length over sqrt(2).
+    top = 20 + round(_CHAR * max(len(c) for c in cols) * 0.71) + 10
+    # ... and reach past their column's centre to the right by as much.
+    right = max(4, round(_CHAR * max(len(c) for c in cols) * 0.71) - _CELL // 2 + 4)
+    width = left + t_k * _CELL + right
+    height = top + t_q * _CELL + 4
+    span = vmax - vmin
+    # The `hidden` attribute hides HTML elements only, so each SVG sits in a <div>.
+    parts = [
+        f'<div class="attn-heatmap-panel" data-panel="{panel}" '
+        f'data-name="{escape(name)}"{" hidden" if hidden else ""}>'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-size="{_FONT}" style="max-width:none" '
+        f'role="group" aria-label="{escape(name)}">',
+        f"<title>{escape(name)}</title>",
+        f'<text x="{left + t_k * _CELL / 2:g}" y="12" text-anchor="middle" '
+        f'fill="currentColor" font-weight="600">{escape(xlabel)}</text>',
+        f'<text transform="translate(12 {top + t_q * _CELL / 2:g}) rotate(-90)" '
+        f'text-anchor="middle" fill="currentColor" font-weight="600">{escape(ylabel)}</text>',
+    ]
+    for j, col in enumerate(cols):
+        x = left + j * _CELL + _CELL / 2
+        parts.append(
+            f'<text class="attn-heatmap-col" data-k="{j}" '
+            f'transform="translate({x:g} {top - 6}) rotate(-45)" fill="currentColor">'
+            f"{escape(col)}</text>"
+        )
+    for i, row in enumerate(rows):
+        y = top + i * _CELL + _CELL / 2
+        parts.append(
+            f'<text class="attn-heatmap-row" data-q="{i}" x="{left - 8}" y="{y:g}" '
+            f'text-anchor="end" dominant-baseline="central" fill="currentColor">'
+            f"{escape(row)}</text>"
+        )
+    for i in range(t_q):
+        for j in range(t_k):
+            value = float(matrix[i, j])
+            position = (value - vmin) / span if span > 0 else 0.0
+            x, y = left + j * _CELL, top + i * _CELL
+            readout = f"query {rows[i]} → key {cols[j]}: {value:.4f}"
+            parts.append(
+                f'<g class="attn-heatmap-cell" data-q="{i}" data-k="{j}" '
+                f'data-w="{value:.4f}"><title>{escape(readout)}</title>'
+                f'<rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" '
+                f'fill="{_blues(position)}" stroke="#ffffff" stroke-width="1"/>'
+                f'<text x="{x + _CELL / 2:g}" y="{y + _CELL / 2:g}" text-anchor="middle" '
+                f'dominant-baseline="central" font-size="11" pointer-events="none" '
+                f'fill="{"#ffffff" if position > 0.55 else "#1a1a1a"}">{value:.2f}</text></g>'
+            )
+    parts.append("</svg></div>")
+    return "".join(parts)
+
+
+def interactive_heatmap(
+    weights: Any,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    *,
+    title: str | None = None,
+    panel_names: Sequence[str] | None = None,
+    xlabel: str = "key",
+    ylabel: str = "query",
+    vmin: float = 0.0,
+    vmax: float | None = None,
+) -> str:
+    r"""Attention weights as an HTML snippet: one SVG heatmap per head, a head selector
+    and a read-out of the cell under the pointer.
+
+    Every cell shows its weight to two decimals and carries a tooltip
+    `query <token> → key <token>: <weight>`. With the site's script
+    (`docs/assets/javascripts/attention-heatmap.js`) the buttons switch between panels
+    (heads, or layer and head) and a read-out box shows the hovered or tapped cell; without
+    it the first panel shows, with its tooltips. All panels share one colour scale, from
+    `vmin` to `vmax`, so their colours compare. Nothing is loaded from another host, and
+    matplotlib is not needed.
+
+    Args:
+        weights: Attention weights, shape `(t_q, t_k)`, `(heads, t_q, t_k)` or
+            `(layers, heads, t_q, t_k)`; a tensor that requires grad is detached first.
+        row_labels: One label per query (row).
+        col_labels: One label per key (column).
+        title: Caption above the heatmap.
+        panel_names: One name per panel, in order (layer-major for 4-d weights); by
+            default `head 1`, `head 2`, ... or `layer 1 · head 1`, ...
+        xlabel: Name of the column axis.
+        ylabel: Name of the row axis.
+        vmin: Weight mapped to the lightest colour.
+        vmax: Weight mapped to the darkest colour; the largest weight when omitted.
+
+    Returns:
+        A `<figure>` element as a string, to print from a markdown-exec `html="1"` block.
+
+    Raises:
+        TypeError: If `weights` does not hold real numbers, or a label argument is not a
+            sequence (a single string is refused, not split into characters).
+        ValueError: If `weights` has the wrong number of dimensions, is empty or not
+            finite, a label or name count does not match its shape, or `vmax` is below
+            `vmin`.
+
+    Examples:
+        >>> import torch
+        >>> from attnlab.plotting import interactive_heatmap
+        >>> weights = torch.tensor([[[0.9, 0.1], [0.4, 0.6]], [[0.5, 0.5], [0.2, 0.8]]])
+        >>> html = interactive_heatmap(weights, ["a", "b"], ["a", "b"], title="toy")
+        >>> html.startswith('<figure class="attn-heatmap"')
+        True
+        >>> html.count('class="attn-heatmap-cell"')  # 2 heads of 2 x 2 weights
+        8
+        >>> 'data-w="0.4000"' in html, "query b → key a: 0.4000" in html
+        (True, True)
+    """
+    stack, index = _as_panels(weights)
+    _, t_q, t_k = stack.shape
+    rows = _check_labels("row_labels", row_labels, t_q, "rows")
+    cols = _check_labels("col_labels", col_labels, t_k, "columns")
+    layers = index[-1][0] + 1
+    if panel_names is None:
+        if len(index) == 1:
+            names = ["weights"]
+        elif layers == 1:
+            names = [f"head {head + 1}" for _, head in index]
+        else:
+            names = [f"layer {layer + 1} · head {head + 1}" for layer, head in index]
+    else:
+        names = _check_labels("panel_names", panel_names, len(index), "panels")
+    top = float(stack.max()) if vmax is None else vmax
+    if top < vmin:
+        raise ValueError(
+            f"vmax must not be below vmin, got vmin={vmin} and vmax={top}"
+            + (" (the largest weight)" if vmax is None else "")
+        )
+
+    label = title or "attention weights"
+    out = [
+        f'<figure class="attn-heatmap" data-attn-heatmap aria-label="{escape(label)}" '
+        'style="margin:1em 0;max-width:100%">'
+    ]
+    if title is not None:
+        out.append(
+            f'<figcaption style="font-weight:600;margin:0 0 .4em;text-align:left">'
+            f"{escape(title)}</figcaption>"
+        )
+    if len(names) > 1:
+        # Hidden until the script runs: without it the buttons could do nothing.
+        out.append(
+            '<div class="attn-heatmap-select" role="group" aria-label="choose a panel" '
+            'hidden style="flex-wrap:wrap;gap:.3em;margin:0 0 .5em">'
+        )
+        for panel, name in enumerate(names):
+            out.append(
+                f'<button type="button" data-panel="{panel}" '
+                f'aria-pressed="{"true" if panel == 0 else "false"}">{escape(name)}</button>'
+            )
+        out.append("</div>")
+    out.append(
+        '<div class="attn-heatmap-scroll" style="overflow-x:auto;max-width:100%;padding:0 0 .3em">'
+    )
+    for panel, name in enumerate(names):
+        out.append(
+            _panel_svg(
+                stack[panel],
+                rows,
+                cols,
+                panel=panel,
+                name=name,
+                vmin=vmin,
+                vmax=top,
+                xlabel=xlabel,
+                ylabel=ylabel,
+                hidden=panel > 0,
+            )
+        )
+    out.append("</div>")
+    out.append(
+        '<output class="attn-heatmap-readout" aria-live="polite" hidden '
+        'style="min-height:1.6em;font-size:.8em;margin:.2em 0 0">'
+        "Point at a cell (or tap it) to read its weight.</output>"
+    )
+    out.append("</figure>")
+    return "".join(out)
