@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 import attnlab.functional as AF
 from attnlab import MultiHeadAttention, MultiHeadAttentionWrapper, masks
@@ -205,8 +206,6 @@ def test_from_torch_keeps_dtype_and_copies_storage() -> None:
 def test_from_torch_rejects_unsupported_modules() -> None:
     with pytest.raises(TypeError, match=r"nn\.MultiheadAttention"):
         MultiHeadAttention.from_torch(nn.Linear(3, 3))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="kdim=5 != vdim=6"):
-        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=5, vdim=6))
     with pytest.raises(ValueError, match="add_bias_kv"):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, add_bias_kv=True))
 
@@ -603,3 +602,333 @@ def test_permuting_context_tokens_changes_nothing(
         expected = mha(x, context, attn_mask=mask)
         got = mha(x, context[:, perm], attn_mask=mask[..., perm])
     torch.testing.assert_close(got, expected)
+
+
+# -- nn.MultiheadAttention's forward arguments: key_padding_mask, need_weights, value ----
+
+VDIM = 9  # value features, different from KDIM: a separate value tensor
+LENGTHS = [S, S - 3, 2]  # key 0 is never padding, so no row is fully masked
+
+
+def _torch_mha_kv(vdim: int = VDIM, dropout: float = 0.0) -> nn.MultiheadAttention:
+    module = nn.MultiheadAttention(E, H, dropout=dropout, kdim=KDIM, vdim=vdim, batch_first=True)
+    with torch.no_grad():
+        module.in_proj_bias.normal_()
+        module.out_proj.bias.normal_()
+    return module
+
+
+def _kv_inputs() -> tuple[Tensor, Tensor, Tensor]:
+    return (
+        torch.randn(B, T, E, requires_grad=True),
+        torch.randn(B, S, KDIM, requires_grad=True),
+        torch.randn(B, S, VDIM, requires_grad=True),
+    )
+
+
+def _padding(kind: str) -> Tensor:
+    """A key padding mask in PyTorch's convention: True (or -inf) at padding."""
+    padded = ~masks.padding(LENGTHS, max_len=S)  # (b, s), True = padding
+    if kind == "bool":
+        return padded
+    additive = torch.randn(B, S)  # a float key padding mask is added to the scores
+    return additive.masked_fill(padded, float("-inf"))
+
+
+# (our attn_mask and is_causal, PyTorch's attn_mask and is_causal) for each combination.
+def _combined(name: str) -> tuple[dict[str, object], dict[str, object]]:
+    if name == "none":
+        return {}, {}
+    if name == "bool":
+        allowed = torch.rand(T, S) > 0.4
+        allowed[:, 0] = True
+        return {"attn_mask": allowed}, {"attn_mask": masks.allowed_to_blocked(allowed)}
+    if name == "float":
+        additive = torch.randn(T, S)
+        return {"attn_mask": additive}, {"attn_mask": additive}
+    if name == "causal":
+        blocked = masks.allowed_to_blocked(masks.causal(T, S))
+        return {"is_causal": True}, {"attn_mask": blocked, "is_causal": True}
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+@pytest.mark.parametrize("combined", ["none", "bool", "float", "causal"])
+@pytest.mark.parametrize("padding", ["bool", "float"])
+def test_key_padding_mask_equals_torch_forward_and_backward(
+    padding: str, combined: str, backend: str
+) -> None:
+    reference = _torch_mha_kv().eval()
+    ours = MultiHeadAttention.from_torch(reference, backend=backend)  # type: ignore[arg-type]
+    x, context, value = _kv_inputs()
+    key_padding_mask = _padding(padding)
+    our_kwargs, torch_kwargs = _combined(combined)
+    # PyTorch deprecates a bool mask beside a float one (we take them mixed): give it both
+    # as floats, -inf where its bool mask is True.
+    torch_padding = key_padding_mask
+    torch_mask = torch_kwargs.get("attn_mask")
+    if isinstance(torch_mask, Tensor) and torch_mask.dtype != key_padding_mask.dtype:
+        if torch_mask.dtype == torch.bool:
+            torch_kwargs["attn_mask"] = torch.zeros(T, S).masked_fill(torch_mask, float("-inf"))
+        else:
+            torch_padding = torch.zeros(B, S).masked_fill(key_padding_mask, float("-inf"))
+    expected, _ = reference(
+        x, context, value, key_padding_mask=torch_padding, need_weights=False, **torch_kwargs
+    )  # type: ignore[arg-type]
+    got = ours(x, context, value, key_padding_mask=key_padding_mask, **our_kwargs)  # type: ignore[arg-type]
+    assert isinstance(got, Tensor)
+    torch.testing.assert_close(got, expected)
+    grad_out = torch.randn_like(got)
+    for g, e in zip(
+        torch.autograd.grad(got, (x, context, value), grad_out),
+        torch.autograd.grad(expected, (x, context, value), grad_out),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, e)
+    weights = ours.attention_weights(x, context, key_padding_mask=key_padding_mask, **our_kwargs)  # type: ignore[arg-type]
+    _, expected_weights = reference(
+        x,
+        context,
+        value,
+        key_padding_mask=torch_padding,
+        average_attn_weights=False,
+        **torch_kwargs,
+    )  # type: ignore[arg-type]
+    torch.testing.assert_close(weights, expected_weights)
+
+
+def test_key_padding_mask_with_causal_bias_equals_explicit_mask() -> None:
+    ours = MultiHeadAttention.from_torch(_torch_mha_kv()).eval()
+    x, context, value = _kv_inputs()
+    padding = _padding("bool")
+    got = ours(x, context, value, attn_mask=causal_lower_right(T, S), key_padding_mask=padding)
+    allowed = masks.causal(T, S, align="bottom-right") & ~padding[:, None, None, :]
+    torch.testing.assert_close(got, ours(x, context, value, attn_mask=allowed))
+
+
+@pytest.mark.parametrize("average", [True, False], ids=["averaged", "per-head"])
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_need_weights_equals_torch(backend: str, average: bool) -> None:
+    reference = _torch_mha_kv().eval()
+    ours = MultiHeadAttention.from_torch(reference, backend=backend)  # type: ignore[arg-type]
+    x, context, value = _kv_inputs()
+    padding = _padding("bool")
+    allowed = torch.rand(T, S) > 0.3
+    allowed[:, 0] = True
+    expected, expected_weights = reference(
+        x,
+        context,
+        value,
+        key_padding_mask=padding,
+        attn_mask=masks.allowed_to_blocked(allowed),
+        average_attn_weights=average,
+    )
+    result = ours(
+        x,
+        context,
+        value,
+        attn_mask=allowed,
+        key_padding_mask=padding,
+        need_weights=True,
+        average_attn_weights=average,
+    )
+    assert isinstance(result, tuple)
+    got, weights = result
+    assert weights.shape == ((B, T, S) if average else (B, H, T, S))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(weights, expected_weights)
+    # Both outputs of the tuple carry gradients, as PyTorch's do.
+    grads = torch.autograd.grad((got.sum(), weights.sum()), (x, context))
+    expected_grads = torch.autograd.grad((expected.sum(), expected_weights.sum()), (x, context))
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_need_weights_in_training_are_the_dropped_weights_of_the_same_forward(
+    backend: str,
+) -> None:
+    # PyTorch's module returns the weights after dropout; so do we, and the output is made
+    # of exactly these weights. With the same seed both draw the same dropout mask.
+    reference = _torch_mha_kv(dropout=0.4).train()
+    ours = MultiHeadAttention.from_torch(reference, backend=backend)  # type: ignore[arg-type]
+    x, context, value = _kv_inputs()
+    padding = _padding("bool")
+    torch.manual_seed(9)
+    expected, expected_weights = reference(
+        x, context, value, key_padding_mask=padding, average_attn_weights=False
+    )
+    torch.manual_seed(9)
+    got, weights = ours(  # type: ignore[misc]
+        x, context, value, key_padding_mask=padding, need_weights=True, average_attn_weights=False
+    )
+    assert bool((weights == 0).any())  # dropout did drop weights
+    torch.testing.assert_close(weights, expected_weights)
+    torch.testing.assert_close(got, expected)
+    v = ours.W_value(value).view(B, S, H, E // H).transpose(1, 2)  # (b, h, s, head_dim)
+    heads = (weights @ v).transpose(1, 2).reshape(B, T, E)  # (b, t, e)
+    torch.testing.assert_close(got, ours.out_proj(heads))
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_separate_value_equals_torch_forward_and_backward(backend: str) -> None:
+    reference = _torch_mha_kv().eval()
+    ours = MultiHeadAttention.from_torch(reference, backend=backend)  # type: ignore[arg-type]
+    assert (ours.d_context, ours.d_value) == (KDIM, VDIM)
+    assert ours.W_value.weight.shape == (E, VDIM)
+    x, context, value = _kv_inputs()
+    expected, _ = reference(x, context, value, need_weights=False)
+    got = ours(x, context, value)
+    torch.testing.assert_close(got, expected)
+    grad_out = torch.randn_like(expected)
+    got.backward(grad_out)  # type: ignore[union-attr]
+    expected.backward(grad_out)
+    for name, grad in _torch_layout_grads(ours, packed=False).items():
+        torch.testing.assert_close(grad, reference.get_parameter(name).grad, msg=name)
+    for tensor in (x, context, value):
+        assert tensor.grad is not None
+
+
+def test_separate_value_round_trip_through_torch_is_exact() -> None:
+    reference = _torch_mha_kv()
+    back = MultiHeadAttention.from_torch(reference).to_torch()
+    assert (back.kdim, back.vdim, back.in_proj_weight) == (KDIM, VDIM, None)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    ours = MultiHeadAttention(E, E, H, d_context=E, d_value=VDIM)
+    assert ours.to_torch().in_proj_weight is None  # kdim == embed_dim but vdim differs
+
+
+def test_value_tokens_default_to_the_keys_tokens() -> None:
+    mha = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS, d_context=D_CONTEXT).eval()
+    x, context = torch.randn(B, T, D_IN), torch.randn(B, S, D_CONTEXT)
+    torch.testing.assert_close(mha(x, context), mha(x, context, context))
+    self_attn = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS).eval()
+    torch.testing.assert_close(self_attn(x), self_attn(x, x, x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_unbatched_key_padding_mask_and_weights_equal_torch(backend: str) -> None:
+    reference = _torch_mha_kv().eval()
+    ours = MultiHeadAttention.from_torch(reference, backend=backend)  # type: ignore[arg-type]
+    x, context, value = torch.randn(T, E), torch.randn(S, KDIM), torch.randn(S, VDIM)
+    padding = torch.zeros(S, dtype=torch.bool)
+    padding[4:] = True
+    expected, expected_weights = reference(x, context, value, key_padding_mask=padding)
+    got, weights = ours(x, context, value, key_padding_mask=padding, need_weights=True)  # type: ignore[misc]
+    assert (got.shape, weights.shape) == ((T, E), (T, S))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(weights, expected_weights)
+
+
+def test_forward_returns_a_tensor_unless_weights_are_asked_for() -> None:
+    mha = _module()
+    x, context = torch.randn(B, T, D_IN), torch.randn(B, S, D_CONTEXT)
+    out = mha(x, context)
+    assert isinstance(out, Tensor)
+    result = mha(x, context, need_weights=True)
+    assert isinstance(result, tuple)
+    torch.testing.assert_close(result[0], out)
+    torch.testing.assert_close(result[1], mha.attention_weights(x, context).mean(dim=1))
+
+
+def _kv_module(**kwargs: object) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        D_IN,
+        D_OUT,
+        NUM_HEADS,
+        d_context=D_CONTEXT,
+        d_value=VDIM,
+        **kwargs,  # type: ignore[arg-type]
+    ).eval()
+
+
+def _call(**kwargs: object) -> Callable[[MultiHeadAttention], object]:
+    x, context, value = (
+        torch.randn(B, T, D_IN),
+        torch.randn(B, S, D_CONTEXT),
+        torch.randn(B, S, VDIM),
+    )
+    args: dict[str, object] = {"x": x, "context": context, "value": value, **kwargs}
+    return lambda m: m(**args)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"),
+    [
+        (
+            _call(key_padding_mask=torch.zeros(S, B, dtype=torch.bool)),
+            ValueError,
+            r"key_padding_mask must have shape \(b, s\) = \(3, 7\), one entry per key token "
+            r"of each sequence, got \(7, 3\)",
+        ),
+        (
+            _call(key_padding_mask=torch.zeros(B, 1, 1, S, dtype=torch.bool)),
+            ValueError,
+            r"key_padding_mask must have shape \(b, s\) = \(3, 7\).*got \(3, 1, 1, 7\)",
+        ),
+        (
+            _call(key_padding_mask=torch.zeros(B, S, dtype=torch.int64)),
+            TypeError,
+            r"key_padding_mask must be a bool tensor \(True = padding, as in "
+            r"nn.MultiheadAttention\) or a float tensor to add to the scores, got torch.int64",
+        ),
+        (
+            _call(key_padding_mask=[[False] * S] * B),
+            TypeError,
+            "key_padding_mask must be a torch.Tensor or None, got list",
+        ),
+        (
+            _call(key_padding_mask=torch.zeros(B, S, dtype=torch.bool, device="meta")),
+            ValueError,
+            "key_padding_mask is on meta but x is on cpu",
+        ),
+        (
+            _call(value=torch.randn(B, S, D_CONTEXT)),
+            ValueError,
+            r"value has 7 features but MultiHeadAttention expects d_value=9",
+        ),
+        (
+            _call(value=torch.randn(B, S - 1, VDIM)),
+            ValueError,
+            r"value must have as many tokens as context, got value.shape=\(3, 6, 9\) and "
+            r"context.shape=\(3, 7, 7\)",
+        ),
+        (
+            _call(value=torch.randn(2, S, VDIM)),
+            ValueError,
+            r"x and value must both be unbatched or have the same batch size",
+        ),
+        (
+            _call(value=None),
+            ValueError,
+            "value is required: this module's values have d_value=9 features but its keys "
+            "have d_context=7",
+        ),
+        (_call(need_weights=1), TypeError, r"need_weights must be a bool, got 1 \(int\)"),
+        (
+            _call(need_weights=True, average_attn_weights="no"),
+            TypeError,
+            r"average_attn_weights must be a bool, got 'no' \(str\)",
+        ),
+        (
+            lambda m: m.attention_weights(
+                torch.randn(T, D_IN),
+                torch.randn(S, D_CONTEXT),
+                key_padding_mask=torch.zeros(B, S, dtype=torch.bool),
+            ),
+            ValueError,
+            r"key_padding_mask must have shape \(s,\) for unbatched x = \(7,\)",
+        ),
+    ],
+)
+def test_new_forward_arguments_reject_bad_input(
+    call: Callable[[MultiHeadAttention], object], error: type[Exception], pattern: str
+) -> None:
+    with pytest.raises(error, match=pattern):
+        call(_kv_module())
+
+
+def test_constructor_rejects_bad_d_value() -> None:
+    with pytest.raises(ValueError, match="d_value must be a positive int, got 0"):
+        MultiHeadAttention(D_IN, D_OUT, NUM_HEADS, d_value=0)

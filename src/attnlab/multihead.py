@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention.bias import CausalBias
 
 from attnlab import functional as F
 from attnlab._validation import (
@@ -49,7 +50,9 @@ class MultiHeadAttention(nn.Module):
     Each of `W_query`, `W_key`, `W_value` is one `nn.Linear` that projects for all heads at
     once (the article's [`MultiHeadAttentionWrapper`][attnlab.MultiHeadAttentionWrapper]
     keeps one small matrix per head instead); `out_proj` mixes the heads. Queries come from
-    `x`; keys and values from `context` if given (cross-attention), else from `x`.
+    `x`; keys and values from `context` if given (cross-attention), else from `x`; values
+    from a separate `value` tensor where they differ from the keys' tokens (`d_value`, the
+    `vdim` of `nn.MultiheadAttention`).
 
     The attention itself runs on PyTorch's fused `scaled_dot_product_attention` by default
     (`backend="torch"`), or on attnlab's from-scratch
@@ -59,20 +62,26 @@ class MultiHeadAttention(nn.Module):
 
     [`from_torch`][attnlab.MultiHeadAttention.from_torch] and
     [`to_torch`][attnlab.MultiHeadAttention.to_torch] copy the weights from and to
-    `nn.MultiheadAttention`; the two modules then compute the same function.
+    `nn.MultiheadAttention`; the two modules then compute the same function. `forward`
+    also takes that module's `key_padding_mask` (True = padding, PyTorch's convention),
+    `need_weights` and `average_attn_weights`, with one difference: it returns the output
+    alone unless `need_weights=True` is passed, then `(output, weights)`.
 
     Args:
         d_in: Features per token of `x`.
         d_out: Features of the output, split over the heads; a multiple of `num_heads`.
         num_heads: Number of heads.
-        d_context: Features per token of `context`; defaults to `d_in`.
+        d_context: Features per token of `context` (the keys' tokens); defaults to `d_in`.
+        d_value: Features per token of `value` (the values' tokens); defaults to
+            `d_context`.
         dropout: Probability of dropping an attention weight, in training mode only.
         bias: Whether the four projections have a bias.
         backend: `"torch"` (PyTorch's fused kernel) or `"scratch"` (attnlab's).
 
     Shapes:
         x: `(b, t, d_in)` or unbatched `(t, d_in)`. context: `(b, s, d_context)` or
-        `(s, d_context)`, batched like `x`. Output: `(b, t, d_out)` or `(t, d_out)`.
+        `(s, d_context)`, batched like `x`. value: `(b, s, d_value)` or `(s, d_value)`.
+        Output: `(b, t, d_out)` or `(t, d_out)`.
 
     Raises:
         TypeError: If a size is not an int, `dropout` not a number or `bias` not a bool.
@@ -90,6 +99,10 @@ class MultiHeadAttention(nn.Module):
         torch.Size([3, 4, 8])
         >>> cross_attn.attention_weights(x, context).shape  # (b, num_heads, t, s)
         torch.Size([3, 2, 4, 7])
+        >>> padding = torch.tensor([[False] * 7, [False] * 5 + [True] * 2, [False] * 7])
+        >>> out, weights = cross_attn(x, context, key_padding_mask=padding, need_weights=True)
+        >>> weights.shape, weights[1, :, 5:].abs().max()  # averaged over heads
+        (torch.Size([3, 4, 7]), tensor(0., grad_fn=<MaxBackward1>))
     """
 
     def __init__(
@@ -99,6 +112,7 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         *,
         d_context: int | None = None,
+        d_value: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
         backend: Backend = "torch",
@@ -108,6 +122,7 @@ class MultiHeadAttention(nn.Module):
         self.d_out = check_positive_int("d_out", d_out)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.d_context = d_in if d_context is None else check_positive_int("d_context", d_context)
+        self.d_value = self.d_context if d_value is None else check_positive_int("d_value", d_value)
         if d_out % num_heads != 0:
             raise ValueError(
                 f"d_out must be a multiple of num_heads, got d_out={d_out} and "
@@ -119,7 +134,7 @@ class MultiHeadAttention(nn.Module):
         self.backend = backend
         self.W_query = nn.Linear(self.d_in, d_out, bias=bias)
         self.W_key = nn.Linear(self.d_context, d_out, bias=bias)
-        self.W_value = nn.Linear(self.d_context, d_out, bias=bias)
+        self.W_value = nn.Linear(self.d_value, d_out, bias=bias)
         self.out_proj = nn.Linear(d_out, d_out, bias=bias)
 
     @property
@@ -135,14 +150,23 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
-            f"d_context={self.d_context}, dropout={self.dropout}, bias={self.bias}, "
+            f"d_context={self.d_context}, d_value={self.d_value}, dropout={self.dropout}, "
+            f"bias={self.bias}, "
             f"backend={self.backend!r}"
         )
 
     # -- input checks --------------------------------------------------------------------
 
     def _check_inputs(
-        self, x: object, context: object, attn_mask: object, is_causal: object
+        self,
+        x: object,
+        context: object,
+        attn_mask: object,
+        is_causal: object,
+        value: object = None,
+        key_padding_mask: object = None,
+        *,
+        needs_values: bool = True,
     ) -> None:
         """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
         owner, like = type(self).__name__, self.W_query.weight
@@ -150,8 +174,8 @@ class MultiHeadAttention(nn.Module):
         if context is None:
             if self.d_context != self.d_in:
                 raise ValueError(
-                    f"context is required: this module's keys and values have "
-                    f"d_context={self.d_context} features but x has d_in={self.d_in}"
+                    f"context is required: this module's keys have d_context={self.d_context} "
+                    f"features but x has d_in={self.d_in}"
                 )
             context = x
         else:
@@ -163,85 +187,213 @@ class MultiHeadAttention(nn.Module):
                 owner=owner,
                 like=like,
             )
-            if x.ndim != context.ndim or (x.ndim == 3 and x.shape[0] != context.shape[0]):
+            self._check_batch("context", x, context)
+        if value is None:
+            if needs_values and self.d_value != self.d_context:
                 raise ValueError(
-                    "x and context must both be unbatched or have the same batch size, got "
-                    f"x.shape={tuple(x.shape)} and context.shape={tuple(context.shape)}"
+                    f"value is required: this module's values have d_value={self.d_value} "
+                    f"features but its keys have d_context={self.d_context}"
                 )
-        b = x.shape[0] if x.ndim == 3 else 1
-        target = (b, self.num_heads, x.shape[-2], context.shape[-2])  # (b, h, t, s)
+        else:
+            value = check_tokens(
+                "value", value, features=self.d_value, param="d_value", owner=owner, like=like
+            )
+            self._check_batch("value", x, value)
+            if value.shape[-2] != context.shape[-2]:
+                keys = "context" if context is not x else "x (the keys' tokens)"
+                raise ValueError(
+                    f"value must have as many tokens as {keys}, got value.shape="
+                    f"{tuple(value.shape)} and {keys.split()[0]}.shape={tuple(context.shape)}"
+                )
+        b, s = (x.shape[0] if x.ndim == 3 else 1), context.shape[-2]
+        target = (b, self.num_heads, x.shape[-2], s)  # (b, h, t, s)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
         if check_bool("is_causal", is_causal) and attn_mask is not None:
             raise ValueError("pass either attn_mask or is_causal=True, not both")
+        self._check_key_padding_mask(key_padding_mask, x, b, s)
 
     @staticmethod
-    def _batched(x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, bool]:
-        """`(b, t, d_in)` and `(b, s, d_context)` tensors, and whether x was unbatched."""
+    def _check_batch(name: str, x: Tensor, other: Tensor) -> None:
+        if x.ndim != other.ndim or (x.ndim == 3 and x.shape[0] != other.shape[0]):
+            raise ValueError(
+                f"x and {name} must both be unbatched or have the same batch size, got "
+                f"x.shape={tuple(x.shape)} and {name}.shape={tuple(other.shape)}"
+            )
+
+    @staticmethod
+    def _check_key_padding_mask(mask: object, x: Tensor, b: int, s: int) -> None:
+        if mask is None:
+            return
+        if not isinstance(mask, Tensor):
+            raise TypeError(
+                f"key_padding_mask must be a torch.Tensor or None, got {type(mask).__name__}"
+            )
+        if mask.dtype != torch.bool and mask.dtype not in (x.dtype, torch.float32):
+            raise TypeError(
+                "key_padding_mask must be a bool tensor (True = padding, as in "
+                "nn.MultiheadAttention) or a float tensor to add to the scores, got "
+                f"{mask.dtype}"
+            )
+        expected = (b, s) if x.ndim == 3 else (s,)
+        if tuple(mask.shape) != expected:
+            layout = "(b, s)" if x.ndim == 3 else "(s,) for unbatched x"
+            raise ValueError(
+                f"key_padding_mask must have shape {layout} = {expected}, one entry per key "
+                f"token of each sequence, got {tuple(mask.shape)}"
+            )
+        if mask.device != x.device:
+            raise ValueError(f"key_padding_mask is on {mask.device} but x is on {x.device}")
+
+    @staticmethod
+    def _batched(
+        x: Tensor, context: Tensor | None, value: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """`(b, t, d_in)`, `(b, s, d_context)`, `(b, s, d_value)`, and whether x was unbatched."""
         context = x if context is None else context
+        value = context if value is None else value
         unbatched = x.ndim == 2
-        if unbatched:
-            x, context = x.unsqueeze(0), context.unsqueeze(0)  # (1, t, d_in), (1, s, d_context)
-        return x, context, unbatched
+        if unbatched:  # (1, t, d_in), (1, s, d_context), (1, s, d_value)
+            x, context, value = x.unsqueeze(0), context.unsqueeze(0), value.unsqueeze(0)
+        return x, context, value, unbatched
+
+    @staticmethod
+    def _merge_masks(
+        attn_mask: Tensor | None, is_causal: bool, key_padding_mask: Tensor, t: int, like: Tensor
+    ) -> Tensor:
+        """One mask of `attn_mask` (or the causal one) and a `(b, s)` key padding mask."""
+        s = key_padding_mask.shape[-1]
+        if isinstance(attn_mask, CausalBias):
+            attn_mask = F._causal_bias_mask(attn_mask, like.device)  # (t, s)
+        elif is_causal:
+            attn_mask = F.causal_mask(t, s, device=like.device)  # (t, s)
+        padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
+        if padding.dtype == torch.bool and (attn_mask is None or attn_mask.dtype == torch.bool):
+            # Both bool: a key takes part if the mask allows it and it is not padding.
+            return ~padding if attn_mask is None else attn_mask & ~padding  # (b, h|1, t, s)
+        # A float mask among them: add both, a bool one as 0 (attend) or -inf (hide).
+        floats = [m for m in (attn_mask, padding) if m is not None and m.dtype != torch.bool]
+        dtype = floats[0].dtype
+        if padding.dtype == torch.bool:
+            padding = torch.zeros_like(padding, dtype=dtype).masked_fill(padding, float("-inf"))
+        if attn_mask is None:
+            return padding  # (b, 1, 1, s)
+        if attn_mask.dtype == torch.bool:
+            zeros = torch.zeros_like(attn_mask, dtype=dtype)
+            attn_mask = zeros.masked_fill(~attn_mask, float("-inf"))
+        return attn_mask + padding  # (b, h|1, t, s)
 
     # -- computation ---------------------------------------------------------------------
 
-    def _heads(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b, t, _ = x.shape
-        s = context.shape[1]
-        h, hd = self.num_heads, self.head_dim
-        # One matmul per role for all heads, then split the features into heads.
-        q = self.W_query(x).view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
-        k = self.W_key(context).view(b, s, h, hd).transpose(1, 2)  # (b, h, s, head_dim)
-        v = self.W_value(context).view(b, s, h, hd).transpose(1, 2)  # (b, h, s, head_dim)
-        return q, k, v
+    def _mask(
+        self,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+        key_padding_mask: Tensor | None,
+        x: Tensor,
+        unbatched: bool,
+    ) -> tuple[Tensor | None, bool]:
+        """The mask and is_causal to give attention, with the key padding merged in."""
+        if key_padding_mask is None:
+            return attn_mask, is_causal
+        if unbatched:
+            key_padding_mask = key_padding_mask.unsqueeze(0)  # (1, s)
+        return self._merge_masks(attn_mask, is_causal, key_padding_mask, x.shape[1], x), False
+
+    def _split(self, linear: nn.Linear, tokens: Tensor) -> Tensor:
+        """Project `(b, n, d)` tokens for all heads with one matmul, then split the heads."""
+        b, n, _ = tokens.shape
+        projected: Tensor = linear(tokens)  # (b, n, d_out)
+        return projected.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, hd)
 
     def forward(
         self,
         x: Tensor,
         context: Tensor | None = None,
+        value: Tensor | None = None,
         *,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
-    ) -> Tensor:
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from the tokens of `x` to those of `context` (or of `x` itself).
+
+        The call `m(x, context, value, key_padding_mask=..., need_weights=True)` mirrors
+        `nn.MultiheadAttention`'s `m(query, key, value, ...)`, except for two conventions:
+        a bool `attn_mask` here is True where a query **may** attend (PyTorch's module:
+        where it may not), and the result is a tuple only with `need_weights=True`.
 
         Args:
             x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
-            context: Key/value tokens, `(b, s, d_context)` or `(s, d_context)`; None for
-                self-attention.
+            context: Key tokens (and value tokens unless `value` is given),
+                `(b, s, d_context)` or `(s, d_context)`; None for self-attention.
+            value: Value tokens, `(b, s, d_value)` or `(s, d_value)`, where they differ from
+                the keys' tokens; None takes the values from the keys' tokens.
             attn_mask: Bool mask (True = attend) or float mask added to the scores,
                 broadcastable to `(b, num_heads, t, s)`; e.g. `(t, s)` for all sequences,
-                `(b, 1, 1, s)` from [`masks.key_padding`][attnlab.masks.key_padding].
+                `(b, 1, 1, s)` from [`masks.key_padding`][attnlab.masks.key_padding], or
+                PyTorch's `causal_upper_left(t, s)` / `causal_lower_right(t, s)`.
             is_causal: Hide key $j$ from query $i$ when $j > i$ (top-left aligned).
+            key_padding_mask: Keys to ignore in each sequence, `(b, s)` or `(s,)`: a bool
+                mask that is **True at padding** (the convention of
+                `nn.MultiheadAttention`), or a float mask added to the scores. Combines
+                with `attn_mask` or `is_causal`.
+            need_weights: Also return the attention weights this very call used (dropout
+                included, in training mode). They are computed by
+                [`attention_weights`][attnlab.functional.attention_weights] whatever the
+                backend, as PyTorch's module leaves its fused kernel to return them.
+            average_attn_weights: With `need_weights`, average the weights over the heads.
 
         Returns:
-            Context vectors mixed by `out_proj`, `(b, t, d_out)` or `(t, d_out)`.
+            Context vectors mixed by `out_proj`, `(b, t, d_out)` or `(t, d_out)`; with
+            `need_weights=True` the tuple `(output, weights)`, the weights of shape
+            `(b, t, s)` averaged over heads, or `(b, num_heads, t, s)` with
+            `average_attn_weights=False` (without `b` for unbatched input).
 
         Raises:
-            TypeError: If an input is not a floating-point tensor, the mask has a wrong
-                dtype or `is_causal` is not a bool.
-            ValueError: If the rank, feature size, dtype or device of `x` or `context` does
-                not fit the module, their batch sizes differ, `context` is missing while
-                `d_context != d_in`, the mask does not broadcast to `(b, num_heads, t, s)`
-                or is on another device, or both `attn_mask` and `is_causal` are given.
+            TypeError: If an input is not a floating-point tensor, a mask has a wrong
+                dtype or a flag is not a bool.
+            ValueError: If the rank, feature size, dtype or device of `x`, `context` or
+                `value` does not fit the module, their batch sizes or the numbers of key
+                and value tokens differ, `context` (or `value`) is missing while
+                `d_context != d_in` (or `d_value != d_context`), `attn_mask` does not
+                broadcast to `(b, num_heads, t, s)`, `key_padding_mask` is not `(b, s)`,
+                a mask is on another device, or both `attn_mask` and `is_causal` are given.
         """
         if is_validation_enabled():
-            self._check_inputs(x, context, attn_mask, is_causal)
-        x, context, unbatched = self._batched(x, context)
-        q, k, v = self._heads(x, context)
+            self._check_inputs(x, context, attn_mask, is_causal, value, key_padding_mask)
+            check_bool("need_weights", need_weights)
+            check_bool("average_attn_weights", average_attn_weights)
+        x, context, value, unbatched = self._batched(x, context, value)
+        mask, causal = self._mask(attn_mask, is_causal, key_padding_mask, x, unbatched)
+        q = self._split(self.W_query, x)  # (b, h, t, head_dim)
+        k = self._split(self.W_key, context)  # (b, h, s, head_dim)
+        v = self._split(self.W_value, value)  # (b, h, s, head_dim)
         dropout_p = self.dropout if self.training else 0.0
-        if self.backend == "torch":
+        weights = None
+        if need_weights:
+            # The weights first, then the output from these very weights (same dropout).
+            weights = F.attention_weights(
+                q, k, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+            )  # (b, h, t, s)
+            heads = F.context_vectors(weights, v)  # (b, h, t, head_dim)
+        elif self.backend == "torch":
             heads = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )  # (b, h, t, head_dim)
         else:
             heads = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )  # (b, h, t, head_dim)
         b, _, t, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(b, t, self.d_out)  # (b, t, d_out)
         out: Tensor = self.out_proj(concat)  # (b, t, d_out)
-        return out[0] if unbatched else out
+        if weights is None:
+            return out[0] if unbatched else out
+        if average_attn_weights:
+            weights = weights.mean(dim=1)  # (b, t, s)
+        return (out[0], weights[0]) if unbatched else (out, weights)
 
     def attention_weights(
         self,
@@ -250,19 +402,23 @@ class MultiHeadAttention(nn.Module):
         *,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Per-head attention weights, for pictures and inspection (never with dropout).
 
         They are the weights `forward` uses in evaluation mode, computed by
         [`attnlab.functional.attention_weights`][attnlab.functional.attention_weights]
-        whatever the backend (PyTorch's fused kernel does not return them).
+        whatever the backend (PyTorch's fused kernel does not return them). For the
+        weights of one training step, dropout included, call `forward` with
+        `need_weights=True`.
 
         Args:
             x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
-            context: Key/value tokens, `(b, s, d_context)` or `(s, d_context)`; None for
-                self-attention.
+            context: Key tokens, `(b, s, d_context)` or `(s, d_context)`; None for
+                self-attention. (The weights do not depend on the values.)
             attn_mask: As in `forward`.
             is_causal: As in `forward`.
+            key_padding_mask: As in `forward` (True = padding).
 
         Returns:
             Weights `(b, num_heads, t, s)` or `(num_heads, t, s)`; each row sums to 1 except
@@ -273,10 +429,14 @@ class MultiHeadAttention(nn.Module):
             ValueError: As `forward`.
         """
         if is_validation_enabled():
-            self._check_inputs(x, context, attn_mask, is_causal)
-        x, context, unbatched = self._batched(x, context)
-        q, k, _ = self._heads(x, context)
-        weights = F.attention_weights(q, k, attn_mask=attn_mask, is_causal=is_causal)
+            self._check_inputs(
+                x, context, attn_mask, is_causal, None, key_padding_mask, needs_values=False
+            )
+        x, context, _, unbatched = self._batched(x, context, None)
+        mask, causal = self._mask(attn_mask, is_causal, key_padding_mask, x, unbatched)
+        q = self._split(self.W_query, x)  # (b, h, t, head_dim)
+        k = self._split(self.W_key, context)  # (b, h, s, head_dim)
+        weights = F.attention_weights(q, k, attn_mask=mask, is_causal=causal)
         return weights[0] if unbatched else weights  # (b, h, t, s)
 
     # -- interoperability with PyTorch ---------------------------------------------------
@@ -291,11 +451,13 @@ class MultiHeadAttention(nn.Module):
         `kdim == vdim == embed_dim`, and as `q_proj_weight`, `k_proj_weight`,
         `v_proj_weight` otherwise; both layouts are copied exactly (as are the biases, the
         output projection, `dropout` and the training mode). The result has
-        `d_in = d_out = embed_dim` and `d_context = kdim`.
+        `d_in = d_out = embed_dim`, `d_context = kdim` and `d_value = vdim`; call it as
+        `mha(query, key, value)` where PyTorch's module takes `(query, key, value)`.
 
-        Mind the masks: `nn.MultiheadAttention` hides a key where its bool mask is True,
-        this module where it is False;
-        [`masks.allowed_to_blocked`][attnlab.masks.allowed_to_blocked] converts.
+        Mind the masks: `nn.MultiheadAttention` hides a key where its bool `attn_mask` is
+        True, this module where it is False;
+        [`masks.allowed_to_blocked`][attnlab.masks.allowed_to_blocked] converts. The
+        `key_padding_mask` has PyTorch's convention in both (True = padding).
 
         Args:
             module: The module to copy. Its `batch_first` does not matter (it changes the
@@ -307,8 +469,8 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             TypeError: If `module` is not an `nn.MultiheadAttention`.
-            ValueError: If it uses features this module does not have: `kdim != vdim`,
-                `add_bias_kv` or `add_zero_attn`.
+            ValueError: If it uses features this module does not have: `add_bias_kv` or
+                `add_zero_attn`.
 
         Examples:
             >>> torch_mha = nn.MultiheadAttention(embed_dim=8, num_heads=2, batch_first=True)
@@ -321,11 +483,6 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(
                 f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
             )
-        if module.kdim != module.vdim:
-            raise ValueError(
-                f"module has kdim={module.kdim} != vdim={module.vdim}; MultiHeadAttention "
-                "takes keys and values from one context tensor, so they must be equal"
-            )
         if module.bias_k is not None or module.add_zero_attn:
             raise ValueError(
                 "module uses add_bias_kv or add_zero_attn, which MultiHeadAttention does not "
@@ -337,6 +494,7 @@ class MultiHeadAttention(nn.Module):
             module.embed_dim,
             module.num_heads,
             d_context=module.kdim,
+            d_value=module.vdim,
             dropout=module.dropout,
             bias=module.in_proj_bias is not None,
             backend=backend,
@@ -363,8 +521,9 @@ class MultiHeadAttention(nn.Module):
         """A batch-first `nn.MultiheadAttention` with this module's weights.
 
         The inverse of [`from_torch`][attnlab.MultiHeadAttention.from_torch]: PyTorch's
-        module gets packed `in_proj_weight` when `d_context == d_out`, separate
-        `q/k/v_proj_weight` otherwise. Call it as `m(x, context, context)` and convert
+        module gets packed `in_proj_weight` when `d_context == d_value == d_out`, separate
+        `q/k/v_proj_weight` otherwise (`kdim = d_context`, `vdim = d_value`). Call it as
+        `m(x, context, context)` (or `m(x, context, value)`) and convert bool attention
         masks with [`masks.allowed_to_blocked`][attnlab.masks.allowed_to_blocked].
 
         Returns:
@@ -395,14 +554,14 @@ class MultiHeadAttention(nn.Module):
             dropout=self.dropout,
             bias=self.bias,
             kdim=self.d_context,
-            vdim=self.d_context,
+            vdim=self.d_value,
             batch_first=True,
             device=weight.device,
             dtype=weight.dtype,
         )
         with torch.no_grad():
             weights = (self.W_query.weight, self.W_key.weight, self.W_value.weight)
-            if self.d_context == self.d_out:  # PyTorch packs the three into in_proj_weight
+            if self.d_context == self.d_value == self.d_out:  # packed into in_proj_weight
                 module.in_proj_weight.copy_(torch.cat(weights))  # (3 * d_out, d_out)
             else:
                 module.q_proj_weight.copy_(weights[0])
