@@ -6,9 +6,14 @@ matrix with the tokens as labels and each weight written in its cell;
 [`figure_to_svg`][attnlab.plotting.figure_to_svg] turns the figure into an SVG string that
 a page can inline.
 
-Matplotlib is an optional dependency (`pip install "attnlab[plot]"`) and is imported only
-when a function here is called. The figures are built on `matplotlib.figure.Figure`
-directly, not through `pyplot`, so no GUI backend is needed and no global state changes.
+[`interactive_heatmap`][attnlab.plotting.interactive_heatmap] writes the SVG itself, one
+panel per head (or per layer and head), for pages that load the site's small script: it
+adds a head selector and a read-out of the cell under the pointer.
+
+Matplotlib is an optional dependency (`pip install "attnlab[plot]"`), imported only when
+`heatmap` or `figure_to_svg` is called; `interactive_heatmap` does not need it. The
+figures are built on `matplotlib.figure.Figure` directly, not through `pyplot`, so no GUI
+backend is needed and no global state changes.
 """
 
 from __future__ import annotations
