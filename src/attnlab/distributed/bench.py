@@ -1,0 +1,181 @@
+"""Benchmark of ring attention: per-rank memory, time and bytes at 1, 2 and 4 ranks.
+
+    python -m attnlab.distributed.bench --out docs/assets/ring/bench.json
+
+Each world size is a fresh group of spawned processes (gloo on 127.0.0.1). A rank draws
+the whole batch from one seed, keeps its shard and frees the rest, then measures one
+forward and backward pass of [`ring_attention`][attnlab.distributed.ring_attention]:
+its peak resident memory above what it held before (Linux: `VmHWM` of
+`/proc/self/status`, reset through `/proc/self/clear_refs`), the wall time of each pass
+(the slowest rank's is the step time) and the bytes it sent. With the default sizes
+(T=8192, b=1, h=8, d=64, causal) a run takes about a minute on an idle 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from attnlab.distributed.launch import spawn
+from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_sequence
+
+__all__ = ["bench_rank", "format_results", "main", "run_bench"]
+
+
+def _memory_kib() -> dict[str, int]:
+    """VmRSS and VmHWM (peak) of this process, in KiB."""
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(("VmRSS", "VmHWM")):
+                name, value = line.split(":")
+                found[name] = int(value.split()[0])
+    return found
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # "reset the peak resident set size" (Linux >= 4.0)
+
+
+def bench_rank(
+    rank: int,
+    world_size: int,
+    length: int,
+    heads: int,
+    head_dim: int,
+    layout: Layout,
+    is_causal: bool = True,
+) -> dict[str, Any]:
+    """One rank of the benchmark (the group is initialised); returns its measurements."""
+    g = torch.Generator().manual_seed(0)
+    local = []
+    for _ in range(4):  # q, k, v and the gradient of the output, (1, h, T, d) each
+        whole = torch.randn(1, heads, length, head_dim, generator=g)
+        local.append(shard_sequence(whole, world_size, rank, layout=layout))
+        del whole
+    gc.collect()
+    q, k, v = (x.requires_grad_() for x in local[:3])
+    _reset_peak()
+    before = _memory_kib()["VmRSS"]
+    stats = RingStats()
+    dist.barrier()
+    start = time.perf_counter()
+    out = ring_attention(q, k, v, is_causal=is_causal, layout=layout, stats=stats)
+    forward_seconds = time.perf_counter() - start
+    forward = dataclasses.replace(stats)
+    dist.barrier()
+    start = time.perf_counter()
+    torch.autograd.backward(out, local[3])
+    backward_seconds = time.perf_counter() - start
+    peak = _memory_kib()["VmHWM"]
+    return {
+        "rank": rank,
+        "positions": q.shape[-2],
+        "input_bytes": sum(x.numel() * x.element_size() for x in local),
+        "peak_extra_bytes": (peak - before) * 1024,
+        "forward_seconds": forward_seconds,
+        "backward_seconds": backward_seconds,
+        "forward_score_entries": forward.score_entries,
+        "forward_bytes_sent": forward.bytes_sent,
+        "bytes_sent": stats.bytes_sent,
+        "compute_seconds": stats.compute_seconds,
+        "wait_seconds": stats.wait_seconds,
+    }
+
+
+def run_bench(
+    world_sizes: Sequence[int] = (1, 2, 4),
+    *,
+    length: int = 8192,
+    heads: int = 8,
+    head_dim: int = 64,
+    layouts: Sequence[Layout] = ("contiguous", "zigzag"),
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Measure every world size and layout; return the results with their provenance."""
+    load_before = os.getloadavg()
+    runs = []
+    for world_size in world_sizes:
+        for layout in layouts if world_size > 1 else layouts[:1]:
+            ranks = spawn(bench_rank, world_size, length, heads, head_dim, layout, timeout=timeout)
+            runs.append({"world_size": world_size, "layout": layout, "ranks": ranks})
+    return {
+        "config": {
+            "length": length,
+            "batch": 1,
+            "heads": heads,
+            "head_dim": head_dim,
+            "is_causal": True,
+            "dtype": "float32",
+            "backend": "gloo",
+        },
+        "provenance": {
+            "command": "python -m attnlab.distributed.bench " + " ".join(sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "runs": runs,
+    }
+
+
+def format_results(results: dict[str, Any]) -> str:
+    """A table with one line per world size and layout; memory is the largest rank's."""
+    runs = results["runs"]
+    base = max(r["peak_extra_bytes"] + r["input_bytes"] for r in runs[0]["ranks"])
+    lines = [
+        "ranks  layout      memory/rank (MiB)  vs 1 rank  forward (s)  fwd+bwd (s)  "
+        "sent/rank (MiB)  work max/min"
+    ]
+    for run in runs:
+        ranks = run["ranks"]
+        memory = max(r["peak_extra_bytes"] + r["input_bytes"] for r in ranks)
+        forward = max(r["forward_seconds"] for r in ranks)
+        step = max(r["forward_seconds"] + r["backward_seconds"] for r in ranks)
+        sent = max(r["bytes_sent"] for r in ranks)
+        work = [r["forward_score_entries"] for r in ranks]
+        lines.append(
+            f"{run['world_size']:>5}  {run['layout']:<10} {memory / 2**20:>18.1f} "
+            f"{memory / base:>10.2f} {forward:>12.2f} {step:>12.2f} {sent / 2**20:>16.1f} "
+            f"{max(work) / max(1, min(work)):>13.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: run the benchmark, print the table, optionally save JSON."""
+    parser = argparse.ArgumentParser(prog="python -m attnlab.distributed.bench")
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    results = run_bench(
+        args.world_sizes, length=args.length, heads=args.heads, head_dim=args.head_dim
+    )
+    print(format_results(results))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

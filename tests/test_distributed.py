@@ -1,0 +1,293 @@
+"""attnlab.distributed: ring attention across processes equals single-process attention.
+
+The reference is `torch.nn.functional.scaled_dot_product_attention` on the whole
+sequence, in the parent process: outputs and the gradients of query, key and value,
+which each rank returns for its own shard and the parent puts back together. Ranks are
+real processes (gloo over TCP on 127.0.0.1). Starting a process costs seconds (it
+imports torch), so one spawn of 4 ranks runs every case, each on a subgroup of 1, 2, 3
+or 4 ranks; the lengths (13 and 11) are divisible neither by the group sizes nor by the
+zigzag's 2P chunks, and batch 2, heads 3, E 8, Ev 5 all differ.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.distributed import (
+    RingStats,
+    merge_partials,
+    ring_attention,
+    shard_ranges,
+    shard_sequence,
+    spawn,
+    unshard_sequence,
+)
+from attnlab.distributed._checks import fail_on_last_rank, run_cases, sleep
+
+TorchSDPA = torch.nn.functional.scaled_dot_product_attention
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+WORLD = 4
+GROUPS = [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [1, 3]]
+LAYOUTS = ["contiguous", "zigzag"]
+
+
+def _inputs(t: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(2, 3, t, 8), (2, 3, t, 8), (2, 3, t, 5), (2, 3, t, 5)]
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def _ring_cases() -> list[dict[str, Any]]:
+    cases = []
+    for ranks in GROUPS:
+        for is_causal in (False, True):
+            for layout in LAYOUTS:
+                t = 11 if len(ranks) == 4 and layout == "zigzag" else 13
+                cases.append(
+                    {
+                        "ranks": ranks,
+                        "inputs": _inputs(t, len(cases)),
+                        "kwargs": {"is_causal": is_causal, "layout": layout, "block_size": 4},
+                    }
+                )
+    return cases
+
+
+RING = _ring_cases()
+# Work per rank: causal, T = 32 over 4 ranks, so that every zigzag chunk has 4 positions.
+BALANCE = [
+    {
+        "ranks": [0, 1, 2, 3],
+        "inputs": _inputs(32, 100 + i),
+        "kwargs": {"is_causal": True, "layout": layout},
+    }
+    for i, layout in enumerate(LAYOUTS)
+]
+LOW = [
+    {
+        "ranks": [0, 1, 2],
+        "inputs": [x.bfloat16() for x in _inputs(13, 200)],
+        "kwargs": {"is_causal": True, "layout": "zigzag"},
+    }
+]
+_q, _k, _v, _g = _inputs(13, 300)
+BAD = [
+    # rank 1 has 6 features where the others have 8
+    {
+        "ranks": [0, 1, 2],
+        "inputs": [_q, _k, _v, _g],
+        "bad": {1: (torch.randn(2, 3, 5, 6), torch.randn(2, 3, 5, 6), torch.randn(2, 3, 5, 5))},
+    },
+    # 3 positions over 4 ranks
+    {"ranks": [0, 1, 2, 3], "inputs": [x[:, :, :3] for x in (_q, _k, _v, _g)]},
+    # rank 0 passes integer keys
+    {
+        "ranks": [0, 1],
+        "inputs": [_q, _k, _v, _g],
+        "bad": {0: (_q[:, :, :7], _k[:, :, :7].long(), _v[:, :, :7])},
+    },
+    # 13 positions split 8 + 5 instead of 7 + 6
+    {
+        "ranks": [0, 1],
+        "inputs": [_q, _k, _v, _g],
+        "bad": {
+            0: (_q[:, :, :8], _k[:, :, :8], _v[:, :, :8]),
+            1: (_q[:, :, 8:], _k[:, :, 8:], _v[:, :, 8:]),
+        },
+    },
+    # rank 3 never calls: rank 2 must fail after the group's timeout, not hang
+    {"ranks": [2, 3], "inputs": [_q, _k, _v, _g], "skip": [3], "timeout": 3},
+]
+for _case in BAD:
+    _case.setdefault("kwargs", {})
+CASES = RING + BALANCE + LOW + BAD
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[Any]]:
+    """Results per case, then per rank of the case's group (one spawn for all cases)."""
+    per_rank = spawn(run_cases, WORLD, CASES, timeout=60, join_timeout=600)
+    return [
+        [per_rank[rank][i] for rank in case["ranks"] if rank not in case.get("skip", ())]
+        for i, case in enumerate(CASES)
+    ]
+
+
+def _unshard(case: dict[str, Any], got: list[Any], index: int) -> torch.Tensor:
+    assert all(r[0] == "ok" for r in got), got
+    layout = case["kwargs"].get("layout", "contiguous")
+    return unshard_sequence([r[index] for r in got], layout=layout)
+
+
+def _reference(case: dict[str, Any]) -> list[torch.Tensor]:
+    q, k, v, grad_out = (x.float() for x in case["inputs"])
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    out = TorchSDPA(q, k, v, is_causal=case["kwargs"].get("is_causal", False))
+    return [out.detach(), *torch.autograd.grad(out, (q, k, v), grad_out)]
+
+
+def _name(case: dict[str, Any]) -> str:
+    kw = case["kwargs"]
+    causal = "causal" if kw["is_causal"] else "full"
+    return f"ranks{''.join(map(str, case['ranks']))}-{causal}-{kw['layout']}"
+
+
+@pytest.mark.parametrize("index", range(len(RING)), ids=[_name(c) for c in RING])
+def test_ring_attention_forward_matches_torch(results: list[list[Any]], index: int) -> None:
+    case = RING[index]
+    torch.testing.assert_close(_unshard(case, results[index], 1), _reference(case)[0], **TOL)
+
+
+@pytest.mark.parametrize("index", range(len(RING)), ids=[_name(c) for c in RING])
+def test_ring_attention_backward_matches_torch(results: list[list[Any]], index: int) -> None:
+    case = RING[index]
+    expected = _reference(case)[1:]
+    for name, i, want in zip("qkv", (2, 3, 4), expected, strict=True):
+        got = _unshard(case, results[index], i)
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def test_ring_attention_bfloat16_matches_float32_reference(results: list[list[Any]]) -> None:
+    index = len(RING) + len(BALANCE)
+    case = CASES[index]
+    out = _unshard(case, results[index], 1)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), _reference(case)[0], rtol=0, atol=2e-2)
+
+
+def test_zigzag_balances_causal_work(results: list[list[Any]]) -> None:
+    start = len(RING)
+    contiguous, zigzag = ([r[5]["score_entries"] for r in results[start + i]] for i in (0, 1))
+    # T = 32, 4 ranks: rank r of the contiguous split has 8 queries that see 8r keys in
+    # full and its own 8 under the causal mask (36 pairs); per batch and head entry.
+    assert contiguous == [36 + 64 * r for r in range(4)]
+    # zigzag: chunks r and 7 - r of 4 positions; the same count on every rank.
+    assert zigzag == [sum(contiguous) / 4] * 4
+    for got in results[start : start + 2]:
+        # forward: 3 messages of K and V for 8 positions of 2 x 3 batch and head entries,
+        # (E + Ev) = 8 + 5 floats of 4 bytes each
+        assert [r[5]["bytes_sent"] for r in got] == [3 * 8 * 2 * 3 * (8 + 5) * 4] * 4
+
+
+def _errors(results: list[list[Any]], i: int) -> list[tuple[str, str]]:
+    got = results[len(CASES) - len(BAD) + i]
+    assert all(r[0] == "error" for r in got), got
+    return [(r[1], r[2]) for r in got]
+
+
+@pytest.mark.parametrize(
+    ("i", "kind", "message"),
+    [
+        (0, "ValueError", "query.shape is (2, 3, 5, 6) on rank 1 but (2, 3, 5, 8) on rank 0"),
+        (1, "ValueError", "the group has 4 ranks but the sequence only 3 positions"),
+        (2, "TypeError", "on rank 0: key must have a floating-point dtype"),
+        (3, "ValueError", "the shards have lengths [8, 5] but layout 'contiguous'"),
+    ],
+)
+def test_ring_attention_bad_input_raises_on_every_rank(
+    results: list[list[Any]], i: int, kind: str, message: str
+) -> None:
+    errors = _errors(results, i)
+    assert len(errors) == len(BAD[i]["ranks"])
+    for got_kind, got_message in errors:
+        assert got_kind == kind
+        assert message in got_message
+
+
+def test_ring_attention_missing_rank_fails_instead_of_hanging(results: list[list[Any]]) -> None:
+    # Rank 2 waits for rank 3, which never calls. It fails after the group's 3 s
+    # timeout, or sooner if gloo notices that rank 3 has left the group.
+    [(kind, message)] = _errors(results, len(BAD) - 1)
+    assert kind in ("RuntimeError", "DistBackendError")
+    assert re.search("timed out|timeout|closed by peer", message, re.IGNORECASE), message
+
+
+def test_ring_attention_needs_initialised_process_group() -> None:
+    q = torch.randn(2, 5, 4)
+    with pytest.raises(RuntimeError, match=r"needs torch\.distributed to be initialised"):
+        ring_attention(q, q, q)
+
+
+def test_spawn_reports_every_failing_rank() -> None:
+    with pytest.raises(RuntimeError, match="2 of 2 ranks failed") as info:
+        spawn(fail_on_last_rank, 2, timeout=3, join_timeout=300)
+    assert "rank 1: ValueError: rank failed on purpose" in str(info.value)
+    assert "rank 0: " in str(info.value)
+
+
+def test_spawn_kills_processes_after_join_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[0\] of 1 were still running after 4 s"):
+        spawn(sleep, 1, 3600.0, join_timeout=4)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shard_ranges_cover_the_sequence_once(world_size: int, layout: str) -> None:
+    for t in (world_size, 13, 29):
+        ranges = shard_ranges(t, world_size, layout)  # type: ignore[arg-type]
+        covered = sorted(p for rank in ranges for a, b in rank for p in range(a, b))
+        assert covered == list(range(t))
+        lengths = [sum(b - a for a, b in rank) for rank in ranges]
+        assert max(lengths) - min(lengths) <= (1 if layout == "contiguous" else 2)
+
+
+def test_shard_ranges_zigzag_pairs_chunks_from_both_ends() -> None:
+    assert shard_ranges(16, 4, "zigzag") == [
+        [(0, 2), (14, 16)],
+        [(2, 4), (12, 14)],
+        [(4, 6), (10, 12)],
+        [(6, 8), (8, 10)],
+    ]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_unshard_sequence_inverts_shard_sequence(layout: str) -> None:
+    x = torch.randn(2, 13, 3)
+    parts = [shard_sequence(x, 3, r, layout=layout) for r in range(3)]  # type: ignore[arg-type]
+    assert torch.equal(unshard_sequence(parts, layout=layout), x)  # type: ignore[arg-type]
+    assert torch.equal(unshard_sequence(parts[:1], layout=layout), parts[0])  # type: ignore[arg-type]
+
+
+def test_unshard_sequence_rejects_wrong_lengths() -> None:
+    with pytest.raises(ValueError, match=r"lengths \[2, 5\] along dim -2, but layout"):
+        unshard_sequence([torch.zeros(2, 1), torch.zeros(5, 1)])
+
+
+def test_shard_ranges_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="layout must be one of"):
+        shard_ranges(4, 2, "striped")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
+        shard_ranges(4, 0)
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
+        shard_sequence(torch.zeros(4, 1), 2, 2)
+
+
+def test_merge_partials_equals_softmax_over_all_keys() -> None:
+    q, k, v = torch.randn(2, 7, 4), torch.randn(2, 9, 4), torch.randn(2, 9, 3)
+    scores = q @ k.transpose(1, 2)  # (2, 7, 9)
+    parts = [
+        (scores[..., sl].softmax(-1) @ v[:, sl], scores[..., sl].logsumexp(-1))
+        for sl in (slice(0, 4), slice(4, 9))
+    ]
+    out, lse = merge_partials(*parts[0], *parts[1])
+    torch.testing.assert_close(out, scores.softmax(-1) @ v)
+    torch.testing.assert_close(lse, scores.logsumexp(-1))
+
+
+def test_merge_partials_ignores_a_part_without_keys() -> None:
+    out_a, lse_a = torch.randn(3, 2), torch.randn(3)
+    empty = (torch.zeros(3, 2), torch.full((3,), float("-inf")))
+    out, lse = merge_partials(out_a, lse_a, *empty)
+    assert torch.equal(out, out_a)
+    assert torch.equal(lse, lse_a)
+
+
+def test_ring_stats_start_at_zero() -> None:
+    assert RingStats() == RingStats(0, 0, 0, 0.0, 0.0)
