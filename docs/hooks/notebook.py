@@ -321,8 +321,12 @@ def _site_url(config: Any) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
-    """Put a "Download notebook" button under the title of each chapter with code."""
+def on_post_page(html: str, page: Any, config: Any) -> str:
+    """Put a "Download notebook" button under the title of each chapter with code.
+
+    Added to the finished page, after the search plugin has read its text, so the button's
+    label is not indexed as part of every chapter.
+    """
     from mkdocs.utils import get_relative_url
 
     src_uri = page.file.src_uri
