@@ -370,7 +370,10 @@ def test_forward_rejects_a_cache_that_does_not_fit(kind: str) -> None:
 def test_forward_rejects_overflowing_a_static_cache() -> None:
     module = _module()
     cache = _prefilled(StaticKVCache(B, 6, 3, HD), module)
-    with pytest.raises(ValueError, match=r"key has t_new=3 tokens but the static cache has room"):
+    with pytest.raises(
+        ValueError,
+        match=r"x has 3 tokens but the static cache has room for max_length - length = 6 - 4 = 2",
+    ):
         module(torch.randn(B, 3, D_MODEL), cache=cache)
 
 

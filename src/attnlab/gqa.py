@@ -38,7 +38,7 @@ from attnlab._validation import (
     check_tokens,
     is_validation_enabled,
 )
-from attnlab.kv_cache import KVCache
+from attnlab.kv_cache import KVCache, StaticKVCache
 from attnlab.multihead import Backend
 from attnlab.rope import Layout, apply_rope
 
@@ -109,7 +109,6 @@ class GroupedQueryAttention(nn.Module):
             `dropout`, `rope_layout` or `backend` is out of range.
 
     Examples:
-        >>> from attnlab.kv_cache import StaticKVCache
         >>> _ = torch.manual_seed(0)
         >>> gqa = GroupedQueryAttention(d_model=48, num_heads=6, num_kv_heads=2).eval()
         >>> x = torch.randn(3, 10, 48)
@@ -226,6 +225,12 @@ class GroupedQueryAttention(nn.Module):
                     f"None, got {type(cache).__name__}"
                 )
             past = cache.length
+            if isinstance(cache, StaticKVCache) and past + t > cache.max_length:
+                raise ValueError(
+                    f"x has {t} tokens but the static cache has room for max_length - "
+                    f"length = {cache.max_length} - {past} = {cache.max_length - past}; "
+                    "build it with a larger max_length"
+                )
             held = cache._layout()
             if held is not None:
                 self._check_cache_layout(x, b, held)
