@@ -185,10 +185,12 @@ class MultiHeadLatentAttention(nn.Module):
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
 
     Raises:
-        TypeError: If a size is not an int, a number is not a number or a flag not a
-            bool.
-        ValueError: If a size is not positive, `qk_rope_head_dim` is odd, `dropout` is
-            not in [0, 1) or a number is not finite.
+        TypeError: If a size is not an int, a number is not a number, a flag not a bool
+            or `rope_frequencies` not a floating-point tensor.
+        ValueError: If a size, `rope_base` or `rope_scale` is not positive,
+            `qk_rope_head_dim` is odd, `rope_frequencies` does not have
+            `qk_rope_head_dim // 2` elements, `dropout` is not in [0, 1) or a number is not
+            finite.
 
     Examples:
         >>> _ = torch.manual_seed(0)
