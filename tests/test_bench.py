@@ -409,8 +409,18 @@ def test_results_markdown_states_units_once_and_splits_long_names() -> None:
     }
     tables = bench.results_markdown(data, "modules", "forward")
     assert '=== "Time (ms)"' in tables  # the smallest time decides the unit
-    assert "| 4<br><small>3.6–4.4</small> | 2500<br><small>2250–2750</small> |" in tables
+    # One implementation, two lengths: lengths run down, the implementation across.
+    assert "| 128 | 4<br><small>3.6–4.4</small> |" in tables
+    assert "| 8192 | 2500<br><small>2250–2750</small> |" in tables
     assert '=== "Peak extra memory (MiB)"' in tables
-    assert "| 3 | 5120 |" in tables
+    assert "| 128 | 3 |" in tables
+    assert "| 8192 | 5120 |" in tables
     assert "nn.MultiheadAttention</code><br><small>need_weights=False</small>" in tables
-    assert "12<br><small>25%</small>" in tables
+    assert "| 128 | 12<br><small>25%</small> |" in tables
+    # Three implementations at two lengths: the implementations run down.
+    results = data["suites"]["modules"]["results"]
+    for impl in ("SelfAttention", "MultiHeadAttention[torch]"):
+        results += [result(impl, 128, 0.002, 2**20), result(impl, 8192, 1.0, 2**30)]
+    tables = bench.results_markdown(data, "modules", "forward")
+    assert "| T = | 128 | 8192 |" in tables
+    assert "SelfAttention</code> | 2<br><small>1.8–2.2</small> | 1000<br>" in tables

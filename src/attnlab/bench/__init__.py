@@ -12,11 +12,29 @@ sweeps the sequence length for two suites:
   [`MultiHeadAttentionWrapper`][attnlab.MultiHeadAttentionWrapper],
   [`MultiHeadAttention`][attnlab.MultiHeadAttention] on PyTorch's fused kernel and on
   attnlab's from-scratch one, and `nn.MultiheadAttention` called with
-  `need_weights=False` (the baseline) and with its default `need_weights=True`.
+  `need_weights=False` (the baseline) and with its default `need_weights=True`. The
+  baseline is not a fused kernel in every mode: in `forward` (eval, no gradients) it
+  takes PyTorch's inference fast path, `torch._native_multi_head_attention`, which on
+  the CPU computes the `(b, h, t, t)` weights in memory; with gradients it calls
+  `scaled_dot_product_attention`. The Benchmarks page prints its ratio to
+  `MultiHeadAttention` and both memories at every length.
 
-Each configuration runs in two modes: `forward` (under `torch.no_grad()`, modules in
-eval mode) and `forward+backward` (the forward, then `backward()` of a fixed random
-output gradient into the inputs and parameters). For each it reports:
+Three more suites measure the attention of today's LLMs:
+
+- **window**: [`flash_attention`][attnlab.flash.flash_attention] with a sliding window
+  against full causal `flash_attention` (the baseline);
+- **decode**: a [`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention] layer
+  generating tokens after a context, with a
+  [`StaticKVCache`][attnlab.kv_cache.StaticKVCache] and by recomputing the whole
+  sequence for each token (the baseline); times per token, and their slope against the
+  context;
+- **kv_memory**: bytes per token held by real KV caches of MHA, GQA, MQA and
+  [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention] (no timing).
+
+Each configuration of kernels and modules runs in two modes: `forward` (under
+`torch.no_grad()`, modules in eval mode) and `forward+backward` (the forward, then
+`backward()` of a fixed random output gradient into the inputs and parameters); decode
+runs without gradients. For each it reports:
 
 - the median, min and max wall time over repeats that are *interleaved*: round $r$ runs
   every implementation once, in a shuffled order, before round $r + 1$ starts, so a
@@ -29,13 +47,15 @@ output gradient into the inputs and parameters). For each it reports:
 - the achieved GFLOP/s of the useful matmul work (see `count_flops`) and its share of the
   machine's matmul peak, measured at start as the best rate of large float32 matmuls.
 
-It writes `bench.json` (results and provenance: versions, CPU, threads, date, command, how
-busy the machine was) and one plot of time and one of memory per suite.
+It writes `bench.json` (or the name `--json` gives; results and provenance: versions,
+CPU, threads, date, command, how busy the machine was) and, per timed suite, one SVG plot
+of time and one of memory.
 
 The package is split by concern: `attnlab.bench.config` (sizes of each suite),
 `attnlab.bench.cases` (the implementations under test), `attnlab.bench.measure` (memory,
-matmul peak, machine load), `attnlab.bench.runner` (the timed rounds and the goals),
-`attnlab.bench.report` (Markdown tables), `attnlab.bench.plots` and `attnlab.bench.cli`.
+matmul peak, machine load), `attnlab.bench.kv_memory`, `attnlab.bench.runner` (the timed
+rounds and the goals), `attnlab.bench.report` (Markdown tables), `attnlab.bench.plots`
+and `attnlab.bench.cli`.
 [`attnlab.bench.overhead`][attnlab.bench.overhead] times what argument checks cost.
 """
 

@@ -37,13 +37,14 @@ def _name(impl: str) -> str:
 
 
 def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
-    """Markdown tables of one suite and mode: implementations down, lengths across.
+    """Markdown tables of one suite and mode, one per content tab.
 
-    Four tables, each in a content tab: the time (median, then the fastest and slowest
-    round), the time relative to the baseline (median of the per-round ratios), the
-    peak extra memory, and the FLOP rate with its share of the machine's matmul peak.
-    Each table states its unit once, in its tab's title, so that six lengths fit the
-    page's width. The decode suite's times are per generated token, and it has one more
+    The more numerous of lengths and implementations run down the table, the other
+    across, so that the columns fit the page. The tabs: the time (median, then the
+    fastest and slowest round), the time relative to the baseline (median of the
+    per-round ratios), the peak extra memory, and the FLOP rate with its share of the
+    machine's matmul peak. Each table states its unit once, in its tab's title, which
+    keeps the cells narrow. The decode suite's times are per generated token, and it has one more
     tab: tokens per second. Implementations are sorted by their ratio to the baseline at
     the longest length each was measured at.
 
@@ -94,15 +95,25 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     tables["GFLOP/s (% of matmul peak)"] = lambda r: (
         f"{_num(r['gflops'])}<br><small>{100 * r['share_of_peak']:.0f}%</small>"
     )
+    # Material gives every header cell a minimum width of 5rem: seven columns would run off
+    # the page. The longer of lengths and implementations goes down, the shorter across.
+    first = "context" if per_token else "T"
+    across_lengths = len(lengths) <= len(impls)
     out: list[str] = []
-    first = "context =" if per_token else "T ="
     for title, show in tables.items():
         out += [f'=== "{title}"', ""]
-        out.append(f"    | {first} | " + " | ".join(str(t) for t in lengths) + " |")
-        out.append("    |:--|" + "--:|" * len(lengths))
-        for impl in impls:
-            cells = [show(cell[impl, t]) if (impl, t) in cell else "" for t in lengths]
-            out.append(f"    | {_name(impl)} | " + " | ".join(cells) + " |")
+        if across_lengths:
+            out.append(f"    | {first} = | " + " | ".join(str(t) for t in lengths) + " |")
+            out.append("    |:--|" + "--:|" * len(lengths))
+            for impl in impls:
+                cells = [show(cell[impl, t]) if (impl, t) in cell else "" for t in lengths]
+                out.append(f"    | {_name(impl)} | " + " | ".join(cells) + " |")
+        else:
+            out.append(f"    | {first} | " + " | ".join(_name(i) for i in impls) + " |")
+            out.append("    |--:|" + "--:|" * len(impls))
+            for t in lengths:
+                cells = [show(cell[impl, t]) if (impl, t) in cell else "" for impl in impls]
+                out.append(f"    | {t} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 
