@@ -180,7 +180,11 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "impl", "schedule"), DECODE_CASES)
+@pytest.mark.parametrize(
+    ("kind", "impl", "schedule"),
+    DECODE_CASES,
+    ids=[f"{kind}-{impl}-{'+'.join(map(str, s))}" for kind, impl, s in DECODE_CASES],
+)
 def test_cached_decode_equals_hf_dynamic_cache(kind: str, impl: str, schedule: list[int]) -> None:
     ref = Reference(kind, impl)
     ours = GroupedQueryAttention.from_hf(ref.attn)
