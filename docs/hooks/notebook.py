@@ -7,7 +7,7 @@ runnable code into ``notebooks/<chapter>.ipynb`` in the built site:
   addresses under ``site_url``, so they work in a downloaded notebook; admonitions
   (pitfall boxes) become Jupyter's coloured alert boxes;
 - every runnable block becomes a code cell, and the chapter's figures (its markdown-exec
-  blocks) become code cells that display the same SVG inline;
+  blocks, which print HTML) become code cells that display the same figure inline;
 - the cells are executed in order, in one namespace per chapter, in the build's own
   Python process (no kernel to start), and their printed output and figures are stored
   in the notebook, so a reader sees the results before running anything.
@@ -23,6 +23,7 @@ Run it as a script to write the notebooks somewhere yourself::
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -163,12 +164,32 @@ def _code_cell(source: str, line: int, figure: bool = False) -> Cell:
     return cell
 
 
-def _figure_source(code: str) -> str:
-    """A figure block's code as a notebook shows it: the SVG inline instead of HTML text."""
-    code, n = FIGURE_PRINT.subn(r"SVG(figure_to_svg(\g<fig>))  # drawn below the cell", code)
-    if n != 1:
-        raise ValueError("a figure block must end with print(f'<div class=\"attn-figure\">...')")
-    return "from IPython.display import SVG\n\n" + code
+def _figure_source(code: str) -> tuple[str, str]:
+    """A figure block's code as a notebook shows it, and the MIME type of its result.
+
+    The site's block prints HTML for the page; in Jupyter that would be text, so the
+    final ``print`` becomes a value that Jupyter displays: ``SVG(figure_to_svg(fig))``
+    for a matplotlib figure printed in ``<div class="attn-figure">``, else ``HTML(...)``.
+    """
+    svg, n = FIGURE_PRINT.subn(r"SVG(figure_to_svg(\g<fig>))  # drawn below the cell", code)
+    if n == 1:
+        return "from IPython.display import SVG\n\n" + svg.rstrip("\n"), "image/svg+xml"
+    tree = ast.parse(code)
+    last = tree.body[-1] if tree.body else None
+    if not (
+        isinstance(last, ast.Expr)
+        and isinstance(last.value, ast.Call)
+        and isinstance(last.value.func, ast.Name)
+        and last.value.func.id == "print"
+        and len(last.value.args) == 1
+        and not last.value.keywords
+    ):
+        raise ValueError("a figure block must end with print(<the figure's HTML>)")
+    lines = code.rstrip("\n").split("\n")
+    shown = ast.get_source_segment(code, last.value.args[0])
+    head = "\n".join(lines[: last.lineno - 1])
+    body = f"{head}\nHTML({shown})  # drawn below the cell"
+    return "from IPython.display import HTML\n\n" + body.lstrip("\n"), "text/html"
 
 
 def chapter_cells(
@@ -240,14 +261,18 @@ def execute(cells: list[Cell], path: str) -> None:
         printed = buffer.getvalue()
         cell["execution_count"] = count
         if cell["_figure"]:
-            svg = printed[printed.index("<svg") : printed.rindex("</svg>") + len("</svg>")]
-            cell["source"] = _figure_source(cell["source"])
+            cell["source"], mime = _figure_source(cell["source"])
+            if mime == "image/svg+xml":
+                start, end = printed.index("<svg"), printed.rindex("</svg>") + len("</svg>")
+                data = {mime: printed[start:end], "text/plain": "<SVG figure>"}
+            else:
+                data = {mime: printed.strip(), "text/plain": "<HTML figure>"}
             cell["outputs"] = [
                 {
                     "output_type": "execute_result",
                     "execution_count": count,
                     "metadata": {},
-                    "data": {"image/svg+xml": svg, "text/plain": "<SVG figure>"},
+                    "data": data,
                 }
             ]
         elif printed:
@@ -280,7 +305,7 @@ def build_notebook(
         execute(cells, str(Path(docs.name) / chapter))
     for k, cell in enumerate(cells):
         if cell["cell_type"] == "code" and cell["_figure"] and not run:
-            cell["source"] = _figure_source(cell["source"])
+            cell["source"] = _figure_source(cell["source"])[0]
         cell.pop("_line", None)
         cell.pop("_figure", None)
         cell["id"] = f"cell-{k}"
