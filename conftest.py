@@ -76,3 +76,17 @@ class _QuietRunner(DefaultRunner):
     def runtest(self, test, args, *, asyncio_runner=None):  # type: ignore[no-untyped-def]
         with contextlib.redirect_stdout(io.StringIO()):
             super().runtest(test, args, asyncio_runner=asyncio_runner)
+
+
+# Fences inside admonitions and collapsible "Solution" blocks are indented; unwrap them the
+# same way docs/hooks/outputs.py does, so pytest-markdown-docs runs them too.
+from markdown_it import MarkdownIt  # noqa: E402
+
+
+class _ContainerAwareMarkdownIt(MarkdownIt):
+    def parse(self, src: str, env=None):  # type: ignore[no-untyped-def,override]
+        return super().parse(outputs.unwrap_containers(src)[0], env)
+
+
+def pytest_markdown_docs_markdown_it() -> MarkdownIt:
+    return _ContainerAwareMarkdownIt()

@@ -21,6 +21,11 @@ This module is used three ways, with one implementation:
 
       python docs/hooks/outputs.py --update docs/article/*.md
 
+Fences indented inside an admonition (``!!! note``), a collapsible block (``??? success
+"Solution"``, pymdownx.details) or a content tab (``=== "Tab"``) count like the others:
+Markdown would read them as indented text, so the page is parsed with those containers
+unwrapped (:func:`unwrap_containers`), line numbers kept.
+
 Blocks run in order in one namespace per page. A block marked ``notest`` is skipped, and
 markdown-exec blocks (``exec="on"``) are left to markdown-exec. Numbers are compared with a
 tolerance of one unit in the last printed digit, so a value that rounds differently on
@@ -57,6 +62,7 @@ class Block:
     output: str | None = None
     output_line: int | None = None  # 1-based line of the opening fence of the output
     output_span: tuple[int, int] | None = None  # 0-based [start, end) lines of its content
+    output_indent: int = 0  # spaces before the output's lines (inside an admonition)
 
 
 @dataclass
@@ -94,10 +100,50 @@ def _info_words(info: str) -> list[str]:
     return info.split()
 
 
+CONTAINER = re.compile(r"^(?P<indent> *)(?:!!!|\?\?\?\+?|===)[ \t]")
+FENCE_OPEN = re.compile(r"^(?P<ticks>`{3,}|~{3,})")
+
+
+def unwrap_containers(markdown: str) -> tuple[str, list[int]]:
+    """The page with admonition, details and tab bodies dedented, and the spaces removed.
+
+    pymdownx writes a container as a header line (``??? success "Solution"``) and a body
+    indented by four spaces; to CommonMark, which the test tools use, that body is an
+    indented code block or part of a paragraph, so its fences would be missed. Here each
+    header becomes a blank line and each body line loses its container's indentation, so
+    the fences parse as if they stood at the top level, on the same line numbers. Returns
+    the new text and, per line, how many leading spaces were removed.
+    """
+    lines = markdown.split("\n")
+    removed = [0] * len(lines)
+    stack: list[int] = []  # the body indentation of each open container, innermost last
+    fence: str | None = None  # the ticks of the fence we are inside, if any
+    for n, line in enumerate(lines):
+        spaces = len(line) - len(line.lstrip(" "))
+        if line.strip() and fence is None:
+            while stack and spaces < stack[-1]:
+                stack.pop()
+        cut = min(stack[-1], spaces) if stack else 0
+        text = line[cut:]
+        if fence is not None:
+            closing = text.strip()
+            if len(closing) >= len(fence) and not closing.strip(fence[0]):
+                fence = None
+        elif (header := CONTAINER.match(text)) is not None:
+            stack.append(cut + len(header["indent"]) + 4)
+            lines[n], removed[n] = "", len(line)
+            continue
+        elif (opening := FENCE_OPEN.match(text.lstrip(" "))) is not None:
+            fence = opening["ticks"]
+        lines[n], removed[n] = text, cut
+    return "\n".join(lines), removed
+
+
 def parse_blocks(markdown: str) -> list[Block]:
     """The runnable Python blocks of a page, each with the output fence right after it."""
     from markdown_it import MarkdownIt
 
+    markdown, removed = unwrap_containers(markdown)
     tokens = [t for t in MarkdownIt("commonmark").parse(markdown) if t.map is not None]
     blocks: list[Block] = []
     for i, tok in enumerate(tokens):
@@ -114,6 +160,7 @@ def parse_blocks(markdown: str) -> list[Block]:
             block.output = nxt.content
             block.output_line = nxt.map[0] + 1
             block.output_span = (nxt.map[0] + 1, nxt.map[1] - 1)
+            block.output_indent = removed[nxt.map[0]]
         blocks.append(block)
     return blocks
 
@@ -203,7 +250,8 @@ def update_page(path: str | Path) -> int:
         span = result.block.output_span
         if span is None:
             continue
-        new = result.printed.rstrip("\n").split("\n")
+        pad = " " * result.block.output_indent
+        new = [pad + line if line else line for line in result.printed.rstrip("\n").split("\n")]
         if lines[span[0] : span[1]] != new:
             lines[span[0] : span[1]] = new
             changed += 1
