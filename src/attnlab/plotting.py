@@ -343,7 +343,8 @@ def _panel_svg(
         f'<div class="attn-heatmap-panel" data-panel="{panel}" '
         f'data-name="{escape(name)}"{" hidden" if hidden else ""}>'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-size="{_FONT}" style="max-width:none" '
+        f'viewBox="0 0 {width} {height}" font-size="{_FONT}" '
+        'style="display:block;margin:0 auto;max-width:none" '
         f'role="group" aria-label="{escape(name)}">',
         f"<title>{escape(name)}</title>",
         f'<text x="{left + t_k * _CELL / 2:g}" y="12" text-anchor="middle" '
@@ -466,18 +467,19 @@ def interactive_heatmap(
     label = title or "attention weights"
     out = [
         f'<figure class="attn-heatmap" data-attn-heatmap aria-label="{escape(label)}" '
-        'style="margin:1em 0;max-width:100%">'
+        'style="display:block;width:auto;max-width:100%;margin:1em 0;text-align:center">'
     ]
     if title is not None:
         out.append(
-            f'<figcaption style="font-weight:600;margin:0 0 .4em;text-align:left">'
+            '<figcaption style="font-weight:600;font-style:normal;max-width:none;'
+            'margin:0 0 .4em">'
             f"{escape(title)}</figcaption>"
         )
     if len(names) > 1:
         # Hidden until the script runs: without it the buttons could do nothing.
         out.append(
             '<div class="attn-heatmap-select" role="group" aria-label="choose a panel" '
-            'hidden style="flex-wrap:wrap;gap:.3em;margin:0 0 .5em">'
+            'hidden style="flex-wrap:wrap;justify-content:center;gap:.3em;margin:0 0 .5em">'
         )
         for panel, name in enumerate(names):
             out.append(
