@@ -173,9 +173,10 @@ class MultiHeadAttention(nn.Module):
         x = check_tokens("x", x, features=self.d_in, param="d_in", owner=owner, like=like)
         if context is None:
             if self.d_context != self.d_in:
+                roles = "keys" if value is not None else "keys and values"
                 raise ValueError(
-                    f"context is required: this module's keys have d_context={self.d_context} "
-                    f"features but x has d_in={self.d_in}"
+                    f"context is required: this module's {roles} have "
+                    f"d_context={self.d_context} features but x has d_in={self.d_in}"
                 )
             context = x
         else:
