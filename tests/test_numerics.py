@@ -625,13 +625,20 @@ def test_sdpa_under_autocast_leaves_float64_alone_like_torch(dtype: torch.dtype)
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("inputs", ["float32", "autocast dtype"])
 @pytest.mark.parametrize("check", [True, False], ids=["validated", "unvalidated"])
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
-def test_multihead_under_autocast_equals_torch(dtype: torch.dtype, check: bool) -> None:
+def test_multihead_under_autocast_equals_torch(
+    dtype: torch.dtype, check: bool, inputs: str
+) -> None:
+    # Tokens of the autocast dtype go into float32 projections under autocast, as in
+    # PyTorch's module; validation accepts them there (and only there).
     torch.manual_seed(6)
     reference = nn.MultiheadAttention(D_OUT, HEADS, kdim=D_CTX, vdim=D_CTX, batch_first=True)
     reference.eval()
     x, context = torch.randn(B, T, D_OUT), torch.randn(B, S, D_CTX)
+    if inputs != "float32":
+        x, context = x.to(dtype), context.to(dtype)
     with validation(check), torch.autocast("cpu", dtype=dtype):
         expected, _ = reference(x, context, context, need_weights=False)
         outputs = {
@@ -643,3 +650,11 @@ def test_multihead_under_autocast_equals_torch(dtype: torch.dtype, check: bool) 
         # Projections rounded to `dtype` in a different order: a unit or two in the last place.
         torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-3)
     torch.testing.assert_close(outputs["scratch"], outputs["torch"], rtol=1e-2, atol=1e-3)
+
+
+def test_multihead_refuses_half_tokens_outside_autocast() -> None:
+    mha = MultiHeadAttention(D_IN, D_OUT, HEADS)
+    with pytest.raises(ValueError, match=r"x has dtype torch\.bfloat16 but MultiHeadAttention"):
+        mha(torch.randn(B, T, D_IN, dtype=torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(ValueError, match="bfloat16"):
+        mha(torch.randn(B, T, D_IN, dtype=torch.bfloat16))  # not the autocast dtype

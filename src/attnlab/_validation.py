@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.nn.attention.bias import CausalBias
 
 __all__ = [
+    "autocast_dtype",
     "broadcast_shape",
     "check_attn_mask",
     "check_bool",
@@ -295,12 +296,13 @@ def check_tokens(
     name: str, x: object, *, features: int, param: str, owner: str, like: Tensor
 ) -> Tensor:
     """Check a module's token input: a float ``(t, features)`` or ``(b, t, features)`` tensor
-    of the dtype and on the device of the module's parameter ``like``; return it.
+    of the dtype (or, inside ``torch.autocast``, of the autocast dtype, which the
+    projections meet anyway) and on the device of the module's parameter ``like``; return it.
     """
     x = check_tensor(name, x)
     check_rank(name, x, (2, 3), f"(t, {param}) or (b, t, {param})")
     check_features(name, x, features, owner, param)
-    if x.dtype != like.dtype:
+    if x.dtype != like.dtype and x.dtype != autocast_dtype(x.device):
         raise ValueError(
             f"{name} has dtype {x.dtype} but {owner}'s parameters are {like.dtype}; "
             f"convert one of them (e.g. module.to({x.dtype}))"
@@ -311,6 +313,14 @@ def check_tokens(
             f"move one of them (e.g. module.to({name}.device))"
         )
     return x
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype of ``torch.autocast`` on ``device``'s type, or None where it is off."""
+    kind = device.type  # "meta" has no autocast: is_autocast_enabled would raise
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
 
 
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
@@ -347,7 +357,8 @@ def check_attn_mask(
         return mask
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and mask.dtype not in (query.dtype, torch.float32):
+    floats = (query.dtype, torch.float32, autocast_dtype(query.device))
+    if mask.dtype != torch.bool and mask.dtype not in floats:
         raise TypeError(
             f"{name} must be a bool tensor (True = attend) or a float tensor of "
             f"{query_name}'s dtype {query.dtype} to add to the scores, got {mask.dtype} "

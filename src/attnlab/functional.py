@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attnlab._validation import (
+    autocast_dtype,
     broadcast_shape,
     check_attn_mask,
     check_bool,
@@ -278,14 +279,7 @@ def _causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
 
 def _autocast_dtype(query: object) -> torch.dtype | None:
     """The dtype autocast casts attention's inputs to on `query`'s device; None when off."""
-    if not isinstance(query, Tensor):
-        return None
-    device_type = query.device.type  # "meta" has no autocast and would raise below
-    if not (
-        torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-    ):
-        return None
-    return torch.get_autocast_dtype(device_type)
+    return autocast_dtype(query.device) if isinstance(query, Tensor) else None
 
 
 def _autocast_input(x: _T, dtype: torch.dtype) -> _T:
