@@ -230,3 +230,26 @@ def test_from_hf_rejects_scaled_rope() -> None:
     }
     with pytest.raises(ValueError, match="RoPE type 'linear'; GroupedQueryAttention"):
         GroupedQueryAttention.from_hf(ref.attn)
+
+
+def test_from_hf_reads_the_window_per_layer_and_keeps_dtype_and_mode() -> None:
+    # Qwen2 slides only on layers listed as "sliding_attention" in config.layer_types.
+    config = Qwen2Config(
+        hidden_size=D_MODEL,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=2,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=2,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,  # layer 0 full attention, layer 1 sliding
+    )
+    full = Qwen2Attention(config, layer_idx=0).double()
+    sliding = Qwen2Attention(config, layer_idx=1).eval()
+    ours_full = GroupedQueryAttention.from_hf(full)
+    assert ours_full.window is None
+    assert ours_full.q_proj.weight.dtype == torch.float64
+    assert ours_full.training
+    ours_sliding = GroupedQueryAttention.from_hf(sliding)
+    assert ours_sliding.window == WINDOW
+    assert not ours_sliding.training
