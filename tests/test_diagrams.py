@@ -1,0 +1,56 @@
+"""The article's hand-drawn diagrams: valid SVG, self-contained, described, and used."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "docs/assets/images"
+NS = {"svg": "http://www.w3.org/2000/svg"}
+
+# diagram -> the chapters that show it
+DIAGRAMS = {
+    "qkv-projections.svg": ["03-weight-matrices.md"],
+    "attention-pipeline.svg": ["04-unnormalized-attention-weights.md", "06-context-vector.md"],
+    "multihead-split-concat.svg": ["08-multi-head-attention.md"],
+    "causal-mask.svg": ["09-causal-self-attention.md"],
+    "cross-attention.svg": ["10-cross-attention.md"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIAGRAMS))
+def test_diagram_is_self_contained_svg_on_a_white_card(name: str) -> None:
+    text = (IMAGES / name).read_text(encoding="utf-8")
+    root = ET.fromstring(text)  # well-formed XML
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert root.get("role") == "img"
+    title, desc = root.find("svg:title", NS), root.find("svg:desc", NS)
+    assert title is not None
+    assert title.text
+    assert desc is not None
+    assert desc.text
+    assert len(desc.text) > 80
+    # Nothing from another host, and no web fonts: the site stays offline-clean.
+    assert not re.search(r"(?:href|src)=\"(?:https?:)?//", text)
+    assert "@import" not in text
+    assert "@font-face" not in text
+    # The first shape is an opaque white card behind everything: the dark scheme shows
+    # the diagram as drawn instead of dark text on a dark page.
+    card = root.find("svg:rect", NS)
+    assert card is not None
+    assert card.get("fill") == "#ffffff"
+    width, height = float(root.get("width", 0)), float(root.get("height", 0))
+    assert float(card.get("width", 0)) >= width - 1
+    assert float(card.get("height", 0)) >= height - 1
+
+
+@pytest.mark.parametrize(("name", "chapter"), [(n, c) for n, cs in DIAGRAMS.items() for c in cs])
+def test_diagram_is_shown_with_alt_text(name: str, chapter: str) -> None:
+    page = (ROOT / "docs/article" / chapter).read_text(encoding="utf-8")
+    images = re.findall(r"!\[([^\]]*)\]\(\.\./assets/images/" + re.escape(name) + r"\)", page)
+    assert len(images) == 1
+    assert len(images[0]) > 80, "the alt text should describe the diagram"
