@@ -150,8 +150,9 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
-            f"d_context={self.d_context}, d_value={self.d_value}, dropout={self.dropout}, "
-            f"bias={self.bias}, "
+            f"d_context={self.d_context}, "
+            + (f"d_value={self.d_value}, " if self.d_value != self.d_context else "")
+            + f"dropout={self.dropout}, bias={self.bias}, "
             f"backend={self.backend!r}"
         )
 
