@@ -9,6 +9,7 @@ compare with it have d_in == d_out (but still a different d_context for cross-at
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -565,7 +566,14 @@ def test_padded_context_tokens_change_nothing(
     with torch.no_grad():
         expected = mha(x, context)
         got = mha(x, padded, attn_mask=masks.key_padding([s] * b, max_len=s + pad))
+        # The same padding as PyTorch's key_padding_mask (True = padding), and as a float one.
+        blocked = ~masks.padding([s] * b, max_len=s + pad)  # (b, s + pad)
+        by_key_padding = mha(x, padded, key_padding_mask=blocked)
+        additive = torch.zeros(b, s + pad, dtype=torch.float64).masked_fill(blocked, -math.inf)
+        by_additive = mha(x, padded, key_padding_mask=additive)
     torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(by_key_padding, expected)
+    torch.testing.assert_close(by_additive, expected)
 
 
 @PROPERTY_SETTINGS
