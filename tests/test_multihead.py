@@ -940,3 +940,17 @@ def test_new_forward_arguments_reject_bad_input(
 def test_constructor_rejects_bad_d_value() -> None:
     with pytest.raises(ValueError, match="d_value must be a positive int, got 0"):
         MultiHeadAttention(D_IN, D_OUT, NUM_HEADS, d_value=0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_causal_bias_mask_equals_explicit_mask(backend: str) -> None:
+    mha = _module(backend=backend)
+    x, context = torch.randn(B, T, D_IN), torch.randn(B, S, D_CONTEXT)
+    allowed = masks.causal(T, S, align="bottom-right")
+    torch.testing.assert_close(
+        mha(x, context, attn_mask=causal_lower_right(T, S)), mha(x, context, attn_mask=allowed)
+    )
+    torch.testing.assert_close(
+        mha.attention_weights(x, context, attn_mask=causal_lower_right(T, S)),
+        mha.attention_weights(x, context, attn_mask=allowed),
+    )
