@@ -291,3 +291,40 @@ def test_merge_partials_ignores_a_part_without_keys() -> None:
 
 def test_ring_stats_start_at_zero() -> None:
     assert RingStats() == RingStats(0, 0, 0, 0.0, 0.0)
+
+
+def test_bench_table_reports_memory_ratio_and_balance() -> None:
+    from attnlab.distributed.bench import format_results
+
+    def rank(memory: int, work: int, busy: float) -> dict[str, float]:
+        return {
+            "peak_extra_bytes": memory,
+            "input_bytes": 0,
+            "forward_seconds": 1.0,
+            "backward_seconds": 2.0,
+            "bytes_sent": 2**20,
+            "forward_score_entries": work,
+            "forward_compute_seconds": busy,
+        }
+
+    runs = [
+        {"world_size": 1, "layout": "contiguous", "ranks": [rank(8 * 2**20, 10, 1.0)]},
+        {
+            "world_size": 2,
+            "layout": "zigzag",
+            "ranks": [rank(4 * 2**20, 30, 1.0), rank(2 * 2**20, 10, 0.5)],
+        },
+    ]
+    lines = format_results({"runs": runs}).splitlines()
+    assert lines[1].split() == [
+        "1",
+        "contiguous",
+        "8.0",
+        "1.00",
+        "1.00",
+        "3.00",
+        "1.0",
+        "1.00",
+        "1.00",
+    ]
+    assert lines[2].split() == ["2", "zigzag", "4.0", "0.50", "1.00", "3.00", "1.0", "3.00", "2.00"]

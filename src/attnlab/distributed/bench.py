@@ -69,6 +69,10 @@ def bench_rank(
         del whole
     gc.collect()
     q, k, v = (x.requires_grad_() for x in local[:3])
+    # Warm-up on 2 positions per rank: gloo connects the ring's pairs on first use.
+    tiny = torch.randn(1, 1, 2 * world_size, 8, generator=g)
+    tiny = shard_sequence(tiny, world_size, rank).requires_grad_()
+    torch.autograd.backward(ring_attention(tiny, tiny, tiny, is_causal=is_causal).sum())
     _reset_peak()
     before = _memory_kib()["VmRSS"]
     stats = RingStats()
@@ -76,7 +80,7 @@ def bench_rank(
     start = time.perf_counter()
     out = ring_attention(q, k, v, is_causal=is_causal, layout=layout, stats=stats)
     forward_seconds = time.perf_counter() - start
-    forward = dataclasses.replace(stats)
+    forward = dataclasses.replace(stats)  # a copy, before the backward adds to it
     dist.barrier()
     start = time.perf_counter()
     torch.autograd.backward(out, local[3])
@@ -91,6 +95,7 @@ def bench_rank(
         "backward_seconds": backward_seconds,
         "forward_score_entries": forward.score_entries,
         "forward_bytes_sent": forward.bytes_sent,
+        "forward_compute_seconds": forward.compute_seconds,
         "bytes_sent": stats.bytes_sent,
         "compute_seconds": stats.compute_seconds,
         "wait_seconds": stats.wait_seconds,
@@ -137,12 +142,17 @@ def run_bench(
 
 
 def format_results(results: dict[str, Any]) -> str:
-    """A table with one line per world size and layout; memory is the largest rank's."""
+    """A table with one line per world size and layout.
+
+    Memory is the largest rank's shard plus its peak on top; times are the slowest
+    rank's; *work* is the ratio of the largest to the smallest count of score entries
+    computed in the forward pass, *busy* the same ratio of the seconds spent computing.
+    """
     runs = results["runs"]
     base = max(r["peak_extra_bytes"] + r["input_bytes"] for r in runs[0]["ranks"])
     lines = [
         "ranks  layout      memory/rank (MiB)  vs 1 rank  forward (s)  fwd+bwd (s)  "
-        "sent/rank (MiB)  work max/min"
+        "sent/rank (MiB)  work max/min  busy max/min"
     ]
     for run in runs:
         ranks = run["ranks"]
@@ -151,10 +161,11 @@ def format_results(results: dict[str, Any]) -> str:
         step = max(r["forward_seconds"] + r["backward_seconds"] for r in ranks)
         sent = max(r["bytes_sent"] for r in ranks)
         work = [r["forward_score_entries"] for r in ranks]
+        busy = [r["forward_compute_seconds"] for r in ranks]  # measured, forward
         lines.append(
             f"{run['world_size']:>5}  {run['layout']:<10} {memory / 2**20:>18.1f} "
             f"{memory / base:>10.2f} {forward:>12.2f} {step:>12.2f} {sent / 2**20:>16.1f} "
-            f"{max(work) / max(1, min(work)):>13.2f}"
+            f"{max(work) / max(1, min(work)):>13.2f} {max(busy) / min(busy):>13.2f}"
         )
     return "\n".join(lines)
 

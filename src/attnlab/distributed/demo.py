@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import json
 import os
+import platform
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +32,7 @@ import torch.distributed as dist
 from attnlab.distributed.launch import spawn
 from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_ranges, shard_sequence
 
-__all__ = ["demo_rank", "format_rows", "hello", "main", "run_demo"]
+__all__ = ["demo_rank", "format_rows", "hello", "main", "run_demo", "torch_context_parallel"]
 
 
 def hello(rank: int, world_size: int) -> str:
@@ -84,6 +89,34 @@ def demo_rank(
     }
 
 
+def torch_context_parallel(
+    rank: int, world_size: int, length: int = 1000, heads: int = 4, head_dim: int = 16
+) -> dict[str, Any]:
+    """Try PyTorch's own context parallelism on this rank; return its error or result.
+
+    `torch.distributed.tensor.experimental.context_parallel` shards the given buffers
+    along the sequence on a device mesh and replaces `scaled_dot_product_attention` by a
+    ring over the mesh while the context is open. Each rank compares its shard of the
+    output with the single-process result.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, heads, length, head_dim, generator=g) for _ in range(3))
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    q, k, v, reference = (x.to(device) for x in (q, k, v, reference))
+    try:
+        mesh = init_device_mesh(device, (world_size,))
+        buffers = [q, k, v, reference]  # sharded in place along dim 2 by the context
+        with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2, 2]):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return {"rank": rank, "max_error_out": (out - reference).abs().max().item()}
+    except Exception as error:  # what it raises here is the result we report
+        return {"rank": rank, "error": f"{type(error).__name__}: {error}"}
+
+
 def run_demo(world_size: int, *, timeout: float = 60.0, **kwargs: Any) -> list[dict[str, Any]]:
     """Spawn `world_size` processes on 127.0.0.1 and return the row of every rank.
 
@@ -135,6 +168,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--layout", choices=["contiguous", "zigzag"], default="zigzag")
     parser.add_argument("--no-causal", dest="causal", action="store_false")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank may wait")
+    parser.add_argument(
+        "--torch-context-parallel",
+        action="store_true",
+        help="also try torch.distributed.tensor.experimental.context_parallel",
+    )
+    parser.add_argument("--json", type=Path, help="save the rows and provenance here")
     args = parser.parse_args(argv)
     config = (args.length, args.heads, args.head_dim, args.causal, args.layout, 0)
     title = (
@@ -142,8 +181,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{'causal' if args.causal else 'not causal'}, layout {args.layout}"
     )
     if args.world_size is None and "RANK" in os.environ:  # started by torchrun
-        import datetime
-
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
         try:
@@ -160,6 +197,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = spawn(demo_rank, world_size, *config, timeout=args.timeout)
     print(f"{title}, {world_size} ranks (gloo, spawned)")
     print(format_rows(rows))
+    record: dict[str, Any] = {"title": title, "world_size": world_size, "rows": rows}
+    if args.torch_context_parallel:
+        torch_rows = spawn(torch_context_parallel, world_size, *config[:3], timeout=args.timeout)
+        record["torch_context_parallel"] = torch_rows
+        for row in torch_rows:
+            result = row.get("error") or f"max |out - sdpa| {row['max_error_out']:.1e}"
+            print(f"torch context_parallel, rank {row['rank']}: {result}")
+    if args.json is not None:
+        record["provenance"] = {
+            "command": "python -m attnlab.distributed.demo "
+            + " ".join(sys.argv[1:] if argv is None else argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
