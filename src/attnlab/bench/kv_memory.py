@@ -15,6 +15,7 @@ really holds. Bytes per token are `nbytes / tokens` for one layer, times the lay
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,16 +51,18 @@ KV_QUICK = KVShape(
 )
 
 
-def _layers(shape: KVShape) -> dict[str, tuple[nn.Module, dict[str, Any]]]:
-    """Each variant's layer and what the formula needs to predict its cache."""
+def _layers(shape: KVShape) -> Iterator[tuple[str, nn.Module, dict[str, Any]]]:
+    """Each variant's layer, built one at a time, and the sizes the formula needs."""
     from attnlab.gqa import GroupedQueryAttention
     from attnlab.mla import MultiHeadLatentAttention
 
     d, h, hd = shape.d_model, shape.num_heads, shape.head_dim
-    layers: dict[str, tuple[nn.Module, dict[str, Any]]] = {}
     for name, kv in (("MHA", h), ("GQA", shape.gqa_kv_heads), ("MQA", 1)):
-        layer = GroupedQueryAttention(d, h, kv, head_dim=hd)
-        layers[name] = (layer, {"num_kv_heads": kv, "head_dim": hd})
+        yield (
+            name,
+            GroupedQueryAttention(d, h, kv, head_dim=hd),
+            {"num_kv_heads": kv, "head_dim": hd},
+        )
     mla = MultiHeadLatentAttention(
         d,
         h,
@@ -68,11 +71,12 @@ def _layers(shape: KVShape) -> dict[str, tuple[nn.Module, dict[str, Any]]]:
         qk_rope_head_dim=shape.qk_rope_head_dim,
         v_head_dim=hd,
     )
-    layers["MLA"] = (
-        mla,
-        {"num_kv_heads": 1, "head_dim": shape.kv_lora_rank, "head_dim_v": shape.qk_rope_head_dim},
-    )
-    return layers
+    sizes = {
+        "num_kv_heads": 1,
+        "head_dim": shape.kv_lora_rank,
+        "head_dim_v": shape.qk_rope_head_dim,
+    }
+    yield "MLA", mla, sizes
 
 
 def measure_kv_memory(shape: KVShape = KV_FULL, *, seed: int = 0) -> dict[str, Any]:
@@ -101,7 +105,7 @@ def measure_kv_memory(shape: KVShape = KV_FULL, *, seed: int = 0) -> dict[str, A
     dtype = getattr(torch, shape.dtype)
     x = torch.randn(1, shape.tokens, shape.d_model, dtype=dtype)  # (1, tokens, d_model)
     results: list[dict[str, Any]] = []
-    for name, (layer, sizes) in _layers(shape).items():
+    for name, layer, sizes in _layers(shape):
         layer.to(dtype).eval()
         cache = DynamicKVCache()
         with torch.no_grad():
