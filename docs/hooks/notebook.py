@@ -207,10 +207,16 @@ def chapter_cells(
 
     lines = markdown.split("\n")
     i = 0
+    inside = ""  # the indentation of the admonition whose code just became a cell
     while i < len(lines):
         fence = FENCE.match(lines[i])
         if not fence:
-            prose.append(lines[i])
+            # The rest of that admonition's body, after its code, is plain prose now.
+            if inside and lines[i].startswith(inside):
+                prose.append(lines[i][len(inside) :])
+            else:
+                inside = "" if lines[i].strip() else inside
+                prose.append(lines[i])
             i += 1
             continue
         ticks, info = fence["ticks"], fence["info"]
@@ -218,9 +224,12 @@ def chapter_cells(
         while j < len(lines) and not lines[j].strip().startswith(ticks):
             j += 1
         body = "\n".join(line[len(fence["indent"]) :] for line in lines[i + 1 : j])
-        if _is_code(info) and not fence["indent"]:
+        if _is_code(info):
+            # A fence indented in an admonition (an exercise's collapsed solution) is a cell
+            # too: the admonition's text before it becomes an alert box above it.
             flush()
             cells.append(_code_cell(body, i + 1, figure="exec=" in info))
+            inside = fence["indent"]
         elif 'title="Output"' in info:
             pass  # the notebook's own outputs come from executing it
         else:
