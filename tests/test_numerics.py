@@ -58,6 +58,19 @@ def _bottom_right(inputs: dict[str, Tensor]) -> Tensor:
     return masks.causal(t_q, t_k, align="bottom-right", device=inputs["q"].device)
 
 
+def _blocked_keys(inputs: dict[str, Tensor]) -> Tensor:
+    # nn.MultiheadAttention's key_padding_mask for the same lengths: (b, s), True = padding.
+    return ~masks.padding([S, 3], max_len=S).to(inputs["context"].device)
+
+
+def _mha_kv(backend: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        mha = MultiHeadAttention(D_IN, D_OUT, HEADS, d_context=D_CTX, d_value=D_V, backend=backend)  # type: ignore[arg-type]
+        return mha.eval()
+
+    return build
+
+
 def _mha(backend: str, cross: bool) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         d_context = D_CTX if cross else None
@@ -74,6 +87,7 @@ def _m(module: nn.Module | None) -> Any:
 X = {"x": (B, T, D_IN)}
 XC = {"x": (B, T, D_IN), "context": (B, S, D_IN)}
 XC_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX)}
+XCV_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX), "value": (B, S, D_V)}
 QKV = {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ), "v": (B, HEADS, S, D_V)}
 
 ENTRIES: dict[str, Entry] = {
@@ -120,6 +134,25 @@ ENTRIES: dict[str, Entry] = {
         XC_MHA,
         lambda m, i: _m(m)(i["x"], i["context"], attn_mask=_key_padding(i)),
         _mha("scratch", cross=True),
+    ),
+    "MultiHeadAttention[torch] value, key_padding_mask": Entry(
+        XCV_MHA,
+        lambda m, i: _m(m)(
+            i["x"], i["context"], i["value"], key_padding_mask=_blocked_keys(i), is_causal=True
+        ),
+        _mha_kv("torch"),
+    ),
+    "MultiHeadAttention[scratch] need_weights": Entry(
+        XC_MHA,
+        lambda m, i: _m(m)(
+            i["x"],
+            i["context"],
+            key_padding_mask=_blocked_keys(i),
+            need_weights=True,
+            average_attn_weights=False,
+        )[1],
+        _mha("scratch", cross=True),
+        weights=True,
     ),
     "MultiHeadAttention.attention_weights": Entry(
         XC_MHA,
@@ -342,6 +375,8 @@ EMPTY_QUERY_INPUT = {
     "MultiHeadAttention[scratch] causal": "x",
     "MultiHeadAttention[torch] cross padded": "x",
     "MultiHeadAttention[scratch] cross padded": "x",
+    "MultiHeadAttention[torch] value, key_padding_mask": "x",
+    "MultiHeadAttention[scratch] need_weights": "x",
     "MultiHeadAttention.attention_weights": "x",
     "attention_scores": "q",
     "scaled_softmax": None,  # its mask is (T, T): see test_scaled_softmax_of_no_scores
