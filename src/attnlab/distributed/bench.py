@@ -145,15 +145,13 @@ def format_results(results: dict[str, Any]) -> str:
     """A table with one line per world size and layout.
 
     Memory is the largest rank's shard plus its peak on top; times are the slowest
-    rank's; *work* is the ratio of the largest to the smallest count of score entries
-    computed in the forward pass, *busy* the same ratio of the seconds spent computing.
+    rank's; *MiB sent* is per rank, forward and backward; *work* is the ratio of the
+    largest to the smallest count of score entries computed in the forward pass, *busy*
+    the same ratio of the seconds spent computing (measured).
     """
     runs = results["runs"]
     base = max(r["peak_extra_bytes"] + r["input_bytes"] for r in runs[0]["ranks"])
-    lines = [
-        "ranks  layout      memory/rank (MiB)  vs 1 rank  forward (s)  fwd+bwd (s)  "
-        "sent/rank (MiB)  work max/min  busy max/min"
-    ]
+    lines = ["ranks  layout      MiB/rank  vs 1 rank  fwd (s)  fwd+bwd (s)  MiB sent  work  busy"]
     for run in runs:
         ranks = run["ranks"]
         memory = max(r["peak_extra_bytes"] + r["input_bytes"] for r in ranks)
@@ -163,9 +161,9 @@ def format_results(results: dict[str, Any]) -> str:
         work = [r["forward_score_entries"] for r in ranks]
         busy = [r["forward_compute_seconds"] for r in ranks]  # measured, forward
         lines.append(
-            f"{run['world_size']:>5}  {run['layout']:<10} {memory / 2**20:>18.1f} "
-            f"{memory / base:>10.2f} {forward:>12.2f} {step:>12.2f} {sent / 2**20:>16.1f} "
-            f"{max(work) / max(1, min(work)):>13.2f} {max(busy) / min(busy):>13.2f}"
+            f"{run['world_size']:>5}  {run['layout']:<10} {memory / 2**20:>9.1f} "
+            f"{memory / base:>10.2f} {forward:>8.2f} {step:>12.2f} {sent / 2**20:>9.1f} "
+            f"{max(work) / max(1, min(work)):>5.2f} {max(busy) / min(busy):>5.2f}"
         )
     return "\n".join(lines)
 
