@@ -124,7 +124,7 @@ def run_demo(world_size: int, *, timeout: float = 60.0, **kwargs: Any) -> list[d
         world_size: Number of processes.
         timeout: Seconds any rank may wait for another before it fails.
         **kwargs: `length`, `heads`, `head_dim`, `is_causal`, `layout`, `seed` of
-            [`demo_rank`][attnlab.distributed.demo.demo_rank].
+            `demo_rank`.
 
     Returns:
         One dict per rank.
