@@ -137,3 +137,60 @@ def test_browser_hover_reads_out_and_buttons_switch_heads(tmp_path: Path) -> Non
     assert result["hoverThird"]["hit"]
     expected = f"head 3, query down → key k1: weight {weights[2, 3, 0].item():.4f}"
     assert result["hoverThird"]["readout"] == expected
+
+
+# Material's instant navigation swaps the page's content without loading the scripts
+# again, then emits on its `document$` observable. A stand-in observable lets the test do
+# the same: the first page's figure is replaced by another, and the emission must reveal
+# its controls, with the delegated listeners (added once) serving its cells.
+INSTANT = """
+<script>
+var subscribers = [];
+window.document$ = {subscribe: function (fn) { subscribers.push(fn); fn(document); }};
+</script>
+"""
+
+NAVIGATE = """
+window.addEventListener("load", function () {
+  var result = {subscribers: subscribers.length};
+  document.getElementById("page").innerHTML = document.getElementById("next").textContent;
+  result.readyBefore = !!document.querySelector("#page [data-attn-heatmap][data-attn-ready]");
+  subscribers.forEach(function (fn) { fn(document); });  // what Material does after a swap
+  var fig = document.querySelector("#page [data-attn-heatmap]");
+  result.readyAfter = fig.hasAttribute("data-attn-ready");
+  fig.querySelectorAll(".attn-heatmap-select button")[1].click();
+  var cell = fig.querySelector(
+    '.attn-heatmap-panel[data-panel="1"] .attn-heatmap-cell[data-q="0"][data-k="1"]');
+  cell.dispatchEvent(new MouseEvent("mouseover", {bubbles: true}));
+  result.readout = fig.querySelector(".attn-heatmap-readout").textContent;
+  result.styles = document.querySelectorAll("#attn-heatmap-style").length;
+  var out = document.createElement("pre");
+  out.id = "result";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+});
+"""
+
+
+def test_browser_new_page_after_instant_navigation_is_interactive(tmp_path: Path) -> None:
+    first = interactive_heatmap(torch.eye(2), ["a", "b"], ["a", "b"])
+    weights = torch.tensor([[[0.5, 0.5], [0.2, 0.8]], [[0.1, 0.9], [0.3, 0.7]]])
+    second = interactive_heatmap(weights, ["x", "y"], ["u", "v"])
+    shutil.copy(SCRIPT, tmp_path / "attention-heatmap.js")
+    page = tmp_path / "page.html"
+    page.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>nav</title></head><body>"
+        f"{INSTANT}<div id='page'>{first}</div>"
+        f"<script type='text/plain' id='next'>{second}</script>"
+        f"<script src='attention-heatmap.js'></script><script>{NAVIGATE}</script>"
+        "</body></html>",
+        encoding="utf-8",
+    )
+    found = re.search(r'<pre id="result">(.*?)</pre>', _dump_dom(page, tmp_path), re.S)
+    assert found, "the driver script did not run"
+    result = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert result["subscribers"] == 1  # the script subscribed to document$
+    assert result["readyBefore"] is False  # the swapped-in figure is not revealed yet...
+    assert result["readyAfter"] is True  # ...until document$ emits
+    assert result["readout"] == "head 2, query x → key v: weight 0.9000"
+    assert result["styles"] == 1  # its stylesheet is added once, not per page
