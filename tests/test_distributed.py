@@ -58,7 +58,16 @@ def _ring_cases() -> list[dict[str, Any]]:
     return cases
 
 
-RING = _ring_cases()
+RING = [
+    *_ring_cases(),
+    # the default group (group=None) of all 4 ranks
+    {
+        "ranks": [0, 1, 2, 3],
+        "default_group": True,
+        "inputs": _inputs(13, 50),
+        "kwargs": {"is_causal": True, "layout": "zigzag", "block_size": 4},
+    },
+]
 # Work per rank: causal, T = 32 over 4 ranks, so that every zigzag chunk has 4 positions.
 BALANCE = [
     {
@@ -134,7 +143,8 @@ def _reference(case: dict[str, Any]) -> list[torch.Tensor]:
 def _name(case: dict[str, Any]) -> str:
     kw = case["kwargs"]
     causal = "causal" if kw["is_causal"] else "full"
-    return f"ranks{''.join(map(str, case['ranks']))}-{causal}-{kw['layout']}"
+    world = "-world" if case.get("default_group") else ""
+    return f"ranks{''.join(map(str, case['ranks']))}{world}-{causal}-{kw['layout']}"
 
 
 @pytest.mark.parametrize("index", range(len(RING)), ids=[_name(c) for c in RING])

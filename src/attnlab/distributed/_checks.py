@@ -22,7 +22,8 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> list[A
     A case has `ranks` (the members of its group, in order), `inputs` (the whole `q, k,
     v, grad_out`, each rank takes its own shard), `kwargs` for `ring_attention`, and
     optional `bad` (rank -> replacement of that rank's local `(q, k, v)`), `skip` (ranks
-    that do not call at all) and `timeout` (seconds, for the subgroup). A result is
+    that do not call at all), `timeout` (seconds, for the subgroup) and `default_group`
+    (call without `group=`; `ranks` must then be every rank). A result is
     `None` off the group, `("ok", out, dq, dk, dv, stats)` or `("error", type, message)`.
     """
     results: list[Any] = []
@@ -30,6 +31,8 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> list[A
         ranks = case["ranks"]
         timeout = datetime.timedelta(seconds=case.get("timeout", 60))
         group = dist.new_group(ranks, timeout=timeout)  # every rank calls new_group
+        if case.get("default_group"):
+            group = None  # ring_attention's default: the whole world
         if rank not in ranks or rank in case.get("skip", ()):
             results.append(None)
             continue
