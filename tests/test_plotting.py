@@ -250,3 +250,23 @@ def test_interactive_heatmap_rejects_bad_input_with_named_argument() -> None:
         interactive_heatmap(torch.eye(2), "ab", ["a", "b"])  # not split into characters
     with pytest.raises(TypeError, match="weights must hold real numbers"):
         interactive_heatmap(torch.eye(2, dtype=torch.bool), ["a", "b"], ["a", "b"])
+
+
+def test_interactive_heatmap_cell_size_and_annotate() -> None:
+    weights = torch.softmax(torch.randn(3, 7), dim=-1)
+    rows, cols = list("abc"), list("tuvwxyz")
+    small = interactive_heatmap(weights, rows, cols, cell_size=16, annotate=False)
+    sizes = re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="(\d+)" height="(\d+)"', small)
+    assert sizes == [("16", "16")] * 21
+    cells = _parse(small).cells
+    # No numbers in the cells, but every tooltip and read-out value is still there.
+    assert all("shown" not in cell for cell in cells)
+    flat = weights.flatten().tolist()
+    assert [float(cell["data-w"]) for cell in cells] == pytest.approx(flat, abs=5e-5)
+    assert all(cell["title"].startswith("query ") for cell in cells)
+    # The drawing is as wide as its cells: 7 columns of 16 px are 7 * 24 px narrower.
+    big = interactive_heatmap(weights, rows, cols)
+    width = [int(w) for w in re.findall(r'<svg [^>]*width="(\d+)"', small + big)]
+    assert width[1] - width[0] == 7 * (40 - 16)
+    with pytest.raises(ValueError, match="cell_size must be an int of at least 8 pixels"):
+        interactive_heatmap(weights, rows, cols, cell_size=4)

@@ -260,7 +260,6 @@ _BLUES = (
     (0x08, 0x51, 0x9C),
     (0x08, 0x30, 0x6B),
 )
-_CELL = 40  # px, one weight
 _CHAR = 7.2  # px, rough width of one label character at the 12 px font
 _FONT = 12
 
@@ -328,15 +327,17 @@ def _panel_svg(
     xlabel: str,
     ylabel: str,
     hidden: bool,
+    cell: int,
+    annotate: bool,
 ) -> str:
     t_q, t_k = matrix.shape
     left = 18 + round(_CHAR * max(len(r) for r in rows)) + 8  # axis name, labels, gap
     # Column labels are turned 45 degrees: their height is their length over sqrt(2).
     top = 20 + round(_CHAR * max(len(c) for c in cols) * 0.71) + 10
     # ... and reach past their column's centre to the right by as much.
-    right = max(4, round(_CHAR * max(len(c) for c in cols) * 0.71) - _CELL // 2 + 4)
-    width = left + t_k * _CELL + right
-    height = top + t_q * _CELL + 4
+    right = max(4, round(_CHAR * max(len(c) for c in cols) * 0.71) - cell // 2 + 4)
+    width = left + t_k * cell + right
+    height = top + t_q * cell + 4
     span = vmax - vmin
     # The `hidden` attribute hides HTML elements only, so each SVG sits in a <div>.
     parts = [
@@ -347,20 +348,20 @@ def _panel_svg(
         'style="display:block;margin:0 auto;max-width:none" '
         f'role="group" aria-label="{escape(name)}">',
         f"<title>{escape(name)}</title>",
-        f'<text x="{left + t_k * _CELL / 2:g}" y="12" text-anchor="middle" '
+        f'<text x="{left + t_k * cell / 2:g}" y="12" text-anchor="middle" '
         f'fill="currentColor" font-weight="600">{escape(xlabel)}</text>',
-        f'<text transform="translate(12 {top + t_q * _CELL / 2:g}) rotate(-90)" '
+        f'<text transform="translate(12 {top + t_q * cell / 2:g}) rotate(-90)" '
         f'text-anchor="middle" fill="currentColor" font-weight="600">{escape(ylabel)}</text>',
     ]
     for j, col in enumerate(cols):
-        x = left + j * _CELL + _CELL / 2
+        x = left + j * cell + cell / 2
         parts.append(
             f'<text class="attn-heatmap-col" data-k="{j}" '
             f'transform="translate({x:g} {top - 6}) rotate(-45)" fill="currentColor">'
             f"{escape(col)}</text>"
         )
     for i, row in enumerate(rows):
-        y = top + i * _CELL + _CELL / 2
+        y = top + i * cell + cell / 2
         parts.append(
             f'<text class="attn-heatmap-row" data-q="{i}" x="{left - 8}" y="{y:g}" '
             f'text-anchor="end" dominant-baseline="central" fill="currentColor">'
@@ -370,16 +371,21 @@ def _panel_svg(
         for j in range(t_k):
             value = float(matrix[i, j])
             position = (value - vmin) / span if span > 0 else 0.0
-            x, y = left + j * _CELL, top + i * _CELL
+            x, y = left + j * cell, top + i * cell
             readout = f"query {rows[i]} → key {cols[j]}: {value:.4f}"
             parts.append(
                 f'<g class="attn-heatmap-cell" data-q="{i}" data-k="{j}" '
                 f'data-w="{value:.4f}"><title>{escape(readout)}</title>'
-                f'<rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" '
+                f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" '
                 f'fill="{_blues(position)}" stroke="#ffffff" stroke-width="1"/>'
-                f'<text x="{x + _CELL / 2:g}" y="{y + _CELL / 2:g}" text-anchor="middle" '
-                f'dominant-baseline="central" font-size="11" pointer-events="none" '
-                f'fill="{"#ffffff" if position > 0.55 else "#1a1a1a"}">{value:.2f}</text></g>'
+                + (
+                    f'<text x="{x + cell / 2:g}" y="{y + cell / 2:g}" text-anchor="middle" '
+                    f'dominant-baseline="central" font-size="11" pointer-events="none" '
+                    f'fill="{"#ffffff" if position > 0.55 else "#1a1a1a"}">{value:.2f}</text>'
+                    if annotate
+                    else ""
+                )
+                + "</g>"
             )
     parts.append("</svg></div>")
     return "".join(parts)
@@ -396,6 +402,8 @@ def interactive_heatmap(
     ylabel: str = "query",
     vmin: float = 0.0,
     vmax: float | None = None,
+    cell_size: int = 40,
+    annotate: bool = True,
 ) -> str:
     r"""Attention weights as an HTML snippet: one SVG heatmap per head, a head selector
     and a read-out of the cell under the pointer.
@@ -420,6 +428,10 @@ def interactive_heatmap(
         ylabel: Name of the row axis.
         vmin: Weight mapped to the lightest colour.
         vmax: Weight mapped to the darkest colour; the largest weight when omitted.
+        cell_size: Side of one cell in pixels. A figure wider than the page scrolls
+            inside its box; smaller cells fit longer sequences.
+        annotate: Write each weight in its cell (two decimals). Below 30 px cells the
+            numbers no longer fit: turn it off, the tooltips and read-out remain.
 
     Returns:
         A `<figure>` element as a string, to print from a markdown-exec `html="1"` block.
@@ -429,7 +441,7 @@ def interactive_heatmap(
             sequence (a single string is refused, not split into characters).
         ValueError: If `weights` has the wrong number of dimensions, is empty or not
             finite, a label or name count does not match its shape, or `vmax` is below
-            `vmin`.
+            `vmin`, or `cell_size` is below 8 pixels.
 
     Examples:
         >>> import torch
@@ -463,6 +475,8 @@ def interactive_heatmap(
             f"vmax must not be below vmin, got vmin={vmin} and vmax={top}"
             + (" (the largest weight)" if vmax is None else "")
         )
+    if isinstance(cell_size, bool) or not isinstance(cell_size, int) or cell_size < 8:
+        raise ValueError(f"cell_size must be an int of at least 8 pixels, got {cell_size!r}")
 
     label = title or "attention weights"
     out = [
@@ -503,6 +517,8 @@ def interactive_heatmap(
                 xlabel=xlabel,
                 ylabel=ylabel,
                 hidden=panel > 0,
+                cell=cell_size,
+                annotate=annotate,
             )
         )
     out.append("</div>")
