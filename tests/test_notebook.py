@@ -142,6 +142,84 @@ def test_site_only_markdown_is_rewritten(notebooks: dict[str, dict[str, Any]]) -
     assert "> **Pitfall" not in prose  # not grey quotes
 
 
+def test_the_note_on_the_notebook_comes_right_under_the_title(
+    notebooks: dict[str, dict[str, Any]],
+) -> None:
+    for chapter, nb in notebooks.items():
+        title = re.search(r"^# .+$", (DOCS / chapter).read_text("utf-8"), flags=re.M)
+        assert title is not None
+        assert nb["cells"][0]["source"] == title[0], chapter
+        assert nb["cells"][1]["source"].startswith("*This notebook is the chapter"), chapter
+
+
+def test_generated_figure_cells_fit_the_column(notebooks: dict[str, dict[str, Any]]) -> None:
+    # The display line the notebook adds (HTML(...)/SVG(...)) is split rather than cut.
+    calls = [
+        cell["source"][cell["source"].rfind("\nHTML(") + 1 :]
+        if "\nHTML(" in cell["source"]
+        else cell["source"][cell["source"].rfind("\nSVG(") + 1 :]
+        for nb in notebooks.values()
+        for cell in _cells(nb, "code")
+        if cell["source"].startswith(DISPLAY)
+    ]
+    lines = [line for call in calls for line in call.split("\n")]
+    assert any(line.startswith("HTML(") for line in lines)
+    assert [line for line in lines if len(line) > notebook.MAX_LINE] == []
+    long_call, _ = notebook._figure_source(f"print(draw({'x' * 90!r}))\n")
+    assert long_call.endswith(f"HTML(  # drawn below the cell\n    draw({'x' * 90!r})\n)")
+
+
+def test_notebook_pages_are_adapted_to_the_site() -> None:
+    # What mkdocs-jupyter renders for a notebook cell, trimmed; the page is
+    # notebooks/05-x/ (a page of the site, not the downloaded file).
+    rendered = (
+        "<!-- Load mathjax -->\n<script src='https://cdn.example/MathJax.js'></script>\n"
+        "<script>MathJax.Hub.Config({});</script>\n<!-- End of mathjax configuration -->"
+        '<script src="https://cdn.example/require.min.js"></script>'
+        f'<p><a href="{SITE}article/05-x/">the chapter</a>, '
+        f'<a href="{SITE}article/04-y/#scores">scores</a>, <a href="{SITE}">home</a></p>'
+        f'<img alt="a" src="{SITE}assets/images/a.svg"/>'
+        f'<a href="{SITE}{notebook.AUTOREF_MARK}attnlab.SelfAttention"><code>S</code></a>'
+        '<div class="alert alert-block alert-warning">\n<p><strong>Pitfall: x</strong></p>\n'
+        "<p>Body.</p>\n</div>"
+    )
+    page = notebook.site_page_html(rendered, "notebooks/05-x/", SITE)
+    assert "https://cdn.example" not in page
+    assert "MathJax" not in page
+    assert '<a href="../../article/05-x/">the chapter</a>' in page
+    assert '<a href="../../article/04-y/#scores">scores</a>' in page
+    assert '<a href="../../">home</a>' in page
+    assert 'src="../../assets/images/a.svg"' in page
+    assert (
+        '<div class="admonition warning"><p class="admonition-title">Pitfall: x</p>'
+        "<p>Body.</p></div>"
+    ) in page
+    assert "alert-block" not in page
+    # API links are resolved only once every page is rendered (autorefs).
+    finished = notebook.resolve_page_placeholders(page, "notebooks/05-x/", SITE, API.get)
+    assert '<a href="../../reference/modules/#attnlab.SelfAttention"><code>S</code></a>' in finished
+    assert notebook.AUTOREF_MARK not in finished
+    unresolved = notebook.resolve_page_placeholders(page, "notebooks/05-x/", SITE, {}.get)
+    assert "<code>S</code>" in unresolved
+    assert notebook.AUTOREF_MARK not in unresolved
+
+
+def test_download_placeholders_become_absolute_links() -> None:
+    text = (
+        f"See [`SelfAttention`]({SITE}{notebook.AUTOREF_MARK}attnlab.SelfAttention) and "
+        f"[`gone`]({SITE}{notebook.AUTOREF_MARK}attnlab.gone)."
+    )
+    assert notebook.resolve_placeholders(text, SITE, API.get) == (
+        f"See [`SelfAttention`]({SITE}{API['attnlab.SelfAttention']}) and `gone`."
+    )
+
+
+def test_chapter_title_is_plain_text() -> None:
+    assert notebook.chapter_title("article/07-self-attention-class.md") == (
+        "The SelfAttention class"
+    )
+
+
 @pytest.mark.parametrize(
     ("target", "url"),
     [
@@ -174,7 +252,9 @@ def test_notebooks_run_in_jupyter(tmp_path: Path) -> None:
     import nbformat
 
     paths = notebook.write_notebooks(tmp_path, site_url=SITE)
-    assert [p.name for p in paths] == [notebook.notebook_uri(c)[10:] for c in notebook.chapters()]
+    assert [p.name for p in paths] == [
+        Path(notebook.notebook_uri(c)).name for c in notebook.chapters()
+    ]
     for path in paths:
         stored = nbformat.read(str(path), as_version=4)
         nbformat.validate(stored)

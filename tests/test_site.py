@@ -171,7 +171,7 @@ def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> No
     assert len(buttons) >= 10
     assert "11-conclusion" not in buttons  # no code, no notebook
     for name, path in buttons.items():
-        assert path == site_dir / "notebooks" / f"{name}.ipynb"
+        assert path == site_dir / "notebooks" / name / f"{name}.ipynb"  # beside its page
         notebook = json.loads(path.read_text("utf-8"))
         code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
         assert code
@@ -179,18 +179,51 @@ def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> No
     # Executed: chapter 05's first weights are printed; chapter 07's heatmap is drawn.
     printed = "".join(
         o.get("text", "")
-        for c in json.loads((site_dir / "notebooks/05-attention-weights.ipynb").read_text())[
-            "cells"
-        ]
+        for c in json.loads(
+            (site_dir / "notebooks/05-attention-weights/05-attention-weights.ipynb").read_text()
+        )["cells"]
         for o in c.get("outputs", [])
     )
     assert "0.0386" in printed
-    figure = (site_dir / "notebooks/07-self-attention-class.ipynb").read_text("utf-8")
+    figure = (
+        site_dir / "notebooks/07-self-attention-class/07-self-attention-class.ipynb"
+    ).read_text("utf-8")
     assert "<svg" in figure
     # Links point at the published site, so they work in a downloaded notebook.
     site_url = "https://attnlab.github.io/attnlab/"
     assert f"]({site_url}article/05-attention-weights/)" in figure
     assert "](../" not in figure
+    assert "__autoref__" not in figure  # API links resolved in the download too
+    assert f"]({site_url}reference/" in figure
+
+
+def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
+    # The "Notebooks" section: mkdocs-jupyter renders each generated notebook as a page,
+    # with its stored outputs and figures, adapted to the site by docs/hooks/notebook.py.
+    site_dir, log = site
+    assert "Converting notebook (execute=True)" not in log  # executed once, by the hook
+    pages = sorted((site_dir / "notebooks").glob("*/index.html"))
+    assert len(pages) >= 10
+    for page in pages:
+        text = page.read_text("utf-8")
+        name = page.parent.name
+        assert 'class="jupyter-wrapper"' in text, name
+        toc = text[text.index("md-nav--secondary") :]
+        assert toc.count('class="md-nav__link"') >= 3, name  # the right-hand contents
+        assert "__autoref__" not in text, name
+        assert "alert-block" not in text, name
+        assert 'class="admonition' in text, name  # pitfalls and solutions as boxes
+        assert "https://attnlab.github.io/attnlab/" not in text.replace(
+            'rel="canonical" href="https://attnlab.github.io/attnlab/', ""
+        ), name  # links into the site are relative: they work on any host
+        download = re.findall(r'<a class="md-button" href="([^"]+\.ipynb)" download', text)
+        assert download == [f"{name}.ipynb"], name
+        assert (page.parent / download[0]).is_file()
+    seven = (site_dir / "notebooks/07-self-attention-class/index.html").read_text("utf-8")
+    notebook = seven[seven.index('class="jupyter-wrapper"') :]
+    assert "<svg" in notebook  # a stored figure
+    assert "0.5313" in notebook  # a stored output
+    assert 'href="../../reference/' in notebook  # an API link, resolved
 
 
 SOURCES = {

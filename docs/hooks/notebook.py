@@ -12,9 +12,16 @@ runnable code into ``notebooks/<chapter>.ipynb`` in the built site:
   Python process (no kernel to start), and their printed output and figures are stored
   in the notebook, so a reader sees the results before running anything.
 
-A "Download notebook" button is added under the title of each such chapter. Nothing is
-written into ``docs/``, so ``mkdocs serve`` does not loop and no committed notebook can
-drift from its chapter.
+The notebooks are generated when MkDocs collects its files (``on_files``), into a
+temporary folder outside ``docs/``, and added to the build as files
+``notebooks/<chapter>.ipynb``; the mkdocs-jupyter plugin renders each as a page of the
+"Notebooks" section (``execute: false``: they are already executed) and copies it beside
+its page, ``notebooks/<chapter>/<chapter>.ipynb``, where both the page and its chapter
+offer a "Download notebook" button. API cross-references are only known once every page
+is rendered, so the notebooks carry a placeholder for each, replaced in the finished
+pages (``on_post_page``) and in the downloads (``on_post_build``). Nothing is written
+into ``docs/``, so ``mkdocs serve`` does not loop and no committed notebook can drift
+from its chapter.
 
 Run it as a script to write the notebooks somewhere yourself::
 
@@ -30,10 +37,13 @@ import json
 import posixpath
 import re
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mkdocs.plugins import event_priority
 
 DOCS = Path(__file__).resolve().parent.parent
 ARTICLE = "article"
@@ -58,6 +68,7 @@ DOWNLOAD_ICON = (  # Material Design "download" icon
     '<path d="M5 20h14v-2H5m14-9h-4V3H9v6H5l7 7 7-7Z"/></svg>'
 )
 
+MAX_LINE = 88  # a code line longer than this is cut by the page's column
 Resolver = Callable[[str], str | None]  # API identifier -> site-relative URL, or None
 Cell = dict[str, Any]
 
@@ -92,9 +103,15 @@ def chapters(docs: Path = DOCS) -> list[str]:
     ]
 
 
-def notebook_uri(chapter: str) -> str:
-    """Where a chapter's notebook lives in the site: ``notebooks/07-...ipynb``."""
+def notebook_src_uri(chapter: str) -> str:
+    """The notebook as a file of the build (a page): ``notebooks/07-x.ipynb``."""
     return f"notebooks/{Path(chapter).stem}.ipynb"
+
+
+def notebook_uri(chapter: str) -> str:
+    """Where the download lives, beside its page: ``notebooks/07-x/07-x.ipynb``."""
+    stem = Path(chapter).stem
+    return f"notebooks/{stem}/{stem}.ipynb"
 
 
 def page_url(src_uri: str) -> str:
@@ -188,7 +205,10 @@ def _figure_source(code: str) -> tuple[str, str]:
     lines = code.rstrip("\n").split("\n")
     shown = ast.get_source_segment(code, last.value.args[0])
     head = "\n".join(lines[: last.lineno - 1])
-    body = f"{head}\nHTML({shown})  # drawn below the cell"
+    call = f"HTML({shown})  # drawn below the cell"
+    if "\n" in str(shown) or len(call) > MAX_LINE:  # one argument per line, as ruff would
+        call = f"HTML(  # drawn below the cell\n    {shown}\n)"
+    body = f"{head}\n{call}"
     return "from IPython.display import HTML\n\n" + body.lstrip("\n"), "text/html"
 
 
@@ -308,7 +328,15 @@ def build_notebook(
         "the cells run in order, each after the ones above it.*"
     )
     cells = chapter_cells(markdown, chapter, site_url, resolve)
-    after_title = 1 if cells and cells[0]["cell_type"] == "markdown" else 0
+    # The note goes right under the title: the title becomes a cell of its own.
+    first = cells[0]["source"] if cells and cells[0]["cell_type"] == "markdown" else ""
+    head, _, rest = first.partition("\n")
+    after_title = 0
+    if head.startswith("# "):
+        cells[0]["source"] = head
+        after_title = 1
+        if rest.strip():
+            cells.insert(1, {"cell_type": "markdown", "metadata": {}, "source": rest.strip()})
     cells.insert(after_title, {"cell_type": "markdown", "metadata": {}, "source": about})
     if run:
         execute(cells, str(Path(docs.name) / chapter))
@@ -349,37 +377,66 @@ def write_notebooks(
 
 # MkDocs hook ---------------------------------------------------------------------------
 
+AUTOREF_MARK = "__autoref__/"  # site_url + AUTOREF_MARK + identifier, until resolved
+PLACEHOLDER_LINK = re.compile(r"\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]*__autoref__/[\w.]+)\)")
+ALERT_BOX = re.compile(
+    r'<div class="alert alert-block alert-(?P<alert>\w+)">\s*'
+    r"<p><strong>(?P<title>.*?)</strong></p>(?P<body>.*?)</div>",
+    flags=re.S,
+)
+ADMONITION_KIND = {"warning": "warning", "danger": "danger", "success": "tip", "info": "note"}
+# What nbconvert's template adds for a notebook page that the site provides itself or
+# does not use: MathJax and Mermaid from a CDN (KaTeX is served by the site).
+CDN_SCRIPT = re.compile(
+    r"<script\b[^>]*\bsrc=[\"'](?:https?:)?//[^\"']*[\"'][^>]*>\s*</script>", flags=re.I
+)
+MATHJAX_CONFIG = re.compile(
+    r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", flags=re.S
+)
+MERMAID_MODULE = re.compile(
+    r'<script type="module">\s*document\.addEventListener\(\s*"DOMContentLoaded"'
+    r".*?mermaid.*?</script>",
+    flags=re.S,
+)
+
+# The notebook's cells use the page's column as a chapter's code blocks do (the Jupyter
+# paddings would cut lines that fit a chapter).
+NOTEBOOK_CSS = """<style>
+.md-typeset .jupyter-wrapper .jp-Notebook,
+.md-typeset .jupyter-wrapper .jp-Cell { padding: 0; width: 100%; }
+.md-typeset .jupyter-wrapper .jp-Cell + .jp-Cell { margin-top: 0.6em; }
+.md-typeset .jupyter-wrapper .jp-InputArea-editor pre,
+.md-typeset .jupyter-wrapper .jp-OutputArea-output pre {
+  font-family: var(--md-code-font-family);
+  font-size: 0.6rem;  /* a little under a chapter's .68rem: 88-character lines fit */
+}
+</style>
+"""
+_build: dict[str, Any] = {}  # this build's temporary folder and notebook pages
+
 
 def _site_url(config: Any) -> str:
     url = config.get("site_url") or SITE_URL
     return url if url.endswith("/") else url + "/"
 
 
-def on_post_page(html: str, page: Any, config: Any) -> str:
-    """Put a "Download notebook" button under the title of each chapter with code.
-
-    Added to the finished page, after the search plugin has read its text, so the button's
-    label is not indexed as part of every chapter.
-    """
-    from mkdocs.utils import get_relative_url
-
-    src_uri = page.file.src_uri
-    if src_uri not in chapters(Path(config["docs_dir"])):
-        return html
-    href = get_relative_url(notebook_uri(src_uri), page.url)
-    button = (
+def _button(href: str) -> str:
+    return (
         f'<p class="attn-notebook"><a class="md-button" href="{href}" download '
         'title="This chapter as a Jupyter notebook, with its outputs">'
         f"{DOWNLOAD_ICON} Download notebook</a></p>"
     )
+
+
+def _after_title(html: str, insert: str) -> str:
     heading_end = html.find("</h1>")
     if heading_end < 0:
-        return button + html
+        return insert + html
     heading_end += len("</h1>")
-    return html[:heading_end] + button + html[heading_end:]
+    return html[:heading_end] + insert + html[heading_end:]
 
 
-def on_post_build(config: Any) -> None:
+def _resolver(config: Any) -> Resolver:
     autorefs = config["plugins"].get("autorefs")
 
     def resolve(identifier: str) -> str | None:
@@ -391,17 +448,160 @@ def on_post_build(config: Any) -> None:
             return None
         return str(url)
 
-    try:
-        write_notebooks(
-            Path(config["site_dir"]),
-            docs=Path(config["docs_dir"]),
-            site_url=_site_url(config),
-            resolve=resolve,
-        )
-    except NotebookError as exc:
-        from mkdocs.exceptions import PluginError
+    return resolve
 
-        raise PluginError(str(exc)) from exc
+
+def resolve_placeholders(text: str, site_url: str, resolve: Resolver) -> str:
+    """Replace the autoref placeholders in a notebook's Markdown by absolute links.
+
+    An identifier that does not resolve becomes its plain text, as in the chapter.
+    """
+
+    def link(match: re.Match[str]) -> str:
+        url = resolve(match["url"].rsplit(AUTOREF_MARK, 1)[1])
+        return f"[{match['text']}]({site_url}{url})" if url is not None else match["text"]
+
+    return PLACEHOLDER_LINK.sub(link, text)
+
+
+def site_page_html(html: str, page_url: str, site_url: str) -> str:
+    """A notebook's HTML from mkdocs-jupyter as the site shows it.
+
+    Absolute links and images into the site become relative ones (so they work on any host,
+    ``mkdocs serve`` included), Jupyter alert boxes become the site's admonitions, and
+    the CDN scripts of nbconvert's template are dropped (the site serves KaTeX).
+    """
+    from mkdocs.utils import get_relative_url
+
+    html = MATHJAX_CONFIG.sub("", html)
+    html = MERMAID_MODULE.sub("", html)
+    html = CDN_SCRIPT.sub("", html)
+
+    def local(match: re.Match[str]) -> str:
+        path, hash_, anchor = match["path"].partition("#")
+        if path.startswith(AUTOREF_MARK):
+            return match[0]  # resolved in the finished page
+        target = get_relative_url(path or ".", page_url)
+        if (not path or path.endswith("/")) and not target.endswith("/"):
+            target += "/"
+        return f'{match["attr"]}="{target}{hash_}{anchor}"'
+
+    html = re.sub(rf'(?P<attr>href|src)="{re.escape(site_url)}(?P<path>[^"]*)"', local, html)
+
+    def admonition(match: re.Match[str]) -> str:
+        kind = ADMONITION_KIND.get(match["alert"], "note")
+        return (
+            f'<div class="admonition {kind}"><p class="admonition-title">{match["title"]}'
+            f"</p>{match['body'].strip()}</div>"
+        )
+
+    return ALERT_BOX.sub(admonition, html)
+
+
+def resolve_page_placeholders(html: str, page_url: str, site_url: str, resolve: Resolver) -> str:
+    """Replace the autoref placeholders of a finished notebook page by relative links."""
+    from mkdocs.utils import get_relative_url
+
+    def placeholder(match: re.Match[str]) -> str:
+        url = resolve(match["ident"])
+        if url is None:
+            return match["text"]
+        return f'<a href="{get_relative_url(url, page_url)}">{match["text"]}</a>'
+
+    mark = re.escape(site_url + AUTOREF_MARK)
+    return re.sub(rf'<a href="{mark}(?P<ident>[\w.]+)"[^>]*>(?P<text>.*?)</a>', placeholder, html)
+
+
+@event_priority(50)  # before mkdocs-jupyter's on_files turns .ipynb files into pages
+def on_files(files: Any, config: Any) -> Any:
+    """Generate and execute the notebooks, and add them to the build as pages."""
+    from mkdocs.structure.files import File
+
+    old = _build.pop("tmp", None)
+    if old is not None:
+        old.cleanup()
+    tmp = tempfile.TemporaryDirectory(prefix="attnlab-notebooks-")
+    _build["tmp"] = tmp
+    site_url = _site_url(config)
+    docs = Path(config["docs_dir"])
+    pages = {}
+    for chapter in chapters(docs):
+        try:
+            nb = build_notebook(
+                chapter, docs=docs, site_url=site_url, resolve=lambda i: AUTOREF_MARK + i
+            )
+        except NotebookError as exc:
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(str(exc)) from exc
+        src_uri = notebook_src_uri(chapter)
+        path = Path(tmp.name) / src_uri
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", "utf-8")
+        files.append(File(src_uri, tmp.name, config["site_dir"], config["use_directory_urls"]))
+        pages[src_uri] = chapter
+    _build["pages"] = pages
+    return files
+
+
+def chapter_title(chapter: str, docs: Path = DOCS) -> str:
+    """A chapter's title as plain text (for the navigation): its ``# `` line, unmarked."""
+    title = re.search(r"^# (.+)$", (docs / chapter).read_text("utf-8"), flags=re.M)
+    return title[1].replace("`", "").strip() if title else Path(chapter).stem
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Adapt a notebook page's HTML to the site (links, pitfall boxes, no CDN, column)."""
+    chapter = _build.get("pages", {}).get(page.file.src_uri)
+    if chapter is None:
+        return html
+    # mkdocs-jupyter titles the page with its first heading's text, minus inline code
+    # ("The  class"): use the chapter's title, as the article's navigation does.
+    page.title = chapter_title(chapter, Path(config["docs_dir"]))
+    return site_page_html(html, page.url, _site_url(config)) + NOTEBOOK_CSS
+
+
+def on_post_page(html: str, page: Any, config: Any) -> str:
+    """Put a "Download notebook" button under the title of each chapter and notebook page.
+
+    Added to the finished page, after the search plugin has read its text, so the button's
+    label is not indexed as part of every chapter.
+    """
+    from mkdocs.utils import get_relative_url
+
+    src_uri = page.file.src_uri
+    pages: dict[str, str] = _build.get("pages", {})
+    if src_uri in pages:  # a notebook rendered by mkdocs-jupyter
+        chapter = pages[src_uri]
+        html = resolve_page_placeholders(html, page.url, _site_url(config), _resolver(config))
+        href = get_relative_url(notebook_uri(chapter), page.url)
+        return _after_title(html, _button(href))
+    if src_uri not in chapters(Path(config["docs_dir"])):
+        return html
+    return _after_title(html, _button(get_relative_url(notebook_uri(src_uri), page.url)))
+
+
+def on_post_build(config: Any) -> None:
+    """Write each download with its API links resolved, beside its notebook page."""
+    tmp = _build.get("tmp")
+    if tmp is None:
+        return
+    site_url, resolve = _site_url(config), _resolver(config)
+    for src_uri, chapter in _build.get("pages", {}).items():
+        text = (Path(tmp.name) / src_uri).read_text("utf-8")
+        nb = json.loads(text)
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown":
+                cell["source"] = resolve_placeholders(cell["source"], site_url, resolve)
+        target = Path(config["site_dir"]) / notebook_uri(chapter)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", "utf-8")
+
+
+def on_shutdown() -> None:
+    tmp = _build.pop("tmp", None)
+    if tmp is not None:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":
