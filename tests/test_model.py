@@ -1,0 +1,216 @@
+"""attnlab.model and attnlab.train: the tiny transformer, its task, and its trained heads."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attnlab.model import (
+    ModelConfig,
+    TinyTransformer,
+    head_scores,
+    per_position_loss,
+    repeated_tokens,
+)
+from attnlab.train import TrainConfig, evaluate, load_run, main, train, training_batch
+
+RUN = Path(__file__).resolve().parents[1] / "docs" / "assets" / "model"
+SMALL = ModelConfig(vocab_size=11, max_len=10, d_model=12, num_heads=3, num_layers=2)
+
+
+def test_repeated_tokens_copy_the_first_half() -> None:
+    tokens = repeated_tokens(5, 7, 13, generator=torch.Generator().manual_seed(0))
+    assert tokens.shape == (5, 14)
+    assert torch.equal(tokens[:, :7], tokens[:, 7:])
+    assert int(tokens.min()) >= 0
+    assert int(tokens.max()) < 13
+
+
+def test_training_batch_repeats_a_segment_of_varying_length() -> None:
+    config = TrainConfig(model=ModelConfig(max_len=40), half=20, batch_size=200, min_half=3)
+    tokens = training_batch(config, torch.Generator().manual_seed(0))
+    assert tokens.shape == (200, 40)
+    periods = []
+    for row in tokens:
+        # The smallest p such that every token repeats the one p positions earlier.
+        p = min(p for p in range(1, 21) if torch.equal(row[p:], row[:-p]))
+        periods.append(p)
+    assert min(periods) >= 3
+    assert max(periods) <= 20
+    assert len(set(periods)) > 10  # the distance between copies varies
+
+
+def test_head_scores_on_hand_made_maps() -> None:
+    half, t = 3, 6
+    previous = torch.zeros(t, t)
+    previous[0, 0] = 1.0
+    previous[torch.arange(1, t), torch.arange(0, t - 1)] = 1.0
+    induction = torch.full((t, t), 0.0)
+    induction[:, 0] = 1.0  # first half: on the first token
+    rows = torch.arange(half, t)
+    induction[rows] = 0.0
+    induction[rows, rows - half + 1] = 0.75
+    induction[rows, 0] = 0.25
+    maps = [torch.stack([previous, induction])[None]]  # one layer, two heads
+    scores = head_scores(maps, half)
+    # Head 2 puts query 1's weight on key 0, its predecessor: 1 of 5 queries scores.
+    assert_close(scores.previous_token, torch.tensor([[1.0, 0.2]]))
+    # Queries 3, 4, 5 of head 2 put 0.75 on keys 1, 2, 3; head 1 looks one back instead.
+    assert_close(scores.induction, torch.tensor([[0.0, 0.75]]))
+    with pytest.raises(ValueError, match="maps have 6 positions but half=4 needs 8"):
+        head_scores(maps, 4)
+
+
+def test_attention_maps_are_the_weights_of_the_forward() -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer(SMALL).eval()
+    tokens = torch.randint(0, 11, (4, 9))
+    maps = model.attention_maps(tokens)
+    x = model.token_embedding(tokens) + model.position_embedding(torch.arange(9))
+    for block, weights in zip(model.blocks, maps, strict=True):
+        attn = block.attn
+        h, hd = attn.num_heads, attn.head_dim
+        values = attn.W_value(block.norm_attn(x)).view(4, 9, h, hd).transpose(1, 2)
+        mixed = (weights @ values).transpose(1, 2).reshape(4, 9, h * hd)
+        assert_close(x + attn.out_proj(mixed), block(x), atol=1e-5, rtol=1e-5)
+        assert torch.equal(weights.triu(1), torch.zeros_like(weights))  # causal
+        assert_close(weights.sum(-1), torch.ones(4, h, 9))
+        x = block(x)
+
+
+def test_future_tokens_do_not_change_earlier_logits() -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer(SMALL.__class__(**{**SMALL.to_dict(), "mlp": True})).eval()
+    a = torch.randint(0, 11, (2, 10))
+    b = a.clone()
+    b[:, 6:] = (b[:, 6:] + 1) % 11
+    assert_close(model(a)[:, :6], model(b)[:, :6])
+    assert not torch.allclose(model(a)[:, 6:], model(b)[:, 6:])
+
+
+def test_untrained_loss_is_chance() -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer(ModelConfig(vocab_size=64, max_len=48))
+    first, second = evaluate(model, 24, batch_size=64)
+    # Near ln 64 (random logits cost a little more than uniform ones), and the repeat
+    # does not help a model that has not learned to copy.
+    assert math.log(64) - 0.05 < first < math.log(64) + 0.4
+    assert abs(first - second) < 0.1
+
+
+def test_per_position_loss_is_cross_entropy() -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer(SMALL)
+    tokens = torch.randint(0, 11, (3, 8))
+    logits = model(tokens[:, :-1])
+    expected = torch.stack(
+        [torch.nn.functional.cross_entropy(logits[:, i], tokens[:, i + 1]) for i in range(7)]
+    )
+    assert_close(per_position_loss(model, tokens), expected)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "error", "message"),
+    [
+        (
+            torch.zeros(2, 11, dtype=torch.long),
+            ValueError,
+            "tokens has 11 positions but .* max_len=10",
+        ),
+        (
+            torch.full((2, 4), 11),
+            ValueError,
+            r"tokens must lie in \[0, 11\).*got values from 11 to 11",
+        ),
+        (torch.zeros(2, 4), TypeError, "tokens must be a 2-d integer tensor"),
+        (torch.zeros(4, dtype=torch.long), TypeError, r"got torch.int64 tensor of shape \(4,\)"),
+    ],
+)
+def test_bad_tokens_are_named(tokens: torch.Tensor, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        TinyTransformer(SMALL)(tokens)
+
+
+def test_bad_config_is_named() -> None:
+    with pytest.raises(ValueError, match="d_model must be a multiple of num_heads"):
+        ModelConfig(d_model=10, num_heads=4)
+    with pytest.raises(ValueError, match=r"2 \* half = 60 tokens do not fit .* max_len=48"):
+        TrainConfig(half=30)
+
+
+# -- the committed run ---------------------------------------------------------------------
+
+
+def _committed() -> tuple[TinyTransformer, dict]:  # type: ignore[type-arg]
+    return load_run(RUN)
+
+
+def test_committed_weights_reproduce_their_record() -> None:
+    model, record = _committed()
+    half = record["config"]["half"]
+    tokens = repeated_tokens(
+        64, half, model.config.vocab_size, generator=torch.Generator().manual_seed(1234)
+    )
+    scores = head_scores(model.attention_maps(tokens), half)
+    assert_close(
+        scores.previous_token,
+        torch.tensor(record["head_scores"]["previous_token"]),
+        atol=6e-4,
+        rtol=0,
+    )
+    assert_close(
+        scores.induction, torch.tensor(record["head_scores"]["induction"]), atol=6e-4, rtol=0
+    )
+    first, second = evaluate(model, half)
+    assert first == pytest.approx(record["loss_curve"]["first_half"][-1], abs=1e-3)
+    assert second == pytest.approx(record["loss_curve"]["second_half"][-1], abs=1e-3)
+
+
+def test_committed_model_has_a_previous_token_and_an_induction_head() -> None:
+    model, record = _committed()
+    scores = head_scores(
+        model.attention_maps(
+            repeated_tokens(64, 24, 64, generator=torch.Generator().manual_seed(7))
+        ),
+        24,
+    )
+    # Layer 1 holds a head that mostly looks one token back; layer 2 one that mostly
+    # looks right after the earlier occurrence of the current token.
+    assert scores.previous_token[0].max() > 0.4
+    assert scores.induction[1].max() > 0.5
+    # Chance level for either pattern is about 1/t of the weight (t ~ 24-48 keys).
+    assert scores.previous_token[1].max() < scores.previous_token[0].max()
+    assert record["loss_curve"]["second_half"][-1] < 0.2 * record["chance_loss"]
+    assert record["loss_curve"]["first_half"][-1] > 0.9 * record["chance_loss"]
+
+
+def test_a_short_run_grows_an_induction_head() -> None:
+    # A third of the committed run's steps: the second-half loss has started to fall
+    # and a layer-2 head already looks where an induction head looks.
+    config = TrainConfig(steps=300, eval_every=300, seed=0)
+    result = train(config)
+    probe = repeated_tokens(64, config.half, 64, generator=torch.Generator().manual_seed(7))
+    trained = head_scores(result.model.attention_maps(probe), config.half)
+    torch.manual_seed(0)
+    untrained = head_scores(TinyTransformer(config.model).attention_maps(probe), config.half)
+    assert trained.induction[1].max() > 0.3
+    assert trained.induction[1].max() > 5 * untrained.induction[1].max()
+    assert result.second_half_loss[-1] < 0.7 * result.second_half_loss[0]
+    assert result.steps == [0, 300]
+
+
+def test_cli_writes_weights_and_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--steps", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    record = json.loads((tmp_path / "induction.json").read_text())
+    assert record["command"] == f"python -m attnlab.train --steps 2 --out {tmp_path} --no-progress"
+    assert record["config"]["steps"] == 2
+    assert len(record["head_scores"]["induction"]) == 2
+    state = torch.load(tmp_path / "induction.pt", weights_only=True)
+    model = TinyTransformer(ModelConfig(**record["config"]["model"]))
+    model.load_state_dict(state)
+    assert "trained 44,928 parameters for 2 steps" in capsys.readouterr().out
