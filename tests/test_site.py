@@ -219,6 +219,9 @@ def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
         download = re.findall(r'<a class="md-button" href="([^"]+\.ipynb)" download', text)
         assert download == [f"{name}.ipynb"], name
         assert (page.parent / download[0]).is_file()
+        assert "/edit/main/docs/article/" in text, name  # edits go to the chapter
+    search = json.loads((site_dir / "search/search_index.json").read_text("utf-8"))
+    assert not [d for d in search["docs"] if d["location"].startswith("notebooks/")]
     seven = (site_dir / "notebooks/07-self-attention-class/index.html").read_text("utf-8")
     notebook = seven[seven.index('class="jupyter-wrapper"') :]
     assert "<svg" in notebook  # a stored figure

@@ -558,6 +558,11 @@ def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
     # mkdocs-jupyter titles the page with its first heading's text, minus inline code
     # ("The  class"): use the chapter's title, as the article's navigation does.
     page.title = chapter_title(chapter, Path(config["docs_dir"]))
+    # The chapter is the page to find and to edit: search lists it, not its notebook
+    # twin, and "Edit this page" opens the chapter (the notebook has no source file).
+    page.meta["search"] = {"exclude": True}
+    if page.edit_url:
+        page.edit_url = page.edit_url.replace(page.file.src_uri, chapter)
     return site_page_html(html, page.url, _site_url(config)) + NOTEBOOK_CSS
 
 
