@@ -164,6 +164,15 @@ def test_generated_figure_cells_fit_the_column(notebooks: dict[str, dict[str, An
     ]
     lines = [line for call in calls for line in call.split("\n")]
     assert any(line.startswith("HTML(") for line in lines)
+    # Every code line of a notebook page fits, the figure code too (a chapter hides it,
+    # so tests/test_code_width.py does not see it).
+    code_lines = [
+        line
+        for nb in notebooks.values()
+        for cell in _cells(nb, "code")
+        for line in cell["source"].split("\n")
+    ]
+    assert [line for line in code_lines if len(line) > notebook.MAX_LINE] == []
     assert [line for line in lines if len(line) > notebook.MAX_LINE] == []
     long_call, _ = notebook._figure_source(f"print(draw({'x' * 90!r}))\n")
     assert long_call.endswith(f"HTML(  # drawn below the cell\n    draw({'x' * 90!r})\n)")
