@@ -396,7 +396,7 @@ def test_results_markdown_states_units_once_and_splits_long_names() -> None:
             "share_of_peak": 0.25,
         }
 
-    data = {
+    data: dict[str, Any] = {
         "suites": {
             "modules": {
                 "baseline": "nn.MultiheadAttention[need_weights=False]",
@@ -412,9 +412,10 @@ def test_results_markdown_states_units_once_and_splits_long_names() -> None:
     # One implementation, two lengths: lengths run down, the implementation across.
     assert "| 128 | 4<br><small>3.6–4.4</small> |" in tables
     assert "| 8192 | 2500<br><small>2250–2750</small> |" in tables
-    assert '=== "Peak extra memory (MiB)"' in tables
-    assert "| 128 | 3 |" in tables
-    assert "| 8192 | 5120 |" in tables
+    # 3 MiB and 5 GiB: over 1000x apart, so each cell carries its own unit.
+    assert '=== "Peak extra memory"' in tables
+    assert "| 128 | 3 MiB |" in tables
+    assert "| 8192 | 5 GiB |" in tables
     assert "nn.MultiheadAttention</code><br><small>need_weights=False</small>" in tables
     assert "| 128 | 12<br><small>25%</small> |" in tables
     # Three implementations at two lengths: the implementations run down.
@@ -424,3 +425,10 @@ def test_results_markdown_states_units_once_and_splits_long_names() -> None:
     tables = bench.results_markdown(data, "modules", "forward")
     assert "| T = | 128 | 8192 |" in tables
     assert "SelfAttention</code> | 2<br><small>1.8–2.2</small> | 1000<br>" in tables
+    assert '=== "Peak extra memory (MiB)"' not in tables  # 1 MiB to 5 GiB: units per cell
+    data["suites"]["modules"]["results"] = results[2:]  # 1 MiB to 1 GiB, 1024x apart
+    for r in results[2:]:
+        if r["seq_len"] == 8192:
+            r["peak_extra_bytes"] = 2**29  # now 512x apart: one unit for the table
+    tables = bench.results_markdown(data, "modules", "forward")
+    assert '=== "Peak extra memory (MiB)"' in tables

@@ -68,6 +68,7 @@ from attnlab.bench.config import (
     MODES,
     QUICK,
     SCHEMA_VERSION,
+    SUITES,
     SuiteConfig,
 )
 from attnlab.bench.kv_memory import KV_FULL, KV_QUICK, KVShape, measure_kv_memory

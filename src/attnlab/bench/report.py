@@ -80,7 +80,10 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
         return f"{med}<br><small>{low}–{high}</small>"
 
     def ratio(r: dict[str, Any]) -> str:
-        return "" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']['median']:.2f}"
+        if r["ratio_to_baseline"] is None:
+            return ""
+        x = r["ratio_to_baseline"]["median"]
+        return f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"  # 0.0029, not 0.00
 
     per_token = suite == "decode"
     tables: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -89,9 +92,11 @@ def results_markdown(data: dict[str, Any], suite: str, mode: str) -> str:
     if per_token:
         tables["Tokens/s"] = lambda r: _num(1.0 / r["time_s"]["median"])
     tables[f"Time / {data['suites'][suite].get('baseline', 'baseline')}"] = ratio
-    tables[f"Peak extra memory{' per call' if per_token else ''} ({m_unit})"] = lambda r: _num(
-        r["peak_extra_bytes"] / m_scale
-    )
+    memory = f"Peak extra memory{' per call' if per_token else ''}"
+    if max(r["peak_extra_bytes"] for r in rows) > 1000 * m_scale:  # too wide for one unit
+        tables[memory] = lambda r: _bytes(r["peak_extra_bytes"])
+    else:
+        tables[f"{memory} ({m_unit})"] = lambda r: _num(r["peak_extra_bytes"] / m_scale)
     tables["GFLOP/s (% of matmul peak)"] = lambda r: (
         f"{_num(r['gflops'])}<br><small>{100 * r['share_of_peak']:.0f}%</small>"
     )
