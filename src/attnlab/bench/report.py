@@ -161,15 +161,15 @@ def kv_memory_markdown(data: dict[str, Any]) -> str:
         return "*This run did not measure the KV cache memory.*"
     layers = kv["shape"]["num_layers"]
     lines = [
-        f"| | K/V heads | cached numbers per token and layer | bytes per token and layer "
+        f"| | K/V heads | numbers cached per token and layer "
         f"| bytes per token, {layers} layers | / MHA | formula |",
-        "|:--|--:|--:|--:|--:|--:|:--|",
+        "|:--|--:|--:|--:|--:|:--|",
     ]
     for r in kv["results"]:
         check = "equal" if r["bytes_per_token"] == r["formula_bytes_per_token"] else "differs"
         lines.append(
             f"| {r['variant']} | {r['num_kv_heads']} | {r['features_per_token_per_layer']} "
-            f"| {_bytes(r['bytes_per_token_per_layer'])} | {_bytes(r['bytes_per_token'])} "
+            f"| {_bytes(r['bytes_per_token'])} "
             f"| {r['ratio_to_mha']:.3g} | {check} |"
         )
     return "\n".join(lines)
