@@ -1030,10 +1030,10 @@ def test_results_do_not_depend_on_the_switch(name: str) -> None:
 def test_overhead_command_prints_medians_and_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from attnlab import _overhead
+    from attnlab.bench import overhead
 
     assert (
-        _overhead.main(
+        overhead.main(
             ["--batch", "1", "--seq", "6", "--dim", "8", "--heads", "2", "--repeats", "3"]
         )
         == 0
