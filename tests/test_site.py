@@ -1,7 +1,8 @@
 """Build the whole site once, strictly, and check what a reader gets.
 
 The build runs every page's blocks (docs/hooks/outputs.py as an MkDocs hook) and executes
-the notebook page, so a block that raises or shows an output it does not print fails here.
+the per-chapter notebooks (docs/hooks/notebook.py), so a block that raises or shows an
+output it does not print fails here.
 """
 
 from __future__ import annotations
