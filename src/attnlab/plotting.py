@@ -46,30 +46,35 @@ def _require_matplotlib() -> None:
         raise ImportError(_INSTALL_HINT) from err
 
 
-def _as_matrix(weights: Any) -> torch.Tensor:
+def _as_weights(weights: Any, ranks: tuple[int, ...], layout: str) -> torch.Tensor:
+    """Weights to draw as a finite, non-empty float64 CPU tensor of one of `ranks`."""
     if isinstance(weights, torch.Tensor):
         if weights.is_complex() or weights.dtype == torch.bool:
             raise TypeError(f"weights must hold real numbers, got a {weights.dtype} tensor")
-        matrix = weights.detach().to(device="cpu", dtype=torch.float64)
+        tensor = weights.detach().to(device="cpu", dtype=torch.float64)
     else:
         try:
-            matrix = torch.as_tensor(weights, dtype=torch.float64)
+            tensor = torch.as_tensor(weights, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
             raise TypeError(
-                f"weights must be a 2-d tensor, array or nested list of numbers, got "
-                f"{type(weights).__name__}"
+                f"weights must be a {' or '.join(f'{r}-d' for r in ranks)} tensor, array or "
+                f"nested list of numbers, got {type(weights).__name__}"
             ) from None
-    check_rank("weights", matrix, (2,), "(rows, cols)")
-    if matrix.numel() == 0:
+    check_rank("weights", tensor, ranks, layout)
+    if tensor.numel() == 0:
         raise ValueError(
-            f"weights is empty (weights.shape={tuple(matrix.shape)}): there is no weight to draw"
+            f"weights is empty (weights.shape={tuple(tensor.shape)}): there is no weight to draw"
         )
-    if not bool(torch.isfinite(matrix).all()):
+    if not bool(torch.isfinite(tensor).all()):
         raise ValueError(
             "weights must be finite to be drawn, got NaN or inf; attention weights from "
             "attnlab are always finite, so check where these came from"
         )
-    return matrix
+    return tensor
+
+
+def _as_matrix(weights: Any) -> torch.Tensor:
+    return _as_weights(weights, (2,), "(rows, cols)")
 
 
 def _check_labels(name: str, labels: Sequence[str], expected: int, axis: str) -> list[str]:
@@ -277,30 +282,9 @@ def _blues(position: float) -> str:
 
 def _as_panels(weights: Any) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Weights as (panels, t_q, t_k) float64, and the (layer, head) of each panel."""
-    if isinstance(weights, torch.Tensor):
-        if weights.is_complex() or weights.dtype == torch.bool:
-            raise TypeError(f"weights must hold real numbers, got a {weights.dtype} tensor")
-        stack = weights.detach().to(device="cpu", dtype=torch.float64)
-    else:
-        try:
-            stack = torch.as_tensor(weights, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            raise TypeError(
-                "weights must be a tensor, array or nested list of numbers, got "
-                f"{type(weights).__name__}"
-            ) from None
-    check_rank(
-        "weights", stack, (2, 3, 4), "(t_q, t_k), (heads, t_q, t_k) or (layers, heads, t_q, t_k)"
+    stack = _as_weights(
+        weights, (2, 3, 4), "(t_q, t_k), (heads, t_q, t_k) or (layers, heads, t_q, t_k)"
     )
-    if stack.numel() == 0:
-        raise ValueError(
-            f"weights is empty (weights.shape={tuple(stack.shape)}): there is no weight to draw"
-        )
-    if not bool(torch.isfinite(stack).all()):
-        raise ValueError(
-            "weights must be finite to be drawn, got NaN or inf; attention weights from "
-            "attnlab are always finite, so check where these came from"
-        )
     layers, heads = (
         (1, 1)
         if stack.ndim == 2
