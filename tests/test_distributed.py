@@ -306,10 +306,11 @@ def test_ring_stats_start_at_zero() -> None:
 def test_bench_table_reports_memory_ratio_and_balance() -> None:
     from attnlab.distributed.bench import format_results
 
-    def rank(memory: int, work: int, busy: float) -> dict[str, float]:
+    def rank(tensors: int, resident: int, work: int, busy: float) -> dict[str, float]:
         return {
-            "peak_extra_bytes": memory,
-            "input_bytes": 0,
+            "tensor_peak_bytes": tensors,
+            "peak_extra_bytes": resident,
+            "input_bytes": 2**20,
             "forward_seconds": 1.0,
             "backward_seconds": 2.0,
             "bytes_sent": 2**20,
@@ -317,24 +318,21 @@ def test_bench_table_reports_memory_ratio_and_balance() -> None:
             "forward_compute_seconds": busy,
         }
 
+    mib = 2**20
     runs = [
-        {"world_size": 1, "layout": "contiguous", "ranks": [rank(8 * 2**20, 10, 1.0)]},
+        {"world_size": 1, "layout": "contiguous", "ranks": [rank(7 * mib, 9 * mib, 10, 1.0)]},
         {
             "world_size": 2,
             "layout": "zigzag",
-            "ranks": [rank(4 * 2**20, 30, 1.0), rank(2 * 2**20, 10, 0.5)],
+            # the largest rank counts: 3 + 1 MiB of tensors, 4 + 1 MiB resident
+            "ranks": [rank(3 * mib, 2 * mib, 30, 1.0), rank(1 * mib, 4 * mib, 10, 0.5)],
         },
     ]
     lines = format_results({"runs": runs}).splitlines()
+    assert lines[0].split()[:4] == ["ranks", "layout", "tensors", "MiB"]
     assert lines[1].split() == [
-        "1",
-        "contiguous",
-        "8.0",
-        "1.00",
-        "1.00",
-        "3.00",
-        "1.0",
-        "1.00",
-        "1.00",
-    ]
-    assert lines[2].split() == ["2", "zigzag", "4.0", "0.50", "1.00", "3.00", "1.0", "3.00", "2.00"]
+        "1", "contiguous", "8.0", "1.00", "10.0", "1.00", "3.00", "1.0", "1.00", "1.00"
+    ]  # fmt: skip
+    assert lines[2].split() == [
+        "2", "zigzag", "4.0", "0.50", "5.0", "0.50", "3.00", "1.0", "3.00", "2.00"
+    ]  # fmt: skip

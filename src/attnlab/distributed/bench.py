@@ -1,4 +1,4 @@
-"""Benchmark of ring attention: per-rank memory, time and bytes at 1, 2 and 4 ranks.
+"""Benchmark of ring attention: per-rank memory, time and bytes at 1, 2, 4 and 8 ranks.
 
     python -m attnlab.distributed.bench --out docs/assets/ring/bench.json
 
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attnlab.bench.measure import peak_extra_bytes
 from attnlab.distributed.launch import spawn
 from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_sequence
 
@@ -87,11 +88,24 @@ def bench_rank(
     torch.autograd.backward(out, local[3])
     backward_seconds = time.perf_counter() - start
     peak = _memory_kib()["VmHWM"]
+    # A second, untimed pass counts the tensors that ring attention allocates (output,
+    # log-sum-exp, gradients, blocks in flight, tiles) with PyTorch's allocator: exact,
+    # where the resident pages above also hold what the allocator keeps for reuse.
+    del out
+    q.grad = k.grad = v.grad = None
+    dist.barrier()
+
+    def step() -> None:
+        out = ring_attention(q, k, v, is_causal=is_causal, layout=layout)
+        torch.autograd.backward(out, local[3])
+
+    tensor_peak = peak_extra_bytes(step)
     return {
         "rank": rank,
         "positions": q.shape[-2],
         "input_bytes": sum(x.numel() * x.element_size() for x in local),
         "peak_extra_bytes": (peak - before) * 1024,
+        "tensor_peak_bytes": tensor_peak,
         "forward_seconds": forward_seconds,
         "backward_seconds": backward_seconds,
         "forward_score_entries": forward.score_entries,
@@ -104,7 +118,7 @@ def bench_rank(
 
 
 def run_bench(
-    world_sizes: Sequence[int] = (1, 2, 4),
+    world_sizes: Sequence[int] = (1, 2, 4, 8),
     *,
     length: int = 8192,
     heads: int = 8,
@@ -148,26 +162,39 @@ def run_bench(
 def format_results(results: dict[str, Any]) -> str:
     """A table with one line per world size and layout.
 
-    Memory is the largest rank's shard plus its peak on top; times are the slowest
-    rank's; *MiB sent* is per rank, forward and backward; *work* is the ratio of the
-    largest to the smallest count of score entries computed in the forward pass, *busy*
-    the same ratio of the seconds spent computing (measured).
+    *tensors* is the largest rank's shard (q, k, v and the output's gradient) plus the
+    peak of the tensors ring attention allocates on top, counted by PyTorch's allocator;
+    *RSS* is the shard plus the peak resident memory on top, as the operating system
+    counts it (it also holds what the allocator keeps for reuse). *vs 1* divides by the
+    one-rank figure. Times are the slowest rank's; *MiB sent* is per rank, forward and
+    backward; *work* is the ratio of the largest to the smallest count of score entries
+    computed in the forward pass, *busy* the same ratio of the seconds spent computing
+    (measured).
     """
     runs = results["runs"]
-    base = max(r["peak_extra_bytes"] + r["input_bytes"] for r in runs[0]["ranks"])
-    lines = ["ranks  layout      MiB/rank  vs 1 rank  fwd (s)  fwd+bwd (s)  MiB sent  work  busy"]
+
+    def tensors(ranks: list[dict[str, Any]]) -> int:
+        return max(int(r["tensor_peak_bytes"] + r["input_bytes"]) for r in ranks)
+
+    def rss(ranks: list[dict[str, Any]]) -> int:
+        return max(int(r["peak_extra_bytes"] + r["input_bytes"]) for r in ranks)
+
+    base_tensors, base_rss = tensors(runs[0]["ranks"]), rss(runs[0]["ranks"])
+    lines = [
+        "ranks  layout      tensors MiB  vs 1  RSS MiB  vs 1  fwd+bwd (s)  MiB sent  work  busy"
+    ]
     for run in runs:
         ranks = run["ranks"]
-        memory = max(r["peak_extra_bytes"] + r["input_bytes"] for r in ranks)
-        forward = max(r["forward_seconds"] for r in ranks)
         step = max(r["forward_seconds"] + r["backward_seconds"] for r in ranks)
         sent = max(r["bytes_sent"] for r in ranks)
         work = [r["forward_score_entries"] for r in ranks]
         busy = [r["forward_compute_seconds"] for r in ranks]  # measured, forward
         lines.append(
-            f"{run['world_size']:>5}  {run['layout']:<10} {memory / 2**20:>9.1f} "
-            f"{memory / base:>10.2f} {forward:>8.2f} {step:>12.2f} {sent / 2**20:>9.1f} "
-            f"{max(work) / max(1, min(work)):>5.2f} {max(busy) / min(busy):>5.2f}"
+            f"{run['world_size']:>5}  {run['layout']:<10} "
+            f"{tensors(ranks) / 2**20:>11.1f} {tensors(ranks) / base_tensors:>5.2f} "
+            f"{rss(ranks) / 2**20:>8.1f} {rss(ranks) / base_rss:>5.2f} {step:>12.2f} "
+            f"{sent / 2**20:>9.1f} {max(work) / max(1, min(work)):>5.2f} "
+            f"{max(busy) / min(busy):>5.2f}"
         )
     return "\n".join(lines)
 
@@ -178,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     results = run_bench(
