@@ -39,12 +39,11 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import KVCache, StaticKVCache
-from attnlab.multihead import Backend
+from attnlab.multihead import _BACKENDS, Backend
 from attnlab.rope import Layout, apply_rope
 
 __all__ = ["GroupedQueryAttention"]
 
-_BACKENDS: tuple[Backend, ...] = ("torch", "scratch")
 _LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
 _HF_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
 

@@ -48,14 +48,22 @@ Alignment = Literal["top-left", "bottom-right"]
 _ALIGNMENTS: tuple[Alignment, ...] = ("top-left", "bottom-right")
 
 
-def _aligned(square: Tensor, t_q: int, t_k: int, align: str) -> Tensor:
-    """Cut a `(t_q, t_k)` block out of a square mask over `max(t_q, t_k)` positions."""
-    n = square.size(0)
-    if align == "top-left":
-        # Query i sits at position i: the queries are the first t_q tokens.
-        return square[:t_q, :t_k]  # (t_q, t_k)
-    # The queries are the *last* t_q tokens of the keys' sequence (decoding with a cache).
-    return square[n - t_q :, n - t_k :]  # (t_q, t_k)
+def _band(
+    t_q: int, t_k: int, align: str, window: int | None, device: torch.device | str | None
+) -> Tensor:
+    """Allowed mask `(t_q, t_k)`: query i sees key j if i + offset - window < j <= i + offset.
+
+    Query i sits at key position `i + offset`: `offset = 0` when the queries are the first
+    `t_q` tokens (top-left), `t_k - t_q` when they are the last ones (bottom-right, as
+    when decoding after a cache). Built at its own size, so one decoded query against a
+    long cache costs a row, not a square over the whole sequence.
+    """
+    offset = 0 if align == "top-left" else t_k - t_q
+    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    mask = ones.tril(offset)  # j <= i + offset
+    if window is not None:
+        mask &= ones.triu(offset - window + 1)  # j > i + offset - window
+    return mask  # (t_q, t_k)
 
 
 def _check_sizes(t_q: object, t_k: object, align: object, device: object) -> tuple[int, int]:
@@ -111,8 +119,7 @@ def causal(
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     if align == "top-left":
         return causal_mask(t_q, t_k, device=device)
-    n = max(t_q, t_k)
-    return _aligned(causal_mask(n, device=device), t_q, t_k, align)
+    return _band(t_q, t_k, align, None, device)
 
 
 def sliding_window(
@@ -153,10 +160,7 @@ def sliding_window(
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
-    n = max(t_q, t_k)
-    past = causal_mask(n, device=device)  # (n, n): j <= i
-    too_old = past.tril(diagonal=-window)  # (n, n): j <= i - window
-    return _aligned(past & ~too_old, t_q, t_k, align)
+    return _band(t_q, t_k, align, window, device)
 
 
 def _lengths_tensor(lengths: Tensor | Sequence[int], device: torch.device | str | None) -> Tensor:

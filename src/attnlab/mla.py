@@ -49,7 +49,7 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import KVCache, StaticKVCache
-from attnlab.rope import apply_rope
+from attnlab.rope import _broadcast_angles, _rotate, apply_rope
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
 
@@ -117,12 +117,8 @@ def _rope_with_frequencies(x: Tensor, positions: Tensor, frequencies: Tensor) ->
     its own frequencies from a base; scaled RoPE variants (YaRN) bring theirs.
     """
     angles = positions[..., None].float() * frequencies.float()  # (..., t, d/2)
-    if angles.ndim == 3:  # (b, t, d/2): the same for every head
-        angles = angles.unsqueeze(1)  # (b, 1, t, d/2)
-    cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x.float().chunk(2, dim=-1)  # (b, h, t, d/2) each: pair i is (x1[i], x2[i])
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)  # (b, h, t, d)
+    angles = _broadcast_angles(angles, x)  # (b, 1, t, d/2) for per-sequence positions
+    return _rotate(x.float(), angles.cos(), angles.sin(), "half").to(x.dtype)  # (b, h, t, d)
 
 
 class MultiHeadLatentAttention(nn.Module):

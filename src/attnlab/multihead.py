@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias
 
 from attnlab import functional as F
+from attnlab import masks
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
@@ -278,12 +279,11 @@ class MultiHeadAttention(nn.Module):
         floats = [m for m in (attn_mask, padding) if m is not None and m.dtype != torch.bool]
         dtype = floats[0].dtype
         if padding.dtype == torch.bool:
-            padding = torch.zeros_like(padding, dtype=dtype).masked_fill(padding, float("-inf"))
+            padding = masks.allowed_to_additive(~padding, dtype)
         if attn_mask is None:
             return padding  # (b, 1, 1, s)
         if attn_mask.dtype == torch.bool:
-            zeros = torch.zeros_like(attn_mask, dtype=dtype)
-            attn_mask = zeros.masked_fill(~attn_mask, float("-inf"))
+            attn_mask = masks.allowed_to_additive(attn_mask, dtype)
         return attn_mask + padding  # (b, h|1, t, s)
 
     # -- computation ---------------------------------------------------------------------

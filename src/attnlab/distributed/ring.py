@@ -38,6 +38,7 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
+from attnlab.flash import _LOW_PRECISION
 from attnlab.flash import _backward as _flash_backward
 from attnlab.flash import _forward as _flash_forward
 
@@ -53,7 +54,6 @@ __all__ = [
 
 Layout = Literal["contiguous", "zigzag"]
 _LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 _KV_TAG, _DKV_TAG = 0, 1
 
 
