@@ -143,6 +143,15 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         ),
         (lambda: masks.additive_to_allowed(torch.ones(2, dtype=torch.bool)), TypeError, "float"),
         (lambda: masks.additive_to_allowed(torch.tensor([0.0, -2.5])), ValueError, "bias"),
+        (lambda: masks.decode_mask(-1, 3), ValueError, "t_q must be a non-negative int"),
+        (lambda: masks.decode_mask(2, 3, window=0), ValueError, "window must be a positive"),
+        (lambda: masks.combine(None, [True]), TypeError, r"masks\[1\] must be None or a bool"),
+        (lambda: masks.combine(torch.ones(2, dtype=torch.long)), TypeError, "masks\\[0\\]"),
+        (
+            lambda: masks.combine(masks.causal(3), masks.causal(2)),
+            ValueError,
+            r"broadcast together, got shapes \(3, 3\), \(2, 2\)",
+        ),
     ],
 )
 def test_masks_reject_bad_input(call: object, error: type[Exception], pattern: str) -> None:
@@ -179,3 +188,71 @@ def test_three_conventions_give_the_same_attention() -> None:
     ours = MultiHeadAttention.from_torch(mha)
     torch.testing.assert_close(ours(x, attn_mask=allowed), with_blocked)
     torch.testing.assert_close(ours(x, attn_mask=additive), with_blocked)
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 5, 9])
+@pytest.mark.parametrize(("t_q", "t_k"), [(1, 1), (1, 6), (3, 7), (5, 5), (0, 3)])
+def test_decode_mask_is_bottom_right_band_or_none(t_q: int, t_k: int, window: int | None) -> None:
+    expected = _brute_force(t_q, t_k, "bottom-right", window)
+    got = masks.decode_mask(t_q, t_k, window=window)
+    if got is None:  # None only when no query hides any key
+        assert bool(expected.all())
+        assert t_q <= 1
+    else:
+        assert torch.equal(got, expected)
+
+
+def test_decode_mask_none_for_one_token_without_window() -> None:
+    assert masks.decode_mask(1, 16384) is None
+    assert masks.decode_mask(1, 4, window=4) is None
+    row = masks.decode_mask(1, 5, window=4)
+    assert row is not None
+    assert row.tolist() == [[False, True, True, True, True]]
+
+
+def test_combine_bool_is_logical_and() -> None:
+    causal = masks.causal(4)
+    pad = masks.key_padding([3, 4], max_len=4)  # (2, 1, 1, 4)
+    got = masks.combine(causal, None, pad)
+    assert got is not None
+    assert got.dtype == torch.bool
+    assert torch.equal(got, causal & pad)
+    assert got[0, 0, 3].tolist() == [True, True, True, False]
+
+
+def test_combine_none_and_single() -> None:
+    causal = masks.causal(3)
+    assert masks.combine() is None
+    assert masks.combine(None, None) is None
+    assert masks.combine(None, causal) is causal  # one mask: returned as it is
+
+
+def test_combine_mixed_is_additive_and_keeps_bias() -> None:
+    bias = torch.tensor([[0.5, 1.0, -2.0]], dtype=torch.float64)  # (1, 3), e.g. ALiBi
+    got = masks.combine(masks.causal(3), bias)
+    assert got is not None
+    assert got.dtype == torch.float64
+    expected = torch.tensor(
+        [[0.5, -torch.inf, -torch.inf], [0.5, 1.0, -torch.inf], [0.5, 1.0, -2.0]],
+        dtype=torch.float64,
+    )
+    assert torch.equal(got, expected)
+    # Two float masks add, in their promoted dtype.
+    half = torch.full((3, 3), 0.25, dtype=torch.float16)
+    total = masks.combine(bias, half)
+    assert total is not None
+    assert total.dtype == torch.float64
+    assert torch.equal(total, (bias + 0.25).expand(3, 3))
+
+
+def test_combine_gives_the_attention_of_each_mask_applied() -> None:
+    q, k, v = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 6, 5), torch.randn(2, 3, 6, 7)
+    causal = masks.causal(4, 6, align="bottom-right")
+    pad = masks.key_padding([5, 6], max_len=6)
+    bias = torch.randn(4, 6)
+    both_bool = masks.combine(causal, pad)
+    mixed = masks.combine(causal, bias, pad)
+    expected_bool = TorchSDPA(q, k, v, attn_mask=causal & pad)
+    expected_mixed = TorchSDPA(q, k, v, attn_mask=bias.masked_fill(~(causal & pad), float("-inf")))
+    torch.testing.assert_close(TorchSDPA(q, k, v, attn_mask=both_bool), expected_bool)
+    torch.testing.assert_close(TorchSDPA(q, k, v, attn_mask=mixed), expected_mixed)

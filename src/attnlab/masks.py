@@ -11,11 +11,15 @@ Three conventions are in common use, and mixing them up is a classic silent bug:
 Every builder here returns an *allowed* mask (True = this query may attend to this key),
 the convention of PyTorch's `scaled_dot_product_attention`; the `*_to_*` functions convert.
 Builders return `(t_q, t_k)` masks that broadcast over batch and heads, except the padding
-masks, which are per sequence.
+masks, which are per sequence. [`combine`][attnlab.masks.combine] merges masks of either
+kind into one, and [`decode_mask`][attnlab.masks.decode_mask] is the mask of new tokens
+attending after a KV cache, or None when they need none. Every attention module of
+attnlab builds its masks with these functions.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -27,8 +31,8 @@ from attnlab._validation import (
     check_device,
     check_nonnegative_int,
     check_positive_int,
+    is_validation_enabled,
 )
-from attnlab.functional import causal_mask
 
 __all__ = [
     "Alignment",
@@ -37,6 +41,8 @@ __all__ = [
     "allowed_to_blocked",
     "blocked_to_allowed",
     "causal",
+    "combine",
+    "decode_mask",
     "key_padding",
     "padding",
     "sliding_window",
@@ -87,8 +93,8 @@ def causal(
     when the lengths differ:
 
     - `"top-left"`: query $i$ sees keys $0 \dots i$, as `is_causal=True` does in
-      PyTorch's `scaled_dot_product_attention` (and in
-      [`causal_mask`][attnlab.functional.causal_mask], which this calls).
+      PyTorch's `scaled_dot_product_attention` (and
+      [`causal_mask`][attnlab.functional.causal_mask]).
     - `"bottom-right"`: the queries are the *last* `t_q` positions of the keys' sequence,
       so query $i$ sees keys $0 \dots i + t_k - t_q$. This is what decoding with a KV cache
       needs (`t_q` new tokens, `t_k` cached plus new), and what `flash_attn`'s `causal=True`
@@ -117,8 +123,6 @@ def causal(
                 [ True,  True,  True,  True]])
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
-    if align == "top-left":
-        return causal_mask(t_q, t_k, device=device)
     return _band(t_q, t_k, align, None, device)
 
 
@@ -161,6 +165,112 @@ def sliding_window(
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
     return _band(t_q, t_k, align, window, device)
+
+
+def decode_mask(
+    t_q: int,
+    t_k: int,
+    *,
+    window: int | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor | None:
+    r"""The mask of `t_q` new queries after a KV cache, or None when they need none.
+
+    The queries are the last `t_q` of the `t_k` key positions (the cache, then the new
+    tokens), so the causal diagonal is bottom-right aligned
+    ([`causal`][attnlab.masks.causal] with `align="bottom-right"`); with `window`, each
+    query also forgets keys `window` or more positions behind it
+    ([`sliding_window`][attnlab.masks.sliding_window]). When no key is hidden from any
+    query, as for one decoded token without a window (or with a window that covers all
+    `t_k` keys), it returns None: attention then runs with no mask at all, the fastest
+    path of every kernel, and no `(1, t_k)` mask is built at each step.
+
+    Args:
+        t_q: New tokens (queries).
+        t_k: Keys: cached plus new tokens.
+        window: Sliding-window size (keys per query, itself included), or None.
+        device: Where to create the mask.
+
+    Returns:
+        An allowed-convention bool mask `(t_q, t_k)`, or None.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a length is negative, `window` is not positive or `device` names
+            no device.
+
+    Examples:
+        >>> decode_mask(1, 5) is None  # one new token sees the whole cache
+        True
+        >>> decode_mask(2, 4)
+        tensor([[ True,  True,  True, False],
+                [ True,  True,  True,  True]])
+        >>> decode_mask(1, 4, window=2)
+        tensor([[False, False,  True,  True]])
+    """
+    if is_validation_enabled():
+        t_q, t_k = _check_sizes(t_q, t_k, "bottom-right", device)
+        if window is not None:
+            check_positive_int("window", window)
+    if t_q <= 1 and (window is None or window >= t_k):
+        return None
+    return _band(t_q, t_k, "bottom-right", window, device)  # (t_q, t_k)
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    r"""One mask that hides every key that any of `masks` hides; None entries are skipped.
+
+    Bool masks (allowed convention) combine by logical AND; additive float masks by
+    their sum. When both kinds are given, each bool mask first becomes additive
+    ([`allowed_to_additive`][attnlab.masks.allowed_to_additive], in the promoted dtype of
+    the float masks), so a bias such as ALiBi survives. The result broadcasts the
+    masks' shapes, as attention would; a single mask is returned as it is.
+
+    Args:
+        *masks: Masks to combine: bool (True = attend), float (added to the scores) or
+            None (no mask).
+
+    Returns:
+        The combined mask, or None if every entry is None.
+
+    Raises:
+        TypeError: If an entry is neither None nor a bool or floating-point tensor.
+        ValueError: If the shapes do not broadcast together.
+
+    Examples:
+        >>> combine(None, causal(3), padding([2], max_len=3)[0])
+        tensor([[ True, False, False],
+                [ True,  True, False],
+                [ True,  True, False]])
+        >>> combine(causal(2), torch.tensor([[0.0, 0.5], [1.0, 2.0]]))
+        tensor([[0.0000,   -inf],
+                [1.0000, 2.0000]])
+        >>> combine(None, None) is None
+        True
+    """
+    given = [m for m in masks if m is not None]
+    if is_validation_enabled():
+        for i, m in enumerate(masks):
+            if m is not None and (
+                not isinstance(m, Tensor) or not (m.dtype == torch.bool or m.is_floating_point())
+            ):
+                got = f"a {m.dtype} tensor" if isinstance(m, Tensor) else type(m).__name__
+                raise TypeError(
+                    f"masks[{i}] must be None or a bool or floating-point tensor, got {got}"
+                )
+        try:
+            torch.broadcast_shapes(*(m.shape for m in given))  # type: ignore[no-untyped-call]
+        except RuntimeError:
+            shapes = ", ".join(str(tuple(m.shape)) for m in given)
+            raise ValueError(f"masks must broadcast together, got shapes {shapes}") from None
+    if len(given) <= 1:
+        return given[0] if given else None
+    floats = [m.dtype for m in given if m.dtype != torch.bool]
+    if not floats:
+        return functools.reduce(torch.logical_and, given)
+    dtype = functools.reduce(torch.promote_types, floats)
+    additive = [_to_additive(m, dtype) if m.dtype == torch.bool else m for m in given]
+    return functools.reduce(torch.add, additive)
 
 
 def _lengths_tensor(lengths: Tensor | Sequence[int], device: torch.device | str | None) -> Tensor:
@@ -334,6 +444,11 @@ def allowed_to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Ten
     _check_bool_mask("mask", mask)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return _to_additive(mask, dtype)
+
+
+def _to_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """`allowed_to_additive` without its checks, for callers that know the arguments."""
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
 
