@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias
 
+from attnlab._precision import autocast_dtype  # re-exported: its home is _precision
+
 __all__ = [
     "autocast_dtype",
     "broadcast_shape",
@@ -313,14 +315,6 @@ def check_tokens(
             f"move one of them (e.g. module.to({name}.device))"
         )
     return x
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype of ``torch.autocast`` on ``device``'s type, or None where it is off."""
-    kind = device.type  # "meta" has no autocast: is_autocast_enabled would raise
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return None
 
 
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:

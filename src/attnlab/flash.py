@@ -17,17 +17,28 @@ work grows linearly with the length at a fixed window.
 This is plain PyTorch: each block is a batched matmul over all batch and head dimensions
 at once, so the Python loop runs over blocks only. The chapter
 "FlashAttention from scratch" derives every line.
+
+Kernel API, for code in attnlab that runs the passes itself (ring attention) or has
+checked its inputs already (the backend registry): `flash_attention_impl` is
+`flash_attention` without the checks; `flash_forward(q, k, v, out, lse, is_causal, scale,
+block_q, block_k, window=None, offset=0)` fills `out (n, L, Ev)` and the log-sum-exp
+`lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`; `flash_backward(q, k, v,
+out, lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None,
+offset=0)` adds the gradients into `dq`, `dk`, `dv`. `offset` places query `i` at key
+position `i + offset` for the causal and window rules (0: top-left; `S - L`:
+bottom-right, after a KV cache). Inputs must be float32 or float64 and contiguous in
+their last dimension.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from attnlab._precision import LOW_PRECISION, autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     check_bool,
     check_features,
@@ -42,7 +53,7 @@ from attnlab._validation import (
 
 __all__ = ["flash_attention", "tile_map"]
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_LOW_PRECISION = LOW_PRECISION  # the old private name, kept for importers outside
 _LOG2_E = math.log2(math.e)
 _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
@@ -131,62 +142,68 @@ def flash_attention(
         >>> torch.allclose(out, sdpa(q, k, v, attn_mask=mask))
         True
     """
-    query, key, value = _autocast_inputs(query, key, value)
     if is_validation_enabled():
-        q, k, v = _check_inputs(query, key, value)
+        _check_inputs(*autocast_inputs(query, key, value))
         check_bool("is_causal", is_causal)
-        w = None if window is None else check_positive_int("window", window)
-        s = check_scale("scale", scale)
+        if window is not None:
+            check_positive_int("window", window)
+        check_scale("scale", scale)
         block_q, block_k = _check_block_size(block_size)
     else:
-        q, k, v, s, w = query, key, value, scale, window
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
+    return flash_attention_impl(
+        query,
+        key,
+        value,
+        is_causal=is_causal,
+        window=window,
+        scale=scale,
+        block_q=block_q,
+        block_k=block_k,
+    )
+
+
+def flash_attention_impl(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    is_causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+    block_q: int = 256,
+    block_k: int = 256,
+    offset: int = 0,
+) -> Tensor:
+    """[`flash_attention`][attnlab.flash.flash_attention] without the checks.
+
+    For callers inside attnlab that validated at their own public boundary (the backend
+    registry of the modules). One more argument: `offset` places query $i$ at key
+    position $i + $ `offset` for the causal and window rules (0: top-left, as
+    `flash_attention`; `S - L`: bottom-right, the new tokens after a KV cache).
+    """
+    q, k, v = autocast_inputs(query, key, value)
     *batch, t_q, e = q.shape
     t_k, e_v = k.shape[-2], v.shape[-1]
     # E = 0: every score is 0 anyway. float(): a 0-d tensor or NumPy scale is welcome.
-    s = 1.0 / math.sqrt(max(e, 1)) if s is None else float(s)
+    s = 1.0 / math.sqrt(max(e, 1)) if scale is None else float(scale)
     n = math.prod(batch)
     dtype = q.dtype
-    if dtype in _LOW_PRECISION:
-        q, k, v = q.float(), k.float(), v.float()
-    with _autocast_off(q.device.type):
+    wide = compute_dtype(dtype)  # float16/bfloat16 are computed in float32
+    q, k, v = q.to(wide), k.to(wide), v.to(wide)
+    with autocast_off(q.device.type):
         out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
             q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
             k.reshape(n, t_k, e),  # (n, S, E)
             v.reshape(n, t_k, e_v),  # (n, S, Ev)
-            is_causal or w is not None,
+            is_causal or window is not None,
             s,
             block_q,
             block_k,
-            w,
+            window,
+            offset,
         )
     return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., L, Ev)
-
-
-def _autocast_inputs(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
-    """Cast the inputs as autocast casts those of PyTorch's attention, if it is on."""
-    device = getattr(query, "device", None)
-    if not isinstance(device, torch.device):
-        return query, key, value  # not a tensor: the checks name what is wrong
-    device_type = device.type
-    if not (
-        torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-    ):
-        return query, key, value
-    dtype = torch.get_autocast_dtype(device_type)
-    return tuple(
-        x.to(dtype)
-        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64
-        else x
-        for x in (query, key, value)
-    )
-
-
-def _autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
-    """The loops run in the dtype they were written for, whatever autocast says."""
-    if torch.amp.is_autocast_available(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Tensor, Tensor]:
@@ -241,22 +258,24 @@ class _FlashAttention(torch.autograd.Function):
         block_q: int,
         block_k: int,
         window: int | None,
+        offset: int,
     ) -> Tensor:
         n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
         args = (is_causal, scale, block_q, block_k)
         for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            _forward(q[h], k[h], v[h], out[h], lse[h], *args, window=window)
+            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, window=window, offset=offset)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = args
         ctx.window = window
+        ctx.offset = offset
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        with torch.no_grad(), _autocast_off(q.device.type):
+        with torch.no_grad(), autocast_off(q.device.type):
             grad_out = grad_out.contiguous()
             dq, dk = torch.zeros_like(q), torch.zeros_like(k)
             dv = torch.zeros_like(v)
@@ -265,10 +284,12 @@ class _FlashAttention(torch.autograd.Function):
             args = (is_causal, scale, block_q, block_k)
             for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
                 inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
-                _backward(*inputs, dq[h], dk[h], dv[h], *args, window=ctx.window)
+                flash_backward(
+                    *inputs, dq[h], dk[h], dv[h], *args, window=ctx.window, offset=ctx.offset
+                )
         if torch.is_grad_enabled():  # create_graph=True: refuse the second derivative
             dq, dk, dv = _no_second_derivative(dq, dk, dv, q, k, v, grad_out)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _head_groups(n: int, tile_size: int) -> list[slice]:
@@ -324,10 +345,13 @@ def _key_starts(
 def _query_starts(
     j0: int, j1: int, t_q: int, is_causal: bool, window: int | None, block_q: int
 ) -> range:
-    """Starts of the query tiles in which a query may see one of the keys j0..j1-1."""
+    """Starts of the query tiles in which a query may see one of the keys j0..j1-1.
+
+    The keys are given in the queries' frame: key `j` minus the queries' offset.
+    """
     if is_causal and j0 >= t_q:  # every query comes before these keys
         return range(0)
-    first = (j0 // block_q) * block_q if is_causal else 0
+    first = (max(j0, 0) // block_q) * block_q if is_causal else 0
     end = t_q if window is None else min(t_q, j1 - 1 + window)
     return range(first, end, block_q)
 
@@ -421,7 +445,7 @@ def tile_map(
 
 
 # --8<-- [start:forward]
-def _forward(
+def flash_forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -432,8 +456,12 @@ def _forward(
     block_q: int,
     block_k: int,
     window: int | None = None,
+    offset: int = 0,
 ) -> None:
-    """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E)."""
+    """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E).
+
+    Query i sits at key position i + offset for the causal and window rules.
+    """
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     if t_k == 0:  # no keys at all: PyTorch returns zeros
@@ -444,9 +472,12 @@ def _forward(
     # allocation for every tile.
     tile = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
     k_t = k.transpose(1, 2)  # (n, E, S)
+    # A row may see no key at all: with a window, or queries placed before the keys.
+    sparse = window is not None or (is_causal and offset < 0)
     for i0 in range(0, t_q, block_q):
         i1 = min(i0 + block_q, t_q)
-        starts = _key_starts(i0, i1, t_k, is_causal, window, block_k)
+        a0, a1 = i0 + offset, i1 + offset  # the queries' positions among the keys
+        starts = _key_starts(a0, a1, t_k, is_causal, window, block_k)
         if not starts:  # window and L > S: these queries see no key at all
             out[:, i0:i1] = 0.0
             lse[:, i0:i1] = float("-inf")
@@ -459,13 +490,13 @@ def _forward(
             rows, cols = i1 - i0, j1 - j0
             s = tile[: n * rows * cols].view(n, rows, cols)
             torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # this tile's scores
-            if _needs_bias(i0, i1, j0, j1, is_causal, window):
-                s.add_(_bias(i0, i1, j0, j1, window, s))
+            if _needs_bias(a0, a1, j0, j1, is_causal, window):
+                s.add_(_bias(a0, a1, j0, j1, window, s))
             if j0 == starts[0]:
                 # The first tile starts the statistics. Without a window it
                 # holds key 0, which every query sees: every row max is finite.
                 m = s.amax(dim=-1, keepdim=True)  # (n, rows, 1) running max
-                if window is not None:
+                if sparse:
                     # A row may have no key in this tile: -inf - (-inf) is NaN,
                     # so start it at the lowest finite float instead.
                     m.clamp_min_(torch.finfo(s.dtype).min)
@@ -480,7 +511,7 @@ def _forward(
             ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
             m = m_new
-        if window is not None:  # rows that saw no key: sum 0, output 0 as PyTorch's
+        if sparse:  # rows that saw no key: sum 0, output 0 as PyTorch's
             seen = ell > 0  # (n, rows, 1)
             ell.clamp_min_(1.0)
             m.masked_fill_(~seen, float("-inf"))
@@ -493,7 +524,7 @@ def _forward(
 
 
 # --8<-- [start:backward]
-def _backward(
+def flash_backward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -508,8 +539,12 @@ def _backward(
     block_q: int,
     block_k: int,
     window: int | None = None,
+    offset: int = 0,
 ) -> None:
-    """Add the gradients with respect to q, k and v into dq, dk, dv (zeros)."""
+    """Add the gradients with respect to q, k and v into dq, dk, dv (zeros).
+
+    Query i sits at key position i + offset, as in the forward pass.
+    """
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     if t_k == 0 or t_q == 0:
@@ -517,7 +552,8 @@ def _backward(
     # D_i = sum_j P_ij dP_ij = dO_i . O_i: one number per query.
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (n, L, 1)
     lse2 = (lse * _LOG2_E).unsqueeze(-1)  # (n, L, 1), base 2 like the scores
-    if window is not None:  # a query that saw no key: make its P_ij = 2^(-inf) = 0
+    if window is not None or (is_causal and offset < 0):  # a query that saw no key:
+        # make its P_ij = 2^(-inf) = 0
         lse2.masked_fill_(lse2 == float("-inf"), float("inf"))
     q2 = q * (scale * _LOG2_E)  # (n, L, E), scaled as in the forward
     tile_p = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
@@ -527,16 +563,17 @@ def _backward(
         k_j, v_j = k[:, j0:j1], v[:, j0:j1]  # (n, cols, E), (n, cols, Ev)
         # Only the query tiles that see one of these keys: the same tiles as
         # the forward's.
-        for i0 in _query_starts(j0, j1, t_q, is_causal, window, block_q):
+        for i0 in _query_starts(j0 - offset, j1 - offset, t_q, is_causal, window, block_q):
             i1 = min(i0 + block_q, t_q)
+            a0, a1 = i0 + offset, i1 + offset  # the queries' positions among the keys
             rows, cols = i1 - i0, j1 - j0
             q_i = q2[:, i0:i1]  # (n, rows, E)
             do_i = grad_out[:, i0:i1]  # (n, rows, Ev)
             # Recompute the tile's probabilities from the saved log-sum-exp.
             p = tile_p[: n * rows * cols].view(n, rows, cols)
             torch.bmm(q_i, k_j.transpose(1, 2), out=p)  # scores
-            if _needs_bias(i0, i1, j0, j1, is_causal, window):
-                p.add_(_bias(i0, i1, j0, j1, window, p))
+            if _needs_bias(a0, a1, j0, j1, is_causal, window):
+                p.add_(_bias(a0, a1, j0, j1, window, p))
             p.sub_(lse2[:, i0:i1]).exp2_()  # P_ij = exp(s_ij - lse_i)
             # dV_j += P^T dO_i
             dv[:, j0:j1].baddbmm_(p.transpose(1, 2), do_i)
@@ -550,3 +587,7 @@ def _backward(
 
 
 # --8<-- [end:backward]
+
+# The kernel's old private names, kept for importers written against them.
+_forward = flash_forward
+_backward = flash_backward

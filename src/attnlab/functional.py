@@ -21,16 +21,14 @@ Shapes follow PyTorch: any leading batch dimensions, then sequence, then feature
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
-    autocast_dtype,
     broadcast_shape,
     check_attn_mask,
     check_bool,
@@ -46,8 +44,6 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
-
-_T = TypeVar("_T")
 
 __all__ = [
     "attention_scores",
@@ -124,6 +120,11 @@ def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
             mismatch="queries and keys must have the same feature size d_k, got "
             "queries.shape={left} and keys.shape={right}",
         )
+    return attention_scores_impl(queries, keys)
+
+
+def attention_scores_impl(queries: Tensor, keys: Tensor) -> Tensor:
+    """[`attention_scores`][attnlab.functional.attention_scores] without the checks."""
     return queries @ keys.transpose(-2, -1)  # (..., t_q, t_k)
 
 
@@ -175,6 +176,11 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
                     f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
                     f"shape {tuple(scores.shape)}"
                 )
+    return scaled_softmax_impl(scores, d_k, mask)
+
+
+def scaled_softmax_impl(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tensor:
+    """[`scaled_softmax`][attnlab.functional.scaled_softmax] without the checks."""
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return _softmax_or_zeros(scores / math.sqrt(d_k))
@@ -208,6 +214,11 @@ def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
             mismatch="weights has {left_size} keys per query but values has {right_size} "
             "positions; they must match (weights.shape={left}, values.shape={right})",
         )
+    return context_vectors_impl(weights, values)
+
+
+def context_vectors_impl(weights: Tensor, values: Tensor) -> Tensor:
+    """[`context_vectors`][attnlab.functional.context_vectors] without the checks."""
     return weights @ values  # (..., t_q, d_v)
 
 
@@ -255,13 +266,6 @@ def _softmax_or_zeros(logits: Tensor) -> Tensor:
     return weights.masked_fill(blocked, 0.0)
 
 
-# Half-precision inputs are attended in float32 and the result rounded once at the end, as
-# PyTorch's SDPA does on the CPU: a score q.k of float16 inputs overflows float16's range
-# (65504) long before the inputs do (300 * 300 > 65504), and bfloat16 keeps only about 3
-# significant digits of each score, too few for a softmax over many keys.
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
 def _repeat_heads(x: Tensor, num_heads: int) -> Tensor:
     """Repeat each key/value head so that `num_heads` query heads share it (GQA)."""
     # Head g of x serves query heads g * r ... g * r + r - 1, as in PyTorch's reference.
@@ -275,25 +279,6 @@ def _causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
     # positions of the keys' sequence, so the diagonal moves right by t_k - t_q.
     diagonal = 0 if bias.variant == CausalVariant.UPPER_LEFT else t_k - t_q
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal)  # (L, S)
-
-
-def _autocast_dtype(query: object) -> torch.dtype | None:
-    """The dtype autocast casts attention's inputs to on `query`'s device; None when off."""
-    return autocast_dtype(query.device) if isinstance(query, Tensor) else None
-
-
-def _autocast_input(x: _T, dtype: torch.dtype) -> _T:
-    """Cast `x` as autocast casts the arguments of PyTorch's SDPA (a lower-precision op)."""
-    # Autocast casts floating-point tensors other than float64; bool masks and the
-    # CausalBias object (a tensor subclass without storage) pass unchanged.
-    if (
-        isinstance(x, Tensor)
-        and not isinstance(x, CausalBias)
-        and x.is_floating_point()
-        and x.dtype != torch.float64
-    ):
-        return cast(_T, x.to(dtype))
-    return x
 
 
 def _check_attention_args(
@@ -380,7 +365,7 @@ def _weights(
     # max(E, 1): with E = 0 features every score is 0 whatever the scale (PyTorch then
     # averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
     s = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else float(scale)
-    logits = attention_scores(query, key) * s  # (..., L, S)
+    logits = attention_scores_impl(query, key) * s  # (..., L, S)
     if is_causal:
         attn_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (L, S)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -407,35 +392,40 @@ def _attend(
     scale: float | Tensor | None,
     enable_gqa: bool,
 ) -> Tensor:
-    """The weights (`value` None) or the output of attention, after the checks."""
-    autocast = _autocast_dtype(query)
-    if autocast is not None:
-        # Inside torch.autocast, PyTorch casts SDPA's inputs to the autocast dtype (it is
-        # on the lower-precision list of both the CPU and the CUDA autocast) and returns
-        # that dtype. So do we, then compute with autocast off, as its kernels do: else
-        # every matmul below would be cast again, and the softmax not.
-        query, key = _autocast_input(query, autocast), _autocast_input(key, autocast)
-        value, attn_mask = _autocast_input(value, autocast), _autocast_input(attn_mask, autocast)
-    if is_validation_enabled():
-        _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    """The weights (`value` None) or the output of attention, without the checks."""
+    # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
+    # autocast off, as its kernels do (attnlab._precision has the rules).
+    query, key = autocast_inputs(query, key)
+    value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
     if isinstance(attn_mask, CausalBias):
         attn_mask = _causal_bias_mask(attn_mask, query.device)  # (L, S)
     dtype = query.dtype
-    off = (
-        torch.autocast(query.device.type, enabled=False)
-        if autocast is not None
-        else contextlib.nullcontext()
-    )
-    with off:
-        if dtype in _LOW_PRECISION:
-            query, key = query.float(), key.float()
-            value = None if value is None else value.float()
+    with autocast_off(query.device.type):
+        wide = compute_dtype(dtype)  # float16/bfloat16 are attended in float32
+        query, key = query.to(wide), key.to(wide)
+        value = None if value is None else value.to(wide)
         weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if value is None:
             return weights.to(dtype)  # (..., L, S)
         if enable_gqa:
             value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-        return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
+        return context_vectors_impl(weights, value).to(dtype)  # (..., L, Ev)
+
+
+def _check_public(
+    query: object,
+    key: object,
+    value: object | None,
+    attn_mask: object,
+    dropout_p: object,
+    is_causal: object,
+    scale: object,
+    enable_gqa: object,
+) -> None:
+    """The checks of the two public functions, on the inputs as autocast casts them."""
+    if is_validation_enabled():
+        query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)
+        _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def attention_weights(
@@ -494,6 +484,23 @@ def attention_weights(
         >>> attention_weights(q, k, attn_mask=torch.tensor([[True, True, True], [False] * 3]))
         tensor([[0.6728, 0.1636, 0.1636],
                 [0.0000, 0.0000, 0.0000]])
+    """
+    _check_public(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _attend(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def attention_weights_impl(
+    query: Tensor,
+    key: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | Tensor | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """[`attention_weights`][attnlab.functional.attention_weights] without the checks.
+
+    For callers inside attnlab that validated their inputs at their own public boundary.
     """
     return _attend(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
@@ -584,6 +591,27 @@ def scaled_dot_product_attention(
         >>> with torch.autocast("cpu", dtype=torch.bfloat16):
         ...     scaled_dot_product_attention(q, k, v, scale=torch.tensor(0.5)).dtype
         torch.bfloat16
+    """
+    _check_public(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def scaled_dot_product_attention_impl(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | Tensor | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
+    without the checks.
+
+    For callers inside attnlab (modules, the backend registry) that validated their
+    inputs at their own public boundary: validation runs once per call, not once per
+    layer it passes through.
     """
     return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 

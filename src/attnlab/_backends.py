@@ -1,0 +1,371 @@
+r"""The one home of attnlab's attention backends: names, the registry, the switch, dispatch.
+
+Every attention module of the package (MHA, GQA, MLA) runs its scaled dot-product
+attention through this module, so a backend is added or changed in one place, the way
+Hugging Face's `ALL_ATTENTION_FUNCTIONS` registry serves every model:
+
+- `"torch"`: PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
+- `"scratch"`: attnlab's
+  [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention];
+- `"flash"`: attnlab's [`flash_attention`][attnlab.flash.flash_attention] (in tiles, with
+  its own backward pass).
+
+FlashAttention takes no arbitrary mask and no dropout: it masks only by position
+(causal, sliding window). A call that asks `"flash"` for either raises a `ValueError` that
+names the backend and the argument, even with validation off: silently ignoring a mask
+would give wrong results, and falling back to another kernel would hide that the memory
+saving the user chose is not there.
+
+API (internal; modules import these names):
+
+- `Backend`: `Literal["torch", "scratch", "flash"]`, re-exported as
+  `attnlab.multihead.Backend`.
+- `BACKEND_NAMES`: the names, in that order.
+- `BACKENDS: Mapping[Backend, AttentionFunction]`: name -> function with the signature
+  of [`attend`][attnlab._backends.attend] less `backend`. Each runs *after* the checks
+  (it calls the kernel's unvalidated `_impl`).
+- `check_backend(value) -> Backend`: the name, or `ValueError` naming `backend` and the
+  choices.
+- `BackendProperty()`: a descriptor; `backend = BackendProperty()` in a class body gives
+  every instance a `backend` attribute checked by `check_backend` on each assignment
+  (stored as `_backend`).
+- `attend(backend, query, key, value, *, attn_mask=None, dropout_p=0.0,
+  is_causal=False, scale=None, window=None, enable_gqa=False, align="top-left")`: run
+  attention on the named backend without validating (the caller checked at its public
+  boundary). `query (..., L, E)`, `key (..., S, E)`, `value (..., S, Ev)`; with
+  `enable_gqa`, `H` key/value heads at dim -3 serve `Hq` query heads.
+- `attention_weights(query, key, *, ...)`: the weights `(..., L, S)` that `attend` mixes
+  the values with, whatever the backend (computed from scratch: fused kernels do not
+  return them); same keywords as `attend`.
+- `check_backend_call(backend, *, attn_mask, dropout_p)`: the `ValueError` of a request
+  the backend cannot serve; `attend` calls it, modules may call it before their
+  projections.
+
+Causal masking, one rule: `is_causal=True` hides key $j$ from query $i$ when $j > i +
+o$, and `window=w` (which implies causal) also when $j \le i + o - w$, where the offset
+$o$ places the queries among the keys' positions: $o = 0$ for `align="top-left"` (the
+queries are the first `L` positions, PyTorch's `is_causal`), $o = S - L$ for
+`align="bottom-right"` (the queries are the last `L` positions: new tokens after a KV
+cache). Modules thus pass `align="bottom-right"` after a cache and get causality in
+absolute positions; both alignments agree when `L == S`. With `attn_mask` as well, the
+causal or window mask and `attn_mask` are combined
+([`masks.combine`][attnlab.masks.combine]): a key takes part only if both allow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal, Protocol, overload
+
+import torch
+from torch import Tensor
+from torch.nn.attention.bias import CausalBias, CausalVariant
+
+from attnlab import functional as F
+from attnlab import masks
+from attnlab.flash import flash_attention_impl
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "AttentionFunction",
+    "Backend",
+    "BackendProperty",
+    "attend",
+    "attention_weights",
+    "check_backend",
+    "check_backend_call",
+]
+
+Backend = Literal["torch", "scratch", "flash"]
+"""Which scaled dot-product attention a module runs.
+
+`"torch"` is PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
+`"scratch"` is attnlab's own
+[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention];
+`"flash"` is attnlab's [`flash_attention`][attnlab.flash.flash_attention] (no `attn_mask`,
+no dropout).
+"""
+
+Alignment = Literal["top-left", "bottom-right"]
+
+BACKEND_NAMES: tuple[Backend, ...] = ("torch", "scratch", "flash")
+
+
+class AttentionFunction(Protocol):
+    """The signature every entry of [`BACKENDS`][attnlab._backends.BACKENDS] has."""
+
+    def __call__(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | Tensor | None,
+        window: int | None,
+        enable_gqa: bool,
+        align: Alignment,
+    ) -> Tensor: ...
+
+
+def check_backend(value: object) -> Backend:
+    """Return `value` if it names a backend; raise `ValueError` naming the choices.
+
+    Examples:
+        >>> check_backend("flash")
+        'flash'
+    """
+    if not isinstance(value, str) or value not in BACKEND_NAMES:
+        allowed = ", ".join(repr(c) for c in BACKEND_NAMES)
+        raise ValueError(f"backend must be one of {allowed}, got {value!r}")
+    return value
+
+
+class BackendProperty:
+    """A validated `backend` attribute: `backend = BackendProperty()` in a class body.
+
+    Reading gives the backend's name; assigning checks it with
+    [`check_backend`][attnlab._backends.check_backend], at construction and whenever a
+    user switches (`module.backend = "flash"`). The value is stored as `_backend`.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> BackendProperty: ...
+
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> Backend: ...
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Backend | BackendProperty:
+        if obj is None:
+            return self
+        value: Backend = obj.__dict__[self._slot]
+        return value
+
+    def __set__(self, obj: object, value: Backend) -> None:
+        obj.__dict__[self._slot] = check_backend(value)
+
+
+def check_backend_call(backend: Backend, *, attn_mask: object, dropout_p: float) -> None:
+    """Raise `ValueError` if `backend` cannot serve a call with this mask and dropout.
+
+    Cheap (attribute reads only), so it runs with validation off too.
+    """
+    if backend != "flash":
+        return
+    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
+        raise ValueError(
+            "backend='flash' takes no attn_mask or key_padding_mask (FlashAttention masks "
+            "only by position: is_causal, window); use backend='torch' or 'scratch'"
+        )
+    if dropout_p > 0.0:
+        raise ValueError(
+            f"backend='flash' has no dropout, but dropout_p={dropout_p} (training mode "
+            "with dropout > 0); call module.eval(), set dropout=0.0, or use "
+            "backend='torch' or 'scratch'"
+        )
+
+
+def _causal_bias(bias: CausalBias) -> tuple[bool, Alignment]:
+    """PyTorch's `causal_upper_left` / `causal_lower_right` as `(is_causal, align)`."""
+    return True, "top-left" if bias.variant == CausalVariant.UPPER_LEFT else "bottom-right"
+
+
+def _positional_mask(
+    t_q: int,
+    t_k: int,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    window: int | None,
+    align: Alignment,
+    device: torch.device,
+) -> tuple[Tensor | None, bool]:
+    """`(attn_mask, is_causal)` for an SDPA-style kernel, with causality and window in it.
+
+    The fused causal flag is kept where it means the same (top-left, no window, no other
+    mask); otherwise the causal or window mask is built and combined with `attn_mask`.
+    """
+    if window is None and not is_causal:
+        return attn_mask, False
+    if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
+        return None, True  # PyTorch's own top-left is_causal: the fused path
+    if isinstance(attn_mask, CausalBias):  # combined with another causal rule: materialize
+        _, bias_align = _causal_bias(attn_mask)
+        attn_mask = masks.causal(t_q, t_k, align=bias_align, device=device)
+    if window is None:
+        band = masks.causal(t_q, t_k, align=align, device=device)  # (L, S)
+    else:
+        band = masks.sliding_window(t_q, t_k, window=window, align=align, device=device)
+    return _combine(band, attn_mask), False
+
+
+def _combine(band: Tensor, attn_mask: Tensor | None) -> Tensor:
+    # Interim, until attnlab.masks.combine lands: AND of bool masks, else their sum.
+    if attn_mask is None:
+        return band
+    if attn_mask.dtype == torch.bool:
+        return band & attn_mask
+    return masks.allowed_to_additive(band, attn_mask.dtype) + attn_mask
+
+
+def _torch(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    window: int | None,
+    enable_gqa: bool,
+    align: Alignment,
+) -> Tensor:
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
+    return torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=causal,
+        scale=None if scale is None else float(scale),
+        enable_gqa=enable_gqa,
+    )
+
+
+def _scratch(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    window: int | None,
+    enable_gqa: bool,
+    align: Alignment,
+) -> Tensor:
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
+    return F.scaled_dot_product_attention_impl(
+        query, key, value, mask, dropout_p, causal, scale, enable_gqa
+    )
+
+
+def _flash(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    window: int | None,
+    enable_gqa: bool,
+    align: Alignment,
+) -> Tensor:
+    check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
+    if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
+        is_causal, align = _causal_bias(attn_mask)  # a positional mask flash knows
+    elif isinstance(attn_mask, CausalBias):
+        raise ValueError(
+            "backend='flash' cannot combine a CausalBias attn_mask with is_causal or a "
+            "window; pass one of them"
+        )
+    if enable_gqa:  # FlashAttention here needs one key/value head per query head
+        repeats = query.size(-3) // key.size(-3)
+        key = key.repeat_interleave(repeats, dim=-3)  # (..., Hq, S, E)
+        value = value.repeat_interleave(repeats, dim=-3)  # (..., Hq, S, Ev)
+    batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
+        query.shape[:-2], key.shape[:-2], value.shape[:-2]
+    )
+    query = query.expand(*batch, *query.shape[-2:])  # flash does not broadcast
+    key, value = key.expand(*batch, *key.shape[-2:]), value.expand(*batch, *value.shape[-2:])
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    return flash_attention_impl(
+        query,
+        key,
+        value,
+        is_causal=is_causal,
+        window=window,
+        scale=None if scale is None else float(scale),
+        offset=t_k - t_q if align == "bottom-right" else 0,
+    )
+
+
+BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
+    {"torch": _torch, "scratch": _scratch, "flash": _flash}
+)
+"""Backend name -> attention function (unvalidated), the signature of `attend`."""
+
+
+def attend(
+    backend: Backend,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | Tensor | None = None,
+    window: int | None = None,
+    enable_gqa: bool = False,
+    align: Alignment = "top-left",
+) -> Tensor:
+    """Scaled dot-product attention on `backend`, after the caller's checks.
+
+    See the module docstring for the arguments and the causal rule. Raises `ValueError`
+    only for a request the backend cannot serve (`"flash"` with a mask or dropout).
+
+    Examples:
+        >>> q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
+        >>> outs = [attend(b, q, k, v, window=2, align="bottom-right") for b in BACKEND_NAMES]
+        >>> all(torch.allclose(o, outs[0], atol=1e-6) for o in outs)
+        True
+    """
+    return BACKENDS[backend](
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        window=window,
+        enable_gqa=enable_gqa,
+        align=align,
+    )
+
+
+def attention_weights(
+    query: Tensor,
+    key: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | Tensor | None = None,
+    window: int | None = None,
+    enable_gqa: bool = False,
+    align: Alignment = "top-left",
+) -> Tensor:
+    """The weights `(..., L, S)` that [`attend`][attnlab._backends.attend] mixes values with.
+
+    Every backend computes the same weights; fused kernels do not return them, so they
+    come from attnlab's from-scratch
+    [`attention_weights`][attnlab.functional.attention_weights], unvalidated.
+    """
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
+    return F.attention_weights_impl(query, key, mask, dropout_p, causal, scale, enable_gqa)

@@ -1,0 +1,116 @@
+"""The one home of attnlab's precision rules: low-precision inputs and `torch.autocast`.
+
+Every attention kernel of the package (the from-scratch
+[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention],
+[`flash_attention`][attnlab.flash.flash_attention], ring attention) follows the same two
+rules, and takes them from here:
+
+1. **Compute in at least float32.** float16 and bfloat16 inputs are attended in float32
+   and the result rounded once at the end, as PyTorch's SDPA does on the CPU: a score
+   `q . k` of float16 inputs overflows float16's range (65504) long before the inputs do
+   (300 * 300 > 65504), and bfloat16 keeps about 3 significant digits of each score, too
+   few for a softmax over many keys. [`compute_dtype`][attnlab._precision.compute_dtype]
+   says which dtype; [`LOW_PRECISION`][attnlab._precision.LOW_PRECISION] lists the dtypes
+   that are promoted.
+2. **Obey autocast as PyTorch's attention does.** Inside `torch.autocast`, PyTorch casts
+   SDPA's floating-point inputs (float64 excepted) to the autocast dtype, it being on the
+   lower-precision list of both the CPU and the CUDA autocast, and returns that dtype. So
+   do attnlab's kernels: [`autocast_inputs`][attnlab._precision.autocast_inputs] casts,
+   then the kernel runs under [`autocast_off`][attnlab._precision.autocast_off], since
+   otherwise every matmul inside would be cast again and the softmax not.
+
+API (internal; other modules of the package import these names):
+
+- `LOW_PRECISION: tuple[torch.dtype, ...]`: `(torch.float16, torch.bfloat16)`.
+- `compute_dtype(dtype) -> torch.dtype`: `torch.promote_types(dtype, torch.float32)`.
+- `autocast_dtype(device) -> torch.dtype | None`: the autocast dtype on `device`'s type,
+  None where autocast is off (or does not exist, as on "meta").
+- `autocast_inputs(*xs, device=None) -> tuple`: `xs` cast as autocast casts attention's
+  inputs (None, bool masks, integer tensors, float64 and PyTorch's `CausalBias` pass
+  unchanged), by the autocast of `device` (default: the first tensor's); a no-op when
+  autocast is off. Objects that are
+  not tensors pass unchanged too, so the checks that follow can name them.
+- `autocast_off(device_type) -> context manager`: autocast disabled on that device type
+  (a null context where the type has no autocast).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+from torch.nn.attention.bias import CausalBias
+
+__all__ = [
+    "LOW_PRECISION",
+    "autocast_dtype",
+    "autocast_inputs",
+    "autocast_off",
+    "compute_dtype",
+]
+
+_T = TypeVar("_T")
+
+LOW_PRECISION: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+"""The floating-point dtypes that attention computes in float32 (see rule 1 above)."""
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention computes in for inputs of `dtype`: at least float32.
+
+    Examples:
+        >>> compute_dtype(torch.bfloat16), compute_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    return torch.promote_types(dtype, torch.float32)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype of `torch.autocast` on `device`'s type, or None where it is off."""
+    kind = device.type  # "meta" has no autocast: is_autocast_enabled would raise
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def _cast(x: _T, dtype: torch.dtype) -> _T:
+    # Autocast casts floating-point tensors other than float64; bool masks and the
+    # CausalBias object (a tensor subclass without storage) pass unchanged.
+    if (
+        isinstance(x, Tensor)
+        and not isinstance(x, CausalBias)
+        and x.is_floating_point()
+        and x.dtype != torch.float64
+    ):
+        return x.to(dtype)  # type: ignore[return-value]
+    return x
+
+
+def autocast_inputs(*xs: _T, device: torch.device | None = None) -> tuple[_T, ...]:
+    """`xs` cast as autocast casts the arguments of PyTorch's attention, if it is on.
+
+    The device whose autocast counts is `device`, by default that of the first tensor
+    among `xs`.
+
+    Examples:
+        >>> x = torch.ones(2)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     [t.dtype for t in autocast_inputs(x, x.double(), x > 0)]
+        [torch.bfloat16, torch.float64, torch.bool]
+    """
+    if device is None:
+        first = next((x for x in xs if isinstance(x, Tensor)), None)
+        device = None if first is None else first.device
+    dtype = None if device is None else autocast_dtype(device)
+    if dtype is None:
+        return xs
+    return tuple(_cast(x, dtype) for x in xs)
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
+    """A context in which autocast is off on `device_type`: kernels run as written."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
