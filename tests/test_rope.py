@@ -91,6 +91,46 @@ def test_default_positions_and_unbatched_input() -> None:
     assert_close(apply_rope(x)[0], x[0])  # position 0 is not rotated
 
 
+def test_float64_is_rotated_in_float64_as_hf() -> None:
+    # HF's float64 layer: float32 angles, cos/sin cast to float64, rotation in float64.
+    x = torch.randn(2, 3, 7, 16, dtype=torch.float64)
+    positions = torch.arange(7)[None] + 5000  # (1, t): broadcast over the batch
+    expected = _hf_rotate(x, positions, 10000.0)
+    got = apply_rope(x, positions)
+    assert got.dtype == torch.float64
+    assert_close(got, expected, **_EXACT)
+    assert_close(RopeCache(16, 5008).apply(x, positions), expected, **_EXACT)
+    # Rotating in float32 (the old rule) is off by float32 rounding, far above float64's.
+    rounded = apply_rope(x.float(), positions).double()
+    assert (rounded - expected).abs().max() > 1e-9
+
+
+def test_float64_gradcheck() -> None:
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([0, 3, 4, 9, 100])
+    assert torch.autograd.gradcheck(lambda t: apply_rope(t, positions), (x,))
+
+
+def test_rotate_takes_hf_position_embeddings() -> None:
+    """`rotate` with HF's (cos, sin) `(b, t, head_dim)` equals apply_rope: tables shared."""
+    head_dim = 8
+    config = LlamaConfig(hidden_size=16, num_attention_heads=2, head_dim=head_dim)
+    x = torch.randn(2, 3, 5, head_dim)
+    positions = torch.stack([torch.arange(5), torch.arange(5) + 9])
+    hf_cos, hf_sin = llama.LlamaRotaryEmbedding(config)(x, positions)  # (b, t, head_dim)
+    rope.check_cos_sin((hf_cos, hf_sin), x, head_dim)
+    expected = apply_rope(x, positions)
+    assert_close(rope.rotate(x, hf_cos, hf_sin), expected, **_EXACT)
+    cos, sin = rope.rope_cos_sin(positions, head_dim)  # (b, t, head_dim / 2)
+    assert cos.shape == (2, 5, 4)
+    assert_close(cos, hf_cos[..., :4], **_EXACT)
+    assert_close(rope.rotate(x, cos, sin), expected, **_EXACT)
+
+
+def test_layout_alias_is_rope_layout() -> None:
+    assert rope.Layout is rope.RopeLayout
+
+
 def test_low_precision_is_rotated_in_float32() -> None:
     x = torch.randn(2, 7, 8)
     positions = torch.arange(7) + 1000
@@ -151,6 +191,34 @@ def test_cache_refuses_positions_past_its_end() -> None:
             "base must be a finite float greater than 1",
         ),
         (lambda: RopeCache(7, 10), ValueError, "head_dim must be even"),
+        (lambda: RopeCache(8, 10, base=0.5), ValueError, "base must be a finite float greater"),
+        (lambda: rope.check_base(True, "rope_base"), TypeError, "rope_base must be a float"),
+        (
+            lambda: rope.check_positions(torch.arange(3), torch.randn(4, 8), low=0),
+            ValueError,
+            r"positions has 3 positions but x has 4 tokens",
+        ),
+        (
+            lambda: rope.check_positions(torch.tensor([2, -1]), torch.randn(2, 8), low=0),
+            ValueError,
+            "positions must be non-negative .*, got positions from -1 to 2",
+        ),
+        (
+            lambda: rope.check_cos_sin((torch.ones(3, 4), torch.ones(3, 2)), torch.ones(3, 8), 8),
+            ValueError,
+            "cos and sin must have one shape",
+        ),
+        (
+            lambda: rope.check_cos_sin((torch.ones(3, 3),) * 2, torch.ones(3, 8), 8),
+            ValueError,
+            r"d = head_dim // 2 = 4 \(attnlab\) or head_dim = 8 \(Hugging Face\)",
+        ),
+        (
+            lambda: rope.check_cos_sin((torch.ones(2, 3, 4),) * 2, torch.ones(3, 3, 8), 8),
+            ValueError,
+            r"cos of shape \(b, t\)=\(2, 3\) need x batched",
+        ),
+        (lambda: rope.check_cos_sin(torch.ones(3, 4), torch.ones(3, 8), 8), TypeError, "a pair"),
         (lambda: RopeCache(8, 0), ValueError, "max_positions must be a positive int, got 0"),
     ],
 )
@@ -164,3 +232,12 @@ def test_validation_off_computes_the_same() -> None:
     expected = apply_rope(x, positions, layout="interleaved")
     with validation(False):
         assert_close(apply_rope(x, positions, layout="interleaved"), expected, **_EXACT)
+
+
+def test_value_checks_are_skipped_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading position values is a host sync: it is skipped under torch.compile/export."""
+    x, positions = torch.randn(2, 8), torch.tensor([2, -1])
+    with pytest.raises(ValueError, match="non-negative"):
+        rope.check_positions(positions, x, low=0)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert rope.check_positions(positions, x, low=0) is positions

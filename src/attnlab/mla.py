@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab import masks
+from attnlab import masks, rope
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
@@ -49,7 +49,7 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import KVCache, StaticKVCache
-from attnlab.rope import _broadcast_angles, _rotate, apply_rope
+from attnlab.rope import apply_rope
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
 
@@ -116,9 +116,8 @@ def _rope_with_frequencies(x: Tensor, positions: Tensor, frequencies: Tensor) ->
     or `(b, t)`, frequencies `(d/2,)`. [`apply_rope`][attnlab.rope.apply_rope] computes
     its own frequencies from a base; scaled RoPE variants (YaRN) bring theirs.
     """
-    angles = positions[..., None].float() * frequencies.float()  # (..., t, d/2)
-    angles = _broadcast_angles(angles, x)  # (b, 1, t, d/2) for per-sequence positions
-    return _rotate(x.float(), angles.cos(), angles.sin(), "half").to(x.dtype)  # (b, h, t, d)
+    cos, sin = rope.rope_cos_sin(positions, x.shape[-1], frequencies=frequencies)
+    return rope.rotate(x, cos, sin, layout="half")  # (b, h, t, d)
 
 
 class MultiHeadLatentAttention(nn.Module):

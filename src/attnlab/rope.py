@@ -22,6 +22,14 @@ Which features form pair $i$ is a convention, and models differ:
 
 Both are the same rotations in a permuted basis; the chapter
 "Rotary position embeddings" shows it with numbers.
+
+The rules of RoPE live here and every layer calls them: the base is a finite number
+above 1 ([`check_base`][attnlab.rope.check_base]), positions are integers of shape `(t,)`
+or `(b, t)` (with `b = 1` broadcast over the batch) and, for layers, non-negative
+([`check_positions`][attnlab.rope.check_positions]). A layer computes the cos/sin tables
+once per forward ([`rope_cos_sin`][attnlab.rope.rope_cos_sin]) and rotates its queries and
+keys with them ([`rotate`][attnlab.rope.rotate]), or takes tables computed once per model
+forward, as Hugging Face passes `position_embeddings` to every layer.
 """
 
 from __future__ import annotations
@@ -39,30 +47,150 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 
-__all__ = ["Layout", "RopeCache", "apply_rope", "rope_angles", "rope_frequencies"]
+__all__ = [
+    "Layout",
+    "RopeCache",
+    "RopeLayout",
+    "apply_rope",
+    "check_base",
+    "check_cos_sin",
+    "check_head_dim",
+    "check_layout",
+    "check_positions",
+    "rope_angles",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "rotate",
+]
 
-Layout = Literal["half", "interleaved"]
+RopeLayout = Literal["half", "interleaved"]
 """Which features of a head are rotated together: see the module docstring."""
 
-_LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
+Layout = RopeLayout
+"""Deprecated alias of [`RopeLayout`][attnlab.rope.RopeLayout] (kept for old imports)."""
+
+_LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
 
 
-def _check_base(base: object) -> float:
+# -- the rules ---------------------------------------------------------------------------
+
+
+def check_base(base: object, name: str = "base") -> float:
+    """Return RoPE's `base` as a float if it is a finite number greater than 1.
+
+    A base of 1 or less gives frequencies that do not decrease (or grow), so no pair
+    rotates slowly enough to carry long-range position: every module with RoPE
+    (`apply_rope`, `RopeCache`, `GroupedQueryAttention`, `MultiHeadLatentAttention`) uses
+    this one rule, at construction for the modules.
+
+    Args:
+        base: The value to check.
+        name: The argument's name in messages (`"rope_base"` for the modules).
+
+    Returns:
+        `float(base)`.
+
+    Raises:
+        TypeError: If `base` is not a real number (a bool is not).
+        ValueError: If it is not finite or not greater than 1.
+
+    Examples:
+        >>> check_base(500000)
+        500000.0
+    """
     if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a positive float, got {base!r} ({type(base).__name__})")
-    if not base > 1.0 or base == float("inf"):
-        raise ValueError(f"base must be a finite float greater than 1, got {base}")
+        raise TypeError(
+            f"{name} must be a float greater than 1, got {base!r} ({type(base).__name__})"
+        )
+    if not 1.0 < base < float("inf"):
+        raise ValueError(f"{name} must be a finite float greater than 1, got {base}")
     return float(base)
 
 
-def _check_head_dim(head_dim: object) -> int:
-    d = check_positive_int("head_dim", head_dim)
+def check_head_dim(head_dim: object, name: str = "head_dim") -> int:
+    """Return `head_dim` if it is a positive even int (RoPE rotates pairs of features).
+
+    Raises:
+        TypeError: If it is not an int.
+        ValueError: If it is not positive or is odd.
+
+    Examples:
+        >>> check_head_dim(64)
+        64
+    """
+    d = check_positive_int(name, head_dim)
     if d % 2:
-        raise ValueError(f"head_dim must be even (RoPE rotates pairs of features), got {d}")
+        raise ValueError(f"{name} must be even (RoPE rotates pairs of features), got {d}")
     return d
 
 
-def _check_positions(positions: object) -> Tensor:
+def check_layout(layout: object, name: str = "layout") -> RopeLayout:
+    """Return `layout` if it is `"half"` or `"interleaved"`; raise `ValueError` otherwise.
+
+    Examples:
+        >>> check_layout("half")
+        'half'
+    """
+    checked: RopeLayout = check_choice(name, layout, _LAYOUTS)  # type: ignore[assignment]
+    return checked
+
+
+def check_positions(
+    positions: object,
+    x: Tensor,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    x_name: str = "x",
+) -> Tensor:
+    """Check integer positions of the tokens of `x`; return them.
+
+    `x` holds tokens on its second-to-last axis, `(..., t, features)`, with the batch
+    first when it has three or more dimensions. Positions must be an integer tensor on
+    `x`'s device of shape `(t,)` (every sequence alike) or `(b, t)` with `b` equal to
+    `x.shape[0]` or 1 (one row broadcast over the batch, as Hugging Face's default
+    `position_ids`).
+
+    With `low` or `high`, the values must also lie in `[low, high)`: layers pass
+    `low=0` (a position counts tokens), a `RopeCache` its table's size. Reading values
+    is a **host sync** (the device waits for the host to get the minimum and maximum),
+    so it is skipped while `torch.compile` traces or `torch.export` exports
+    (`torch.compiler.is_compiling()`), where it would also break the graph.
+
+    Args:
+        positions: The positions to check.
+        x: The tensor whose tokens they describe.
+        low: Smallest allowed position, or None for no bound.
+        high: One past the largest allowed position, or None for no bound.
+        x_name: The name of `x` in messages.
+
+    Returns:
+        `positions`.
+
+    Raises:
+        TypeError: If `positions` is not an integer tensor.
+        ValueError: If its shape does not fit `x`'s tokens and batch, it is on another
+            device, or a value is out of `[low, high)`.
+
+    Examples:
+        >>> check_positions(torch.arange(3), torch.randn(2, 3, 8), low=0).tolist()
+        [0, 1, 2]
+    """
+    positions = _check_integer_tensor(positions)
+    _check_token_axes("positions", tuple(positions.shape), x, x_name)
+    if positions.device != x.device:
+        raise ValueError(
+            f"positions is on {positions.device} but {x_name} is on {x.device}; "
+            "they must be on the same device"
+        )
+    bounded = low is not None or high is not None
+    if bounded and positions.numel() and not torch.compiler.is_compiling():
+        _check_range(positions, low, high)
+    return positions
+
+
+def _check_integer_tensor(positions: object) -> Tensor:
+    """The dtype and rank rule of positions: an integer tensor `(t,)` or `(b, t)`."""
     if not isinstance(positions, Tensor):
         raise TypeError(f"positions must be a torch.Tensor of ints, got {type(positions).__name__}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
@@ -76,6 +204,86 @@ def _check_positions(positions: object) -> Tensor:
             f"(positions.shape={tuple(positions.shape)})"
         )
     return positions
+
+
+def _check_token_axes(name: str, shape: tuple[int, ...], x: Tensor, x_name: str) -> None:
+    """A per-token table `(t,)` or `(b, t)` must match x's tokens, and its batch or 1."""
+    if shape[-1] != x.shape[-2]:
+        raise ValueError(
+            f"{name} has {shape[-1]} positions but {x_name} has {x.shape[-2]} tokens "
+            f"({name}.shape={shape}, {x_name}.shape={tuple(x.shape)})"
+        )
+    if len(shape) == 2 and (x.ndim < 3 or shape[0] not in (1, x.shape[0])):
+        raise ValueError(
+            f"{name} of shape (b, t)={shape} need {x_name} batched with the same b first "
+            f"(or b = 1), got {x_name}.shape={tuple(x.shape)}"
+        )
+
+
+def _check_range(positions: Tensor, low: int | None, high: int | None) -> None:
+    """Raise if a position is outside `[low, high)`: reads two values (a host sync)."""
+    lo, hi = int(positions.min()), int(positions.max())
+    if (low is not None and lo < low) or (high is not None and hi >= high):
+        if high is None:
+            where = "must be non-negative (a position counts the tokens before it)"
+        else:
+            where = f"must lie in [{0 if low is None else low}, {high})"
+        raise ValueError(f"positions {where}, got positions from {lo} to {hi}")
+
+
+def check_cos_sin(cos_sin: object, x: Tensor, head_dim: int, *, x_name: str = "x") -> None:
+    """Check precomputed RoPE tables `(cos, sin)` for the tokens of `x`.
+
+    Two layouts of the tables are accepted: attnlab's, `(..., t, head_dim // 2)` from
+    [`rope_cos_sin`][attnlab.rope.rope_cos_sin], and Hugging Face's
+    `position_embeddings`, `(b, t, head_dim)` with both halves equal. The leading shape
+    follows the rule of [`check_positions`][attnlab.rope.check_positions]: `(t, ...)` or
+    `(b, t, ...)` with `b = 1` or `x`'s batch.
+
+    Raises:
+        TypeError: If it is not a pair of floating-point tensors.
+        ValueError: If their shapes differ from each other or do not fit `x` and
+            `head_dim`, or they are on another device.
+
+    Examples:
+        >>> cos, sin = rope_cos_sin(torch.arange(3), 8)
+        >>> check_cos_sin((cos, sin), torch.randn(2, 3, 32), head_dim=8)
+    """
+    if not isinstance(cos_sin, (tuple, list)) or len(cos_sin) != 2:
+        raise TypeError(
+            f"position_embeddings must be a pair (cos, sin) of tensors, got "
+            f"{type(cos_sin).__name__}"
+        )
+    cos = check_tensor("cos", cos_sin[0])
+    sin = check_tensor("sin", cos_sin[1])
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"cos and sin must have one shape, got cos.shape={tuple(cos.shape)} and "
+            f"sin.shape={tuple(sin.shape)}"
+        )
+    if cos.ndim not in (2, 3) or cos.shape[-1] not in (head_dim // 2, head_dim):
+        raise ValueError(
+            f"cos and sin must have shape (t, d) or (b, t, d) with d = head_dim // 2 = "
+            f"{head_dim // 2} (attnlab) or head_dim = {head_dim} (Hugging Face), got "
+            f"cos.shape={tuple(cos.shape)}"
+        )
+    _check_token_axes("cos", tuple(cos.shape[:-1]), x, x_name)
+    if cos.device != x.device or sin.device != x.device:
+        raise ValueError(
+            f"cos and sin are on {cos.device} and {sin.device} but {x_name} is on {x.device}"
+        )
+
+
+# -- the computation ---------------------------------------------------------------------
+
+
+def _frequencies(head_dim: int, base: float, device: torch.device | str | None) -> Tensor:
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (base**exponents)  # (head_dim/2,)
+
+
+def _angles(positions: Tensor, frequencies: Tensor) -> Tensor:
+    return positions[..., None].float() * frequencies.float()  # (..., t, head_dim/2)
 
 
 def rope_frequencies(
@@ -104,10 +312,9 @@ def rope_frequencies(
         tensor([1.0000, 0.1000, 0.0100, 0.0010])
     """
     if is_validation_enabled():
-        head_dim, base = _check_head_dim(head_dim), _check_base(base)
+        head_dim, base = check_head_dim(head_dim), check_base(base)
         check_device("device", device)
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
-    return 1.0 / (base**exponents)  # (head_dim/2,)
+    return _frequencies(head_dim, base, device)
 
 
 def rope_angles(positions: Tensor, head_dim: int, *, base: float = 10000.0) -> Tensor:
@@ -133,52 +340,111 @@ def rope_angles(positions: Tensor, head_dim: int, *, base: float = 10000.0) -> T
                 [2.0000, 0.0200]])
     """
     if is_validation_enabled():
-        _check_positions(positions)
-    inv_freq = rope_frequencies(head_dim, base=base, device=positions.device)
-    return positions[..., None].float() * inv_freq  # (..., t, head_dim/2)
+        _check_integer_tensor(positions)
+        head_dim, base = check_head_dim(head_dim), check_base(base)
+    return _angles(positions, _frequencies(head_dim, base, positions.device))
 
 
-def _broadcast_angles(table: Tensor, x: Tensor) -> Tensor:
+def rope_cos_sin(
+    positions: Tensor,
+    head_dim: int,
+    *,
+    base: float = 10000.0,
+    frequencies: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""The cos and sin of every angle $m\,\theta_i$: the tables a layer rotates with.
+
+    A layer computes them once per forward and rotates both its queries and its keys
+    with [`rotate`][attnlab.rope.rotate]; a model can compute them once for all its
+    layers and pass them in (Hugging Face's `position_embeddings`). Angles are float32,
+    as in Hugging Face's models, whatever the dtype of the tokens.
+
+    This function does not check its arguments: it is the fast path of layers that
+    checked them with [`check_positions`][attnlab.rope.check_positions] and
+    [`check_base`][attnlab.rope.check_base]. Use
+    [`rope_angles`][attnlab.rope.rope_angles] for a checked computation.
+
+    Args:
+        positions: Integer positions, `(t,)` or `(b, t)`.
+        head_dim: Features per head; even.
+        base: See [`rope_frequencies`][attnlab.rope.rope_frequencies].
+        frequencies: The `head_dim // 2` frequencies to use instead of those of `base`
+            (e.g. YaRN's scaled ones).
+
+    Returns:
+        `(cos, sin)`, float32, each of shape `positions.shape + (head_dim // 2,)`.
+
+    Examples:
+        >>> cos, sin = rope_cos_sin(torch.tensor([0, 2]), 4)
+        >>> torch.allclose(torch.atan2(sin, cos), rope_angles(torch.tensor([0, 2]), 4))
+        True
+    """
+    if frequencies is None:
+        frequencies = _frequencies(head_dim, base, positions.device)
+    angles = _angles(positions, frequencies.to(positions.device))  # (..., t, head_dim/2)
+    return angles.cos(), angles.sin()
+
+
+def _broadcast_table(table: Tensor, x: Tensor) -> Tensor:
     """Shape per-position tables `(t, d/2)` or `(b, t, d/2)` to broadcast against x."""
     if table.ndim == 3 and x.ndim > 3:  # (b, t, d/2) against (b, h, ..., t, d): every head
         return table.view(table.shape[0], *([1] * (x.ndim - 3)), *table.shape[1:])
     return table
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-    """Rotate the feature pairs of x (..., t, d) by angles whose cos/sin are (..., t, d/2)."""
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, *, layout: RopeLayout = "half") -> Tensor:
+    r"""Rotate the feature pairs of `x` by the angles whose cos and sin are given.
+
+    The rotation runs in `torch.promote_types(x.dtype, torch.float32)`: float16 and
+    bfloat16 are rotated in float32 and rounded back once, float64 stays float64 (so
+    that gradients check in float64).
+
+    Like [`rope_cos_sin`][attnlab.rope.rope_cos_sin], this does not check its
+    arguments (see [`check_cos_sin`][attnlab.rope.check_cos_sin]);
+    [`apply_rope`][attnlab.rope.apply_rope] is the checked entry point.
+
+    Args:
+        x: Queries or keys, `(..., t, head_dim)`.
+        cos: `(t, head_dim // 2)` or `(b, t, head_dim // 2)` (applied to every head of
+            `(b, h, t, head_dim)`), or Hugging Face's `(b, t, head_dim)` whose two halves
+            are equal.
+        sin: Same shape as `cos`.
+        layout: `"half"` or `"interleaved"`, see the module docstring.
+
+    Returns:
+        The rotated `x`, same shape and dtype.
+
+    Examples:
+        >>> x = torch.tensor([[1.0, 0.0]])  # one pair, at angle 0
+        >>> cos, sin = rope_cos_sin(torch.tensor([1]), 2)  # turned by 1 radian
+        >>> rotate(x, cos, sin)
+        tensor([[0.5403, 0.8415]])
+    """
+    half = x.shape[-1] // 2
+    if cos.shape[-1] != half:  # Hugging Face's tables repeat the angles: keep one half
+        cos, sin = cos[..., :half], sin[..., :half]
+    compute = torch.promote_types(x.dtype, torch.float32)
+    cos = _broadcast_table(cos, x).to(compute)  # (..., t, d/2)
+    sin = _broadcast_table(sin, x).to(compute)
+    y = x.to(compute)
     if layout == "half":
-        x1, x2 = x.chunk(2, dim=-1)  # (..., t, d/2) each: pair i is (x1[i], x2[i])
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    pairs = x.reshape(*x.shape[:-1], -1, 2)  # (..., t, d/2, 2): pair i is (x[2i], x[2i+1])
-    x1, x2 = pairs[..., 0], pairs[..., 1]
-    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        x1, x2 = y.chunk(2, dim=-1)  # (..., t, d/2) each: pair i is (x1[i], x2[i])
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        pairs = y.reshape(*y.shape[:-1], -1, 2)  # (..., t, d/2, 2): pair i is (y[2i], y[2i+1])
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return out.to(x.dtype)
 
 
-def _check_x(x: object, positions: Tensor | None) -> Tensor:
+def _check_x(x: object) -> Tensor:
     x = check_tensor("x", x)
     if x.ndim < 2:
         raise ValueError(
             f"x must have at least 2 dimensions (..., t, head_dim), got {x.ndim} "
             f"(x.shape={tuple(x.shape)})"
         )
-    _check_head_dim(x.shape[-1])
-    if positions is not None:
-        if positions.shape[-1] != x.shape[-2]:
-            raise ValueError(
-                f"positions has {positions.shape[-1]} positions but x has {x.shape[-2]} tokens "
-                f"(positions.shape={tuple(positions.shape)}, x.shape={tuple(x.shape)})"
-            )
-        if positions.ndim == 2 and (x.ndim < 3 or positions.shape[0] not in (1, x.shape[0])):
-            raise ValueError(
-                f"positions of shape (b, t)={tuple(positions.shape)} need x batched with the "
-                f"same b first, got x.shape={tuple(x.shape)}"
-            )
-        if positions.device != x.device:
-            raise ValueError(
-                f"positions is on {positions.device} but x is on {x.device}; "
-                "they must be on the same device"
-            )
+    check_head_dim(x.shape[-1])
     return x
 
 
@@ -187,18 +453,21 @@ def apply_rope(
     positions: Tensor | None = None,
     *,
     base: float = 10000.0,
-    layout: Layout = "half",
+    layout: RopeLayout = "half",
 ) -> Tensor:
     r"""Rotate the queries or keys `x` by their positions (rotary position embedding).
 
-    The angles are computed in float32; a float16 or bfloat16 `x` is rotated in float32
-    and rounded back once.
+    The angles are computed in float32 (as Hugging Face's models do); the rotation runs
+    in `torch.promote_types(x.dtype, torch.float32)`, so a float16 or bfloat16 `x` is
+    rotated in float32 and rounded back once, and a float64 one stays float64.
+    Positions may be any integers here (a negative one turns backwards).
 
     Args:
         x: Queries or keys, `(..., t, head_dim)`: e.g. `(t, d)`, `(b, t, d)` or
             `(b, h, t, d)`.
         positions: Integer position of each token, `(t,)` or `(b, t)` (one row per
-            sequence, applied to every head); default `0, 1, ..., t - 1`.
+            sequence, applied to every head; `b = 1` broadcasts); default
+            `0, 1, ..., t - 1`.
         base: See [`rope_frequencies`][attnlab.rope.rope_frequencies].
         layout: `"half"` (Llama / Hugging Face `rotate_half`) or `"interleaved"` (pairs of
             neighbours, as in the paper).
@@ -209,7 +478,7 @@ def apply_rope(
     Raises:
         TypeError: If `x` is not a floating-point tensor or `positions` not an integer one.
         ValueError: If `head_dim` is odd, `positions` does not fit `x`'s tokens or batch,
-            or `layout` is unknown.
+            `base` is not above 1, or `layout` is unknown.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -222,14 +491,15 @@ def apply_rope(
         True
     """
     if is_validation_enabled():
+        x = _check_x(x)
         if positions is not None:
-            _check_positions(positions)
-        x = _check_x(x, positions)
-        check_choice("layout", layout, _LAYOUTS)
+            check_positions(positions, x)
+        check_layout(layout)
+        base = check_base(base)
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)
-    angles = _broadcast_angles(rope_angles(positions, x.shape[-1], base=base), x)
-    return _rotate(x.float(), angles.cos(), angles.sin(), layout).to(x.dtype)
+    cos, sin = rope_cos_sin(positions, x.shape[-1], base=base)
+    return rotate(x, cos, sin, layout=layout)
 
 
 class RopeCache:
@@ -265,12 +535,12 @@ class RopeCache:
         base: float = 10000.0,
         device: torch.device | str | None = None,
     ) -> None:
-        self.head_dim = _check_head_dim(head_dim)
+        self.head_dim = check_head_dim(head_dim)
         self.max_positions = check_positive_int("max_positions", max_positions)
-        self.base = _check_base(base)
+        self.base = check_base(base)
         check_device("device", device)
-        angles = rope_angles(torch.arange(max_positions, device=device), head_dim, base=base)
-        self.cos, self.sin = angles.cos(), angles.sin()  # (max_positions, head_dim/2)
+        positions = torch.arange(max_positions, device=device)
+        self.cos, self.sin = rope_cos_sin(positions, head_dim, base=self.base)  # (max, d/2)
 
     def __repr__(self) -> str:
         return (
@@ -279,33 +549,29 @@ class RopeCache:
         )
 
     def apply(
-        self, x: Tensor, positions: Tensor | None = None, *, layout: Layout = "half"
+        self, x: Tensor, positions: Tensor | None = None, *, layout: RopeLayout = "half"
     ) -> Tensor:
         """Rotate `x` like [`apply_rope`][attnlab.rope.apply_rope], reading the table.
+
+        Checking that the positions lie in the table reads their values, a host sync
+        (skipped while compiling, see [`check_positions`][attnlab.rope.check_positions]).
 
         Raises:
             ValueError: As `apply_rope`, and if a position is negative or not below
                 `max_positions`, or `x`'s head size is not the table's.
         """
         if is_validation_enabled():
-            if positions is not None:
-                _check_positions(positions)
-            x = _check_x(x, positions)
-            check_choice("layout", layout, _LAYOUTS)
+            x = _check_x(x)
+            check_layout(layout)
             if x.shape[-1] != self.head_dim:
                 raise ValueError(
                     f"x has head_dim {x.shape[-1]} but the RopeCache was built for "
                     f"head_dim={self.head_dim} (x.shape={tuple(x.shape)})"
                 )
+            if positions is not None:
+                check_positions(positions, x, low=0, high=self.max_positions)
         if positions is None:
             positions = torch.arange(x.shape[-2], device=x.device)
-        if is_validation_enabled() and positions.numel():
-            lo, hi = int(positions.min()), int(positions.max())
-            if lo < 0 or hi >= self.max_positions:
-                raise ValueError(
-                    f"positions must lie in [0, {self.max_positions}) for this RopeCache "
-                    f"(max_positions={self.max_positions}), got positions from {lo} to {hi}"
-                )
-        cos = _broadcast_angles(self.cos.to(x.device)[positions], x)  # (..., t, d/2)
-        sin = _broadcast_angles(self.sin.to(x.device)[positions], x)
-        return _rotate(x.float(), cos, sin, layout).to(x.dtype)
+        cos = self.cos.to(x.device)[positions]  # (..., t, d/2)
+        sin = self.sin.to(x.device)[positions]
+        return rotate(x, cos, sin, layout=layout)
