@@ -1,4 +1,11 @@
-"""Collects the outputs shown on the site's pages as pytest items (see docs/hooks/outputs.py).
+"""Runs the site's code blocks once each and checks the outputs they show (docs/hooks/).
+
+pytest-markdown-docs collects every Python fence of `docs/` and `README.md` as an item;
+this file makes those items run through one :class:`outputs.PageSession` per page, and
+adds one item per block that compares the output shown under it with what that same
+execution printed. So each block runs once per test session, however many items (and
+tests/test_notebook.py, through the `page_run` fixture) look at it. Fences are read by
+docs/hooks/blocks.py, the parser the site's build, notebooks and width test use.
 
 It lives at the repository root so that it applies to `docs/` and `README.md` as well as
 `tests/`.
@@ -8,51 +15,64 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hooks import outputs  # docs/hooks/outputs.py, via pythonpath in pyproject.toml
+from hooks import blocks, outputs  # docs/hooks/, via pythonpath in pyproject.toml
 
 ROOT = Path(__file__).resolve().parent
+_sessions: dict[Path, outputs.PageSession] = {}  # one per page, for the whole test run
+
+
+def page_session(path: Path, markdown: str | None = None) -> outputs.PageSession:
+    """The page's session: its blocks, markdown-exec ones too, each run once."""
+    path = path.resolve()
+    if path not in _sessions:
+        text = path.read_text("utf-8") if markdown is None else markdown
+        _sessions[path] = outputs.PageSession(
+            path.relative_to(ROOT), text, exec_blocks=True, filename=str(path)
+        )
+    return _sessions[path]
+
+
+@pytest.fixture(scope="session")
+def page_run() -> Callable[[str], outputs.PageRun]:
+    """`page_run("docs/article/05-x.md")`: the page's run in this session (run if need be)."""
+    return lambda page: page_session(ROOT / page).run_all()
 
 
 class ShownOutputItem(pytest.Item):
-    """One Python block of a page: it runs, and the output shown under it is what it prints."""
+    """One Python block of a page: the output shown under it is what its run printed."""
 
-    def __init__(self, *, index: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.index = index
+    def __init__(self, *, line: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.line = line
 
     def runtest(self) -> None:
-        parent = self.parent
-        assert isinstance(parent, MarkdownOutputsFile)
-        run = parent.page_run()
-        message = run.results[self.index].describe(run.path)
+        session = page_session(self.path)
+        message = session.result(session.index(self.line)).describe(str(session.path))
         if message is not None:
             raise AssertionError(message)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[no-untyped-def,override]
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         return str(excinfo.value)
 
     def reportinfo(self) -> tuple[Path, int, str]:
-        return self.path, 0, self.name
+        return self.path, self.line - 1, self.name
 
 
 class MarkdownOutputsFile(pytest.File):
-    _run = None
-
-    def page_run(self):  # type: ignore[no-untyped-def]
-        if self._run is None:
-            self._run = outputs.run_page(self.path.relative_to(ROOT))
-        return self._run
-
     def collect(self) -> Iterator[ShownOutputItem]:
-        blocks = outputs.parse_blocks(self.path.read_text(encoding="utf-8"))
-        for i, block in enumerate(blocks):
+        # The session reads the page as collected, as pytest-markdown-docs does.
+        session = page_session(self.path, self.path.read_text(encoding="utf-8"))
+        for block in session.blocks:
+            if block.is_exec:
+                continue  # markdown-exec shows its result: no output fence to compare
             label = f"output:line {block.output_line}" if block.output_line else "runs"
             yield ShownOutputItem.from_parent(
-                self, name=f"[shown-{label}][block:line {block.line}]", index=i
+                self, name=f"[shown-{label}][block:line {block.line}]", line=block.line
             )
 
 
@@ -66,27 +86,30 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
-# pytest-markdown-docs turns pytest's capture off while a fence runs, so every print of every
-# chapter would flood the test log. Swallow it here; `ShownOutputItem` checks what is printed.
+def pytest_markdown_docs_markdown_it() -> Any:
+    """pytest-markdown-docs reads pages with the site's parser (fences in containers too)."""
+    return blocks.markdown_it()
+
+
+# pytest-markdown-docs runs a fence with its runner. Its public hooks (globals, parser) can
+# neither keep a page's namespace without re-running every earlier block (`continuation`
+# prepends them, quadratic in a chapter's length) nor capture what a fence prints (it
+# turns pytest's capture off around the fence). So the one use of its private API is
+# here: a default runner that hands the fence to the page's session, which runs it once
+# and keeps what it printed for the fence's ShownOutputItem.
 from pytest_markdown_docs._runners import DefaultRunner, register_runner  # noqa: E402
 
 
 @register_runner(default=True)
-class _QuietRunner(DefaultRunner):
-    def runtest(self, test, args, *, asyncio_runner=None):  # type: ignore[no-untyped-def]
-        with contextlib.redirect_stdout(io.StringIO()):
-            super().runtest(test, args, asyncio_runner=asyncio_runner)
-
-
-# Fences inside admonitions and collapsible "Solution" blocks are indented; unwrap them the
-# same way docs/hooks/outputs.py does, so pytest-markdown-docs runs them too.
-from markdown_it import MarkdownIt  # noqa: E402
-
-
-class _ContainerAwareMarkdownIt(MarkdownIt):
-    def parse(self, src: str, env=None):  # type: ignore[no-untyped-def,override]
-        return super().parse(outputs.unwrap_containers(src)[0], env)
-
-
-def pytest_markdown_docs_markdown_it() -> MarkdownIt:
-    return _ContainerAwareMarkdownIt()
+class _PageSessionRunner(DefaultRunner):
+    def runtest(self, test: Any, args: Any, *, asyncio_runner: Any = None) -> None:
+        if Path(test.source_path).suffix != ".md":  # a fence in a docstring: as before
+            with contextlib.redirect_stdout(io.StringIO()):
+                super().runtest(test, args, asyncio_runner=asyncio_runner)
+            return
+        session = page_session(Path(test.source_path))
+        result = session.result(session.index(test.start_line))
+        if result.exception is not None:
+            raise result.exception
+        if result.error is not None:  # not run: an earlier block raised
+            raise RuntimeError(result.error.strip())

@@ -1,10 +1,10 @@
-"""docs/hooks/outputs.py finds the fences inside admonitions and collapsed solutions."""
+"""docs/hooks/outputs.py finds the fences inside containers and runs each block once."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hooks import outputs  # docs/hooks/outputs.py, via pythonpath in pyproject.toml
+from hooks import blocks, outputs  # docs/hooks/, via pythonpath in pyproject.toml
 
 PAGE = """\
 # Page
@@ -89,3 +89,83 @@ def test_run_and_update_check_outputs_inside_solutions(tmp_path: Path) -> None:
     updated = page.read_text(encoding="utf-8")
     assert updated == PAGE.replace("        0\n", "        3\n")  # indentation kept
     assert outputs.run_page(page).problems == []
+
+
+TABS = """\
+=== "First"
+
+    ```python
+    runs = [1]
+    print(len(runs))
+    ```
+
+    ```text title="Output"
+    1
+    ```
+
+=== "Second"
+
+    ```python continuation
+    runs.append(2)
+    print(len(runs))
+    ```
+
+```python exec="on"
+print("<b>made by markdown-exec</b>")
+```
+
+```python
+print("fresh" if "runs" not in globals() else "stale")
+```
+
+```text title="Output"
+fresh
+```
+"""
+
+
+def test_blocks_in_tabs_are_found_with_their_containers() -> None:
+    page = blocks.read(TABS)
+    python = [f for f in page.fences if f.is_python]
+    assert [f.line for f in python] == [3, 14, 19, 23]
+    assert [c.title for c in python[0].containers] == ["First"]
+    assert [c.marker for c in python[1].containers] == ["==="]
+    assert python[2].containers == ()
+    assert [b.line for b in outputs.parse_blocks(TABS)] == [3, 14, 23]  # exec is left out
+
+
+def test_a_session_runs_each_block_once_with_continuation_rules(tmp_path: Path) -> None:
+    path = tmp_path / "tabs.md"
+    path.write_text(TABS, encoding="utf-8")
+    session = outputs.PageSession(path, exec_blocks=True)
+    assert [b.line for b in session.blocks] == [3, 14, 19, 23]
+    # Asking for the second block runs the first too, once; asking again runs nothing.
+    second = session.result(session.index(14))
+    assert second.printed == "2\n"
+    assert second.problem is not None  # it prints but shows no output
+    assert session.result(0).printed == "1\n"
+    assert session.result(0).problem is None
+    assert session.result(1) is second
+    # The markdown-exec block runs in its own namespace and is not compared with a fence;
+    # a block without `continuation` starts afresh.
+    run = session.run_all()
+    assert [r.printed for r in run.results[2:]] == ["<b>made by markdown-exec</b>\n", "fresh\n"]
+    assert [r.problem for r in run.results[2:]] == [None, None]
+    assert len(run.results) == 4
+    # At build time markdown-exec runs the exec block; the checker leaves it out.
+    assert [r.block.line for r in outputs.run_page(path).results] == [3, 14, 23]
+
+
+def test_an_error_stops_only_the_blocks_that_continue_from_it(tmp_path: Path) -> None:
+    path = tmp_path / "page.md"
+    path.write_text(
+        "```python\nx = 1 / 0\n```\n\n```python continuation\nprint(x)\n```\n\n"
+        '```python\nprint(2)\n```\n\n```text title="Output"\n2\n```\n',
+        encoding="utf-8",
+    )
+    run = outputs.run_page(path)
+    assert isinstance(run.results[0].exception, ZeroDivisionError)
+    assert run.results[1].error == "  (not run: the block at line 1 of this page raised)"
+    assert run.results[2].error is None
+    assert run.problems[0].startswith(f"{path}:1: the block raised")
+    assert len(run.problems) == 2

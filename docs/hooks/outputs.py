@@ -10,27 +10,31 @@ A chapter shows a block's output in a fence right after it::
     tensor([0.5000, 1.0000])
     ```
 
-This module is used three ways, with one implementation:
+This module is used three ways, with one implementation (:class:`PageSession`):
 
+- from ``conftest.py`` under pytest: pytest-markdown-docs' item for each fence runs it
+  through the page's session, once, and one more item per block compares the output it
+  shows with what that same run printed, failing with the Markdown file and line;
 - as an MkDocs hook (``hooks:`` in ``mkdocs.yml``): each page's blocks run at build time,
   and a block that raises, prints something it does not show, or shows an output that
-  differs from what it prints is a warning, so ``mkdocs build --strict`` fails;
-- from ``tests/conftest.py``: one pytest item per output fence, failing with the Markdown
-  file and line;
+  differs from what it prints is a warning, so ``mkdocs build --strict`` fails; the run
+  is left on the page (``page.attnlab_run``), where ``notebook.py`` takes the chapter's
+  printed outputs from instead of running its code again;
 - as a script that rewrites the stored outputs after a deliberate change::
 
       python docs/hooks/outputs.py --update docs/article/*.md
 
-Fences indented inside an admonition (``!!! note``), a collapsible block (``??? success
-"Solution"``, pymdownx.details) or a content tab (``=== "Tab"``) count like the others:
-Markdown would read them as indented text, so the page is parsed with those containers
-unwrapped (:func:`unwrap_containers`), line numbers kept.
+Fences are read by ``blocks.py``, the parser the whole docs tooling shares: fences inside
+an admonition (``!!! note``), a collapsible block (``??? success "Solution"``) or a
+content tab (``=== "Tab"``) count like the others, at their lines in the file.
 
-Blocks run in order in one namespace per page. A block marked ``notest`` is skipped, and
-markdown-exec blocks (``exec="on"``) are left to markdown-exec. Numbers are compared with a
-tolerance of one unit in the last printed digit, so a value that rounds differently on
-another BLAS (``-0.26265`` shown as ``-0.2626`` or ``-0.2627``) still matches; every other
-character must be equal, up to whitespace.
+A block runs in the namespace the page's earlier blocks left when it says
+``continuation`` (pytest-markdown-docs' rule), else in a fresh one. A block marked
+``notest`` is skipped, and markdown-exec blocks (``exec="on"``) are left to markdown-exec
+at build time (under pytest they run too, each in its own namespace, as markdown-exec
+runs them). Numbers are compared with a tolerance of one unit in the last printed digit,
+so a value that rounds differently on another BLAS (``-0.26265`` shown as ``-0.2626`` or
+``-0.2627``) still matches; every other character must be equal, up to whitespace.
 """
 
 from __future__ import annotations
@@ -46,23 +50,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUTPUT_INFO = re.compile(r'^text\b.*\btitle="Output"')
-PYTHON_LANGS = ("python", "py", "python3")
+try:
+    from hooks import blocks  # under pytest (pythonpath: docs)
+except ImportError:  # as an MkDocs hook or a script: this folder is on sys.path
+    import blocks  # type: ignore[no-redef]
+
 NUMBER = re.compile(r"-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 log = logging.getLogger("mkdocs.hooks.outputs")
 
-
-@dataclass
-class Block:
-    """A Python fence and the output fence that follows it, if any."""
-
-    code: str
-    line: int  # 1-based line of the opening fence of the code
-    output: str | None = None
-    output_line: int | None = None  # 1-based line of the opening fence of the output
-    output_span: tuple[int, int] | None = None  # 0-based [start, end) lines of its content
-    output_indent: int = 0  # spaces before the output's lines (inside an admonition)
+# The fence parser is shared with pytest-markdown-docs, the notebooks and the width test.
+OUTPUT_INFO, PYTHON_LANGS = blocks.OUTPUT_INFO, blocks.PYTHON_LANGS
+Block, unwrap_containers = blocks.Block, blocks.unwrap_containers
 
 
 @dataclass
@@ -71,6 +70,7 @@ class Result:
     printed: str = ""
     error: str | None = None
     problem: str | None = None  # why the shown output is wrong, if it is
+    exception: BaseException | None = None  # what the block raised, to raise it again
 
     def describe(self, path: str) -> str | None:
         """What is wrong with this block, located as `file:line`; None if nothing is."""
@@ -91,78 +91,9 @@ class PageRun:
         return [m for r in self.results if (m := r.describe(self.path)) is not None]
 
 
-def _info_words(info: str) -> list[str]:
-    info = info.strip()
-    if info.startswith("{"):
-        words = info.strip("{}").split()
-        lang = next((w[1:] for w in words if w.startswith(".")), "")
-        return [lang] + [w for w in words if not w.startswith(".")]
-    return info.split()
-
-
-CONTAINER = re.compile(r"^(?P<indent> *)(?:!!!|\?\?\?\+?|===)[ \t]")
-FENCE_OPEN = re.compile(r"^(?P<ticks>`{3,}|~{3,})")
-
-
-def unwrap_containers(markdown: str) -> tuple[str, list[int]]:
-    """The page with admonition, details and tab bodies dedented, and the spaces removed.
-
-    pymdownx writes a container as a header line (``??? success "Solution"``) and a body
-    indented by four spaces; to CommonMark, which the test tools use, that body is an
-    indented code block or part of a paragraph, so its fences would be missed. Here each
-    header becomes a blank line and each body line loses its container's indentation, so
-    the fences parse as if they stood at the top level, on the same line numbers. Returns
-    the new text and, per line, how many leading spaces were removed.
-    """
-    lines = markdown.split("\n")
-    removed = [0] * len(lines)
-    stack: list[int] = []  # the body indentation of each open container, innermost last
-    fence: str | None = None  # the ticks of the fence we are inside, if any
-    for n, line in enumerate(lines):
-        spaces = len(line) - len(line.lstrip(" "))
-        if line.strip() and fence is None:
-            while stack and spaces < stack[-1]:
-                stack.pop()
-        cut = min(stack[-1], spaces) if stack else 0
-        text = line[cut:]
-        if fence is not None:
-            closing = text.strip()
-            if len(closing) >= len(fence) and not closing.strip(fence[0]):
-                fence = None
-        elif (header := CONTAINER.match(text)) is not None:
-            stack.append(cut + len(header["indent"]) + 4)
-            lines[n], removed[n] = "", len(line)
-            continue
-        elif (opening := FENCE_OPEN.match(text.lstrip(" "))) is not None:
-            fence = opening["ticks"]
-        lines[n], removed[n] = text, cut
-    return "\n".join(lines), removed
-
-
 def parse_blocks(markdown: str) -> list[Block]:
     """The runnable Python blocks of a page, each with the output fence right after it."""
-    from markdown_it import MarkdownIt
-
-    markdown, removed = unwrap_containers(markdown)
-    tokens = [t for t in MarkdownIt("commonmark").parse(markdown) if t.map is not None]
-    blocks: list[Block] = []
-    for i, tok in enumerate(tokens):
-        if tok.type != "fence" or tok.map is None:
-            continue
-        words = _info_words(tok.info)
-        if not words or words[0] not in PYTHON_LANGS:
-            continue
-        if "notest" in words or any(w.startswith("exec=") for w in words):
-            continue
-        block = Block(code=tok.content, line=tok.map[0] + 1)
-        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-        if nxt is not None and nxt.type == "fence" and nxt.map and OUTPUT_INFO.match(nxt.info):
-            block.output = nxt.content
-            block.output_line = nxt.map[0] + 1
-            block.output_span = (nxt.map[0] + 1, nxt.map[1] - 1)
-            block.output_indent = removed[nxt.map[0]]
-        blocks.append(block)
-    return blocks
+    return blocks.code_blocks(markdown)
 
 
 def _tolerance(token: str) -> float:
@@ -195,47 +126,108 @@ def _fresh_state() -> None:
         torch.set_printoptions(profile="default")
 
 
-def run_page(path: str | Path, markdown: str | None = None) -> PageRun:
-    """Run the page's blocks in order, in one namespace, and check each shown output."""
-    path = Path(path)
-    markdown = path.read_text(encoding="utf-8") if markdown is None else markdown
-    run = PageRun(str(path))
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    _fresh_state()
-    failed = False
-    for block in parse_blocks(markdown):
+def _check(result: Result, path: Path) -> None:
+    """Compare what the block printed with the output the page shows under it."""
+    block = result.block
+    if block.is_exec:
+        return  # markdown-exec shows what it prints: there is no output fence to check
+    if block.output is None:
+        if result.printed.strip():
+            result.problem = (
+                f"block at line {block.line} prints output but the page does not show it; "
+                'add a ```text title="Output" fence right after it'
+            )
+        return
+    diff = compare(block.output, result.printed)
+    if diff is not None:
+        result.problem = (
+            f"{diff}\n--- shown\n{block.output.rstrip()}\n+++ printed\n"
+            f"{result.printed.rstrip()}\n(regenerate with: "
+            f"python docs/hooks/outputs.py --update {path})"
+        )
+
+
+class PageSession:
+    """A page's blocks, each run at most once, in order, when first asked for.
+
+    A block runs in the namespace the page's earlier blocks left, as pytest-markdown-docs'
+    ``continuation`` means; a block without ``continuation`` starts a fresh namespace,
+    and a markdown-exec block (``exec_blocks``) runs in one of its own, as markdown-exec
+    runs it. What a block prints is captured and compared with the output shown under
+    it. Under pytest, ``conftest.py`` runs every fence through one session per page, so
+    the fence's item and its shown-output item share one execution.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        markdown: str | None = None,
+        *,
+        exec_blocks: bool = False,
+        filename: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        text = self.path.read_text(encoding="utf-8") if markdown is None else markdown
+        self.blocks = blocks.code_blocks(text, exec_blocks=exec_blocks)
+        self.filename = filename or str(self.path)  # what tracebacks name
+        self.run = PageRun(str(self.path))
+        self._namespace: dict[str, Any] = {}
+        self._failed: int | None = None  # line of the block that broke the namespace
+
+    def index(self, line: int) -> int:
+        """The position of the block whose fence opens on ``line`` (1-based)."""
+        for k, block in enumerate(self.blocks):
+            if block.line == line:
+                return k
+        raise KeyError(f"{self.path}: no runnable block opens on line {line}")
+
+    def result(self, k: int) -> Result:
+        """Block ``k``'s result, running it (and the blocks before it) if not yet run."""
+        while len(self.run.results) <= k:
+            self._run_next()
+        return self.run.results[k]
+
+    def run_all(self) -> PageRun:
+        if self.blocks:
+            self.result(len(self.blocks) - 1)
+        return self.run
+
+    def _run_next(self) -> None:
+        block = self.blocks[len(self.run.results)]
         result = Result(block)
-        run.results.append(result)
-        if failed:
-            result.error = "  (not run: an earlier block on this page raised)"
-            continue
+        self.run.results.append(result)
+        if block.is_exec:
+            namespace: dict[str, Any] = {"__name__": "__main__"}
+        else:
+            if not block.continuation or not self._namespace:
+                self._namespace, self._failed = {"__name__": "__main__"}, None
+                _fresh_state()
+            namespace = self._namespace
+            if self._failed is not None:
+                result.error = f"  (not run: the block at line {self._failed} of this page raised)"
+                return
         # Pad with blank lines so tracebacks point at the Markdown line.
         source = "\n" * block.line + block.code
         buffer = io.StringIO()
         try:
-            code = compile(source, str(path), "exec", dont_inherit=True)
+            code = compile(source, self.filename, "exec", dont_inherit=True)
             with contextlib.redirect_stdout(buffer):
                 exec(code, namespace)
-        except Exception:
-            failed = True
+        except Exception as exc:
+            if not block.is_exec:
+                self._failed = block.line
+            result.exception = exc
             result.error = "".join(traceback.format_exception(*sys.exc_info(), limit=-3)).rstrip()
-            continue
         result.printed = buffer.getvalue()
-        if block.output is None:
-            if result.printed.strip():
-                result.problem = (
-                    f"block at line {block.line} prints output but the page does not show it; "
-                    'add a ```text title="Output" fence right after it'
-                )
-        else:
-            diff = compare(block.output, result.printed)
-            if diff is not None:
-                result.problem = (
-                    f"{diff}\n--- shown\n{block.output.rstrip()}\n+++ printed\n"
-                    f"{result.printed.rstrip()}\n(regenerate with: "
-                    f"python docs/hooks/outputs.py --update {path})"
-                )
-    return run
+        if result.error is None:
+            _check(result, self.path)
+        if len(self.run.results) == len(self.blocks):
+            self._namespace = {}  # the page is done: free what its blocks made
+
+
+def run_page(path: str | Path, markdown: str | None = None) -> PageRun:
+    """Run the page's blocks in order and check each shown output (markdown-exec's not)."""
+    return PageSession(path, markdown).run_all()
 
 
 def update_page(path: str | Path) -> int:
@@ -269,6 +261,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     docs_dir = Path(config["docs_dir"])
     path = docs_dir / page.file.src_uri
     run = run_page(path.relative_to(docs_dir.parent) if docs_dir.is_absolute() else path)
+    page.attnlab_run = run  # notebook.py builds the chapter's notebook from it
     for problem in run.problems:
         log.warning(problem)
     return markdown
