@@ -1,15 +1,26 @@
-"""Show math in search results as readable text, not as TeX source.
+"""What the search index holds: math as readable text, no figure internals, chapters first.
 
 Pages keep their math as ``\\(...\\)`` and ``\\[...\\]`` for KaTeX to render in the
 browser, so the search plugin indexes the TeX source and a result snippet reads
 ``the weights \\(\\alpha_{ij}\\) of query \\(i\\)``. After the build, this hook rewrites
 ``search/search_index.json``: each formula loses its delimiters and its commands become the
 characters they stand for (``α_ij``, ``√d_k``, ``Kᵀ``), so the snippet reads
-``the weights α_ij of query i``.
+``the weights α_ij of query i``. The index stores HTML, so a formula's entities
+(``j &gt; i``) are read as the characters they stand for and written back escaped.
+
+Two more things, on each page before the search plugin reads it (``on_page_content``):
+
+- figures drawn inline (matplotlib's SVG with its metadata and tick labels, the
+  interactive heatmaps' panel buttons) are marked ``data-search-exclude``, which
+  Material's search skips, so a result snippet is prose or code, not axis labels;
+- the pages of the article, beyond/ and modern/ get a search boost (``search: boost``,
+  as front matter would set it, unless the page sets its own), so a chapter ranks above
+  the API entries that name the same thing.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -66,14 +77,23 @@ def tex_to_text(tex: str) -> str:
         text = FRAC.sub(_frac, text)
     text = COMMAND.sub(_command, text)
     text = re.sub(r"([_^])\{([^{}]*)\}", r"\1\2", text)  # x_{ij} -> x_ij
-    text = text.replace("{", "").replace("}", "").replace("&", " ")
+    text = text.replace("{", "").replace("}", "").replace("&", " ")  # & aligns columns
     text = re.sub(r"√\s+", "√", text)
     return " ".join(text.split())
 
 
 def strip_math(text: str) -> str:
-    """Replace every ``\\(...\\)`` and ``\\[...\\]`` in `text` by its plain-text form."""
-    return MATH.sub(lambda m: tex_to_text(m["inline"] or m["display"] or ""), text)
+    """Replace every ``\\(...\\)`` and ``\\[...\\]`` in `text` (HTML) by its plain-text form.
+
+    The formula's entities (``&gt;``, ``&amp;``) are decoded before its TeX is read and
+    the result escaped again, so ``\\(j &gt; i\\)`` becomes ``j &gt; i``.
+    """
+
+    def plain(match: re.Match[str]) -> str:
+        tex = html.unescape(match["inline"] or match["display"] or "")
+        return html.escape(tex_to_text(tex), quote=False)
+
+    return MATH.sub(plain, text)
 
 
 def rewrite_index(path: Path) -> int:
@@ -88,6 +108,24 @@ def rewrite_index(path: Path) -> int:
                 doc[key] = new
     path.write_text(json.dumps(index, ensure_ascii=False, separators=(",", ":")), "utf-8")
     return changed
+
+
+SECTIONS = ("article/", "beyond/", "modern/")  # the chapters, as opposed to the API pages
+CHAPTER_BOOST = 4.0
+FIGURE_TAGS = re.compile(r'<(?P<tag>svg|div class="attn-heatmap-select")(?=[\s>])')
+
+
+def exclude_figures(page_html: str) -> str:
+    """Mark inline SVG figures and heatmap panel buttons so that search skips them."""
+    return FIGURE_TAGS.sub(lambda m: f"<{m['tag']} data-search-exclude", page_html)
+
+
+def on_page_content(content: str, page: Any, config: Any, files: Any) -> str:
+    if page.file.src_uri.startswith(SECTIONS):
+        search = page.meta.setdefault("search", {})
+        if isinstance(search, dict) and not search.get("exclude"):
+            search.setdefault("boost", CHAPTER_BOOST)
+    return exclude_figures(content)
 
 
 def _on_post_build(config: Any) -> None:
