@@ -9,15 +9,21 @@ by hand, and PyTorch's attention for the naive implementation.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from attnlab import bench
+from attnlab._provenance import KEYS
+
+ASSETS = Path(__file__).resolve().parents[1] / "docs" / "assets"
 
 KERNELS = {"naive", "flash_attention", "torch_sdpa"}
 MODULES = {
@@ -54,6 +60,7 @@ def test_bench_quick_run_records_provenance(quick_run: tuple[Path, dict[str, Any
     _, data = quick_run
     assert data["schema"] == bench.SCHEMA_VERSION
     prov = data["provenance"]
+    assert list(prov)[: len(KEYS)] == list(KEYS)  # the keys every recorder writes
     assert prov["command"].startswith("python -m attnlab.bench --quick")
     assert prov["torch"] == torch.__version__
     assert prov["torch_threads"] == 1
@@ -432,3 +439,101 @@ def test_results_markdown_states_units_once_and_splits_long_names() -> None:
             r["peak_extra_bytes"] = 2**29  # now 512x apart: one unit for the table
     tables = bench.results_markdown(data, "modules", "forward")
     assert '=== "Peak extra memory (MiB)"' in tables
+
+
+def _in_process_spawn(fn: Callable[..., Any], world_size: int, *args: Any, **_: Any) -> list[Any]:
+    """`spawn` for one rank, in this process: a group of one, no process started."""
+    assert world_size == 1
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return [fn(0, 1, *args)]
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_provenance(prov: dict[str, Any], command: str) -> None:
+    assert list(prov) == list(KEYS)
+    assert prov["command"] == command
+    assert prov["torch"] == torch.__version__
+    assert prov["logical_cpus"] >= 1
+    assert prov["duration_s"] >= 0
+    date = datetime.datetime.fromisoformat(prov["date"])
+    assert date.utcoffset() == datetime.timedelta(0)
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - date).total_seconds() < 600
+
+
+def test_every_recorder_writes_the_same_provenance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """overhead, train, the ring demo and the ring benchmark: one set of keys.
+
+    The ring commands run their ranks in this process (a group of one), so that no
+    process is started; the benchmark's own record is checked by the quick run above.
+    """
+    from attnlab import train
+    from attnlab.bench import overhead
+    from attnlab.distributed import bench as ring_bench
+    from attnlab.distributed import demo
+
+    argv = ["--batch", "1", "--seq", "4", "--dim", "8", "--heads", "2", "--repeats", "2"]
+    overhead.main(argv)
+    _check_provenance(
+        json.loads(capsys.readouterr().out)["provenance"],
+        "python -m attnlab.bench.overhead " + " ".join(argv),
+    )
+    argv = ["--steps", "1", "--out", str(tmp_path / "model"), "--no-progress"]
+    train.main(argv)
+    record = json.loads((tmp_path / "model" / "induction.json").read_text())
+    _check_provenance({k: record[k] for k in KEYS}, "python -m attnlab.train " + " ".join(argv))
+    monkeypatch.setattr(demo, "spawn", _in_process_spawn)
+    monkeypatch.setattr(ring_bench, "spawn", _in_process_spawn)
+    argv = ["--world-size", "1", "--length", "6", "--json", str(tmp_path / "demo.json")]
+    demo.main(argv)
+    record = json.loads((tmp_path / "demo.json").read_text())
+    _check_provenance(record["provenance"], "python -m attnlab.distributed.demo " + " ".join(argv))
+    argv = ["--world-sizes", "1", "--length", "8", "--heads", "1", "--head-dim", "4"]
+    argv += ["--out", str(tmp_path / "ring.json")]
+    ring_bench.main(argv)
+    record = json.loads((tmp_path / "ring.json").read_text())
+    _check_provenance(record["provenance"], "python -m attnlab.distributed.bench " + " ".join(argv))
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        str(p.relative_to(ASSETS))
+        for d in ("bench", "ring", "model")
+        for p in (ASSETS / d).glob("*.json")
+    ),
+)
+def test_read_provenance_reads_every_committed_record(path: str) -> None:
+    record = json.loads((ASSETS / path).read_text(encoding="utf-8"))
+    prov = bench.read_provenance(record)
+    assert list(prov)[: len(KEYS)] == list(KEYS)
+    assert prov["command"].startswith("python -m attnlab.")
+    assert prov["torch"].startswith("2.")
+    assert prov["python"].startswith("3.")
+    if prov["date"] is not None:  # the training record of the site has no date
+        date = datetime.datetime.fromisoformat(prov["date"])
+        assert date.utcoffset() == datetime.timedelta(0)
+    assert prov["logical_cpus"] is None or prov["logical_cpus"] >= 1
+    assert prov["load_average_after"] is None or len(prov["load_average_after"]) == 3
+
+
+def test_read_provenance_renames_the_old_keys() -> None:
+    old = {  # the ring demo's record before the keys were made the same
+        "rows": [],
+        "provenance": {"date": "2026-12-01 05:27 UTC", "cpu_count": 2, "load_average": [1, 2, 3]},
+    }
+    prov = bench.read_provenance(old)
+    assert prov["date"] == "2026-12-01T05:27:00+00:00"
+    assert (prov["logical_cpus"], prov["load_average_after"]) == (2, [1, 2, 3])
+    assert prov["load_average_before"] is None
+    train = {"command": "python -m attnlab.train", "threads": 2, "seconds": 14.7, "config": {}}
+    prov = bench.read_provenance(train)
+    assert (prov["command"], prov["torch_threads"], prov["duration_s"]) == (
+        "python -m attnlab.train",
+        2,
+        14.7,
+    )
+    assert "config" not in prov

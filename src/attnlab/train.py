@@ -2,7 +2,8 @@
 
 Run it with ``python -m attnlab.train`` (about half a minute on two CPU cores); with
 ``--out DIR`` it writes the trained weights (``induction.pt``) and a provenance record
-(``induction.json``: the command, seed, versions, loss curve and head scores), which the
+(``induction.json``: the command, versions and machine, with the keys every recorder of
+the package writes, then the configuration, loss curve and head scores), which the
 chapter "Watching heads learn" reads.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab._provenance import Start, begin, command_line, provenance
 from attnlab.model import (
     ModelConfig,
     TinyTransformer,
@@ -176,21 +177,21 @@ def train(config: TrainConfig | None = None, *, progress: bool = False) -> Train
     return result
 
 
-def _record(config: TrainConfig, result: TrainResult, argv: Sequence[str]) -> dict[str, Any]:
+def _record(
+    config: TrainConfig, result: TrainResult, argv: Sequence[str], begun: Start
+) -> dict[str, Any]:
     model = result.model
     generator = torch.Generator().manual_seed(1234)
     tokens = repeated_tokens(64, config.half, config.model.vocab_size, generator=generator)
     scores = head_scores(model.attention_maps(tokens), config.half)
     return {
-        "command": "python -m attnlab.train " + " ".join(argv),
+        # The record is the provenance of the weights: its keys at the top level.
+        **provenance(command_line("attnlab.train", argv), begun),
         "config": {
             **{k: v for k, v in vars(config).items() if k != "model"},
             "model": config.model.to_dict(),
         },
         "parameters": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
         "seconds": round(result.seconds, 1),
         "loss_curve": {
             "step": result.steps,
@@ -214,8 +215,9 @@ def load_run(directory: str | Path) -> tuple[TinyTransformer, dict[str, Any]]:
         directory: The folder holding `induction.pt` and `induction.json`.
 
     Returns:
-        The trained model, in eval mode, and the run's record (command, config, versions,
-        loss curve, head scores).
+        The trained model, in eval mode, and the run's record (command, versions,
+        config, loss curve, head scores; older records name some keys differently,
+        `threads` for `torch_threads`: `attnlab.bench.read_provenance` reads either).
 
     Raises:
         FileNotFoundError: If either file is missing.
@@ -245,9 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: train, print the head scores, optionally save."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    begun = begin()
     config = TrainConfig(steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr)
     result = train(config, progress=not args.no_progress)
-    record = _record(config, result, argv)
+    record = _record(config, result, argv, begun)
     print(
         f"trained {record['parameters']:,} parameters for {config.steps} steps in "
         f"{result.seconds:.1f} s: loss first half {result.first_half_loss[-1]:.3f}, "

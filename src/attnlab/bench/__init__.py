@@ -49,7 +49,10 @@ runs without gradients. For each it reports:
 
 It writes `bench.json` (or the name `--json` gives; results and provenance: versions,
 CPU, threads, date, command, how busy the machine was) and, per timed suite, one SVG plot
-of time and one of memory.
+of time and one of memory. Every command of the package that records a measurement
+writes its provenance with the same keys;
+[`read_provenance`][attnlab.bench.read_provenance] reads them from any record, also
+from those written before the keys were made the same.
 
 The package is split by concern: `attnlab.bench.config` (sizes of each suite),
 `attnlab.bench.cases` (the implementations under test), `attnlab.bench.measure` (memory,
@@ -59,6 +62,7 @@ and `attnlab.bench.cli`.
 [`attnlab.bench.overhead`][attnlab.bench.overhead] times what argument checks cost.
 """
 
+from attnlab._provenance import read_provenance
 from attnlab.bench.cases import count_flops, naive_attention, window_pairs
 from attnlab.bench.cli import main
 from attnlab.bench.config import (
@@ -107,6 +111,7 @@ __all__ = [
     "naive_attention",
     "peak_extra_bytes",
     "provenance_markdown",
+    "read_provenance",
     "results_markdown",
     "run",
     "window_pairs",

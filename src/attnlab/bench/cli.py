@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from attnlab._provenance import command_line
 from attnlab.bench.config import FULL, MODES, QUICK, SUITES
 from attnlab.bench.kv_memory import KV_FULL, KV_QUICK
 from attnlab.bench.plots import write_plots
@@ -138,8 +138,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         seed=args.seed,
         progress=not args.no_progress,
         matmul_sizes=(128,) if args.quick else (1024, 2048),
+        command=command_line("attnlab.bench", argv),
     )
-    data["provenance"]["command"] = shlex.join(["python", "-m", "attnlab.bench", *argv])
     data["provenance"]["note"] = args.note
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)

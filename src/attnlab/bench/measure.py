@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -13,6 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from attnlab._provenance import cpu_model as cpu_model  # its home; here for old imports
 
 # ---------------------------------------------------------------------------------------
 # Measurements
@@ -141,18 +142,6 @@ class CpuUse:
         wall = time.perf_counter() - self.wall
         others = (end[0] - self.start[0]) - (end[1] - self.start[1])
         return max(0.0, others / (wall * (os.cpu_count() or 1)))
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

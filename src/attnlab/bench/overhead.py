@@ -7,20 +7,22 @@ order, so that a change in machine load hits both alike), and prints one JSON li
 - ``forward_ms``: the median forward time with validation on and off;
 - ``ratio``: median on / median off, and ``paired_ratio``: the median and spread of the
   per-round ratios (the robust figure on a shared machine);
-- ``checks_us``: the checks alone, timed in a tight loop on the same input, and
-  ``checks_share``: that time divided by the median forward pass without checks.
+- ``checks_us``: the checks alone, timed in a tight loop on the same input: the shared
+  rules of `attnlab._validation` that the forward applies to self-attention without a
+  mask (the token check of ``x`` against the module's parameters and the checks of its
+  three flags), and ``checks_share``: that time divided by the median forward pass
+  without checks;
+- ``provenance``: where and when it ran (the keys every recorder of the package writes).
 
-Defaults are the sizes of issue 4: b=4, t=1024, d_in=d_out=512, 8 heads, PyTorch's fused
-backend, forward only under ``torch.inference_mode()``.
+Defaults are the sizes of one attention layer of a small language model: b=4, t=1024,
+d_in=d_out=512, 8 heads, PyTorch's fused backend, forward only under
+``torch.inference_mode()``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -30,7 +32,8 @@ from typing import Any
 
 import torch
 
-from attnlab._validation import validation
+from attnlab._provenance import begin, command_line, provenance
+from attnlab._validation import check_bool, check_tokens, validation
 from attnlab.multihead import MultiHeadAttention
 
 __all__ = ["main", "measure"]
@@ -55,6 +58,7 @@ def measure(
     warmup: int = 3,
     check_calls: int = 2000,
     seed: int = 0,
+    command: str = "",
 ) -> dict[str, Any]:
     """Time the forward pass with validation on and off; see the module's docstring.
 
@@ -68,10 +72,12 @@ def measure(
         warmup: Untimed rounds first.
         check_calls: Calls of the checks alone, timed together.
         seed: Seed of the weights, the input and the order within each round.
+        command: The command line to record in the provenance.
 
     Returns:
         The measurements, as printed by `python -m attnlab.bench.overhead`.
     """
+    begun = begin()
     torch.manual_seed(seed)
     module = MultiHeadAttention(dim, dim, heads, backend=backend).eval()  # type: ignore[arg-type]
     x = torch.randn(batch, seq, dim)
@@ -83,17 +89,20 @@ def measure(
             order.shuffle(flags)
             for flag in flags:
                 with validation(flag):
-                    start = time.perf_counter()
+                    began = time.perf_counter()
                     module(x)
-                    elapsed = time.perf_counter() - start
+                    elapsed = time.perf_counter() - began
                 if round_ >= warmup:
                     times[flag].append(elapsed)
-        # The checks alone: what validation adds to every call, without the noise of the
-        # forward pass around it.
-        start = time.perf_counter()
+        # The checks alone, without the noise of the forward pass around them (a
+        # difference of two forward times would drown them on a shared machine).
+        owner, like = type(module).__name__, module.W_query.weight
+        began = time.perf_counter()
         for _ in range(check_calls):
-            module._check_inputs(x, None, None, False)
-        checks_s = (time.perf_counter() - start) / check_calls
+            check_tokens("x", x, features=dim, param="d_in", owner=owner, like=like)
+            for name in ("is_causal", "need_weights", "average_attn_weights"):
+                check_bool(name, False)
+        checks_s = (time.perf_counter() - began) / check_calls
     on, off = statistics.median(times[True]), statistics.median(times[False])
     paired = [a / b for a, b in zip(times[True], times[False], strict=True)]
     return {
@@ -124,13 +133,7 @@ def measure(
         },
         "checks_us": checks_s * 1e6,
         "checks_share": checks_s / off,
-        "machine": {
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(),
-            "loadavg_after": [round(v, 2) for v in os.getloadavg()],
-            "python": platform.python_version(),
-        },
+        "provenance": provenance(command, begun),
     }
 
 
@@ -156,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="also write the JSON to this file (e.g. for the docs)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     result = measure(
         batch=args.batch,
@@ -166,13 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
         seed=args.seed,
+        command=command_line("attnlab.bench.overhead", argv),
     )
-    result["run"] = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join(
-            ["python -m attnlab.bench.overhead", *(sys.argv[1:] if argv is None else argv)]
-        ),
-    }
     line = json.dumps(result)
     print(line)
     if args.out:

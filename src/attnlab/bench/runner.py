@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-import os
-import platform
 import random
 import statistics
 import time
@@ -13,7 +10,7 @@ from typing import Any
 
 import torch
 
-import attnlab
+from attnlab._provenance import begin, provenance
 from attnlab.bench.cases import CASES, impl_names
 from attnlab.bench.config import (
     BASELINES,
@@ -29,7 +26,6 @@ from attnlab.bench.config import (
 from attnlab.bench.kv_memory import KV_FULL, KVShape, measure_kv_memory
 from attnlab.bench.measure import (
     CpuUse,
-    cpu_model,
     measure_matmul_peak,
     peak_extra_bytes,
     round_floats,
@@ -47,6 +43,7 @@ def run(
     seed: int = 0,
     progress: bool = True,
     matmul_sizes: Sequence[int] = (1024, 2048),
+    command: str = "",
 ) -> dict[str, Any]:
     """Run the benchmarks and return the results as a JSON-ready dict.
 
@@ -61,6 +58,7 @@ def run(
         seed: Seed of the inputs, the weights and the shuffled order of each round.
         progress: Show a progress bar (tqdm) on stderr.
         matmul_sizes: Square matmul sizes used to measure the machine's peak.
+        command: The command line to record in the provenance.
 
     Returns:
         A dict with `schema`, `provenance`, `matmul_peak`, `memory_method`, `suites`
@@ -80,9 +78,8 @@ def run(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     torch.manual_seed(seed)
     order = random.Random(seed)
-    load_before = os.getloadavg()
+    begun = begin()
     cpu_use = CpuUse()
-    started = _dt.datetime.now(_dt.timezone.utc)
     peak = measure_matmul_peak(matmul_sizes)
     timed = [s for s in SUITES if s in suites and s in CASES]
     groups = [
@@ -144,22 +141,10 @@ def run(
                 )
             del cases  # frees this size's inputs before the next size allocates its own
     kv_memory = measure_kv_memory(kv_shape, seed=seed) if "kv_memory" in suites else None
-    finished = _dt.datetime.now(_dt.timezone.utc)
     data: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "provenance": {
-            "command": "",
-            "date": started.isoformat(timespec="seconds"),
-            "duration_s": (finished - started).total_seconds(),
-            "torch": torch.__version__,
-            "attnlab": attnlab.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_model": cpu_model(),
-            "logical_cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
+            **provenance(command, begun),
             "other_processes_cpu_share": cpu_use.others_share(),
             "repeats": repeats,
             "seed": seed,

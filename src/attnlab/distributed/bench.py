@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attnlab._provenance import begin, command_line, provenance
 from attnlab.bench.measure import peak_extra_bytes
 from attnlab.distributed.launch import spawn
 from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_sequence
@@ -125,9 +123,13 @@ def run_bench(
     head_dim: int = 64,
     layouts: Sequence[Layout] = ("contiguous", "zigzag"),
     timeout: float = 600.0,
+    command: str = "",
 ) -> dict[str, Any]:
-    """Measure every world size and layout; return the results with their provenance."""
-    load_before = os.getloadavg()
+    """Measure every world size and layout; return the results with their provenance.
+
+    `command` is the command line recorded in the provenance.
+    """
+    begun = begin()
     runs = []
     for world_size in world_sizes:
         for layout in layouts if world_size > 1 else layouts[:1]:
@@ -143,18 +145,7 @@ def run_bench(
             "dtype": "float32",
             "backend": "gloo",
         },
-        "provenance": {
-            "command": "python -m attnlab.distributed.bench " + " ".join(sys.argv[1:]),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "environment": {
-                k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "OMP_"))
-            },
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "provenance": provenance(command, begun),
         "runs": runs,
     }
 
@@ -207,9 +198,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     results = run_bench(
-        args.world_sizes, length=args.length, heads=args.heads, head_dim=args.head_dim
+        args.world_sizes,
+        length=args.length,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        command=command_line("attnlab.distributed.bench", argv),
     )
     print(format_results(results))
     if args.out is not None:

@@ -20,7 +20,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attnlab._provenance import begin, command_line, provenance
 from attnlab.distributed.launch import spawn
 from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_ranges, shard_sequence
 
@@ -174,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also try torch.distributed.tensor.experimental.context_parallel",
     )
     parser.add_argument("--json", type=Path, help="save the rows and provenance here")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    begun = begin()
     config = (args.length, args.heads, args.head_dim, args.causal, args.layout, 0)
     title = (
         f"ring attention, T={args.length}, {args.heads} heads of {args.head_dim}, "
@@ -205,15 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = row.get("error") or f"max |out - sdpa| {row['max_error_out']:.1e}"
             print(f"torch context_parallel, rank {row['rank']}: {result}")
     if args.json is not None:
-        record["provenance"] = {
-            "command": "python -m attnlab.distributed.demo "
-            + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-        }
+        record["provenance"] = provenance(command_line("attnlab.distributed.demo", argv), begun)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
