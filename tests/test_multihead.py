@@ -258,8 +258,9 @@ def test_backends_agree_self_attention_with_dropout_same_seed() -> None:
 def test_backend_argument_and_attribute() -> None:
     assert _module().backend == "torch"
     assert _module(backend="scratch").backend == "scratch"
-    with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch'"):
-        _module(backend="flash")
+    assert _module(backend="flash").backend == "flash"
+    with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', 'flash'"):
+        _module(backend="cuda")  # type: ignore[arg-type]
     mha = _module()
     with pytest.raises(ValueError, match="backend"):
         mha.backend = "cuda"  # type: ignore[assignment]

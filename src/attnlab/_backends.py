@@ -40,6 +40,8 @@ API (internal; modules import these names):
 - `check_backend_call(backend, *, attn_mask, dropout_p)`: the `ValueError` of a request
   the backend cannot serve; `attend` calls it, modules may call it before their
   projections.
+- `materialize(attn_mask, device)`: PyTorch's `CausalBias` as its bool mask (other
+  masks unchanged), for combining it with another mask.
 
 Causal masking, one rule: `is_causal=True` hides key $j$ from query $i$ when $j > i +
 o$, and `window=w` (which implies causal) also when $j \le i + o - w$, where the offset
@@ -76,6 +78,7 @@ __all__ = [
     "attention_weights",
     "check_backend",
     "check_backend_call",
+    "materialize",
 ]
 
 Backend = Literal["torch", "scratch", "flash"]
@@ -177,6 +180,17 @@ def _causal_bias(bias: CausalBias) -> tuple[bool, Alignment]:
     return True, "top-left" if bias.variant == CausalVariant.UPPER_LEFT else "bottom-right"
 
 
+def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None:
+    """`attn_mask` as a tensor: PyTorch's `CausalBias` becomes its bool mask `(L, S)`.
+
+    For callers that combine a user's mask with another one (key padding).
+    """
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask
+    _, align = _causal_bias(attn_mask)
+    return masks.causal(attn_mask.seq_len_q, attn_mask.seq_len_kv, align=align, device=device)
+
+
 def _positional_mask(
     t_q: int,
     t_k: int,
@@ -195,23 +209,14 @@ def _positional_mask(
         return attn_mask, False
     if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
         return None, True  # PyTorch's own top-left is_causal: the fused path
-    if isinstance(attn_mask, CausalBias):  # combined with another causal rule: materialize
-        _, bias_align = _causal_bias(attn_mask)
-        attn_mask = masks.causal(t_q, t_k, align=bias_align, device=device)
-    if window is None:
-        band = masks.causal(t_q, t_k, align=align, device=device)  # (L, S)
+    attn_mask = materialize(attn_mask, device)  # combined with another causal rule
+    if align == "bottom-right":
+        band = masks.decode_mask(t_q, t_k, window=window, device=device)  # None: all visible
+    elif window is None:
+        band = masks.causal(t_q, t_k, device=device)  # (L, S)
     else:
-        band = masks.sliding_window(t_q, t_k, window=window, align=align, device=device)
-    return _combine(band, attn_mask), False
-
-
-def _combine(band: Tensor, attn_mask: Tensor | None) -> Tensor:
-    # Interim, until attnlab.masks.combine lands: AND of bool masks, else their sum.
-    if attn_mask is None:
-        return band
-    if attn_mask.dtype == torch.bool:
-        return band & attn_mask
-    return masks.allowed_to_additive(band, attn_mask.dtype) + attn_mask
+        band = masks.sliding_window(t_q, t_k, window=window, device=device)  # (L, S)
+    return masks.combine(band, attn_mask), False
 
 
 def _torch(

@@ -14,18 +14,24 @@ $$
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, overload
 
 import torch
 from torch import Tensor, nn
-from torch.nn.attention.bias import CausalBias
 
 from attnlab import functional as F
 from attnlab import masks
+from attnlab._backends import (
+    Backend,
+    BackendProperty,
+    attend,
+    attention_weights,
+    check_backend_call,
+    materialize,
+)
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
-    check_choice,
     check_positive_int,
     check_probability,
     check_tokens,
@@ -34,14 +40,7 @@ from attnlab._validation import (
 
 __all__ = ["Backend", "MultiHeadAttention"]
 
-Backend = Literal["torch", "scratch"]
-"""Which scaled dot-product attention a [`MultiHeadAttention`][attnlab.MultiHeadAttention] runs.
-
-`"torch"` is PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
-`"scratch"` is attnlab's own
-[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention].
-"""
-
+# The names GroupedQueryAttention checked against before attnlab._backends existed.
 _BACKENDS: tuple[Backend, ...] = ("torch", "scratch")
 
 
@@ -56,10 +55,12 @@ class MultiHeadAttention(nn.Module):
     `vdim` of `nn.MultiheadAttention`).
 
     The attention itself runs on PyTorch's fused `scaled_dot_product_attention` by default
-    (`backend="torch"`), or on attnlab's from-scratch
+    (`backend="torch"`), on attnlab's from-scratch
     [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
-    (`backend="scratch"`); both give the same outputs. Switch at any time by assigning
-    `module.backend`.
+    (`backend="scratch"`), or on attnlab's
+    [`flash_attention`][attnlab.flash.flash_attention] (`backend="flash"`, which takes no
+    `attn_mask`, no `key_padding_mask` and no dropout); all give the same outputs. Switch
+    at any time by assigning `module.backend`.
 
     [`from_torch`][attnlab.MultiHeadAttention.from_torch] and
     [`to_torch`][attnlab.MultiHeadAttention.to_torch] copy the weights from and to
@@ -77,7 +78,8 @@ class MultiHeadAttention(nn.Module):
             `d_context`.
         dropout: Probability of dropping an attention weight, in training mode only.
         bias: Whether the four projections have a bias.
-        backend: `"torch"` (PyTorch's fused kernel) or `"scratch"` (attnlab's).
+        backend: `"torch"` (PyTorch's fused kernel), `"scratch"` (attnlab's) or
+            `"flash"` (attnlab's FlashAttention).
 
     Shapes:
         x: `(b, t, d_in)` or unbatched `(t, d_in)`. context: `(b, s, d_context)` or
@@ -140,15 +142,8 @@ class MultiHeadAttention(nn.Module):
         self.W_value = nn.Linear(self.d_value, d_out, bias=bias)
         self.out_proj = nn.Linear(d_out, d_out, bias=bias)
 
-    @property
-    def backend(self) -> Backend:
-        """`"torch"` or `"scratch"`: which scaled dot-product attention `forward` runs."""
-        return self._backend
-
-    @backend.setter
-    def backend(self, value: Backend) -> None:
-        check_choice("backend", value, _BACKENDS)
-        self._backend: Backend = value
+    backend = BackendProperty()
+    """`"torch"`, `"scratch"` or `"flash"`: which scaled dot-product attention `forward` runs."""
 
     def extra_repr(self) -> str:
         return (
@@ -171,6 +166,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: object = None,
         *,
         needs_values: bool = True,
+        window: object = None,
     ) -> None:
         """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
         owner, like = type(self).__name__, self.W_query.weight
@@ -215,6 +211,10 @@ class MultiHeadAttention(nn.Module):
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
         if check_bool("is_causal", is_causal) and attn_mask is not None:
             raise ValueError("pass either attn_mask or is_causal=True, not both")
+        if window is not None:
+            check_positive_int("window", window)
+            if attn_mask is not None:
+                raise ValueError("pass either attn_mask or window, not both")
         self._check_key_padding_mask(key_padding_mask, x, b, s)
 
     @staticmethod
@@ -261,53 +261,72 @@ class MultiHeadAttention(nn.Module):
             x, context, value = x.unsqueeze(0), context.unsqueeze(0), value.unsqueeze(0)
         return x, context, value, unbatched
 
-    @staticmethod
-    def _merge_masks(
-        attn_mask: Tensor | None, is_causal: bool, key_padding_mask: Tensor, t: int, like: Tensor
-    ) -> Tensor:
-        """One mask of `attn_mask` (or the causal one) and a `(b, s)` key padding mask."""
-        s = key_padding_mask.shape[-1]
-        if isinstance(attn_mask, CausalBias):
-            attn_mask = F._causal_bias_mask(attn_mask, like.device)  # (t, s)
-        elif is_causal:
-            attn_mask = F.causal_mask(t, s, device=like.device)  # (t, s)
-        padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
-        if padding.dtype == torch.bool and (attn_mask is None or attn_mask.dtype == torch.bool):
-            # Both bool: a key takes part if the mask allows it and it is not padding.
-            return ~padding if attn_mask is None else attn_mask & ~padding  # (b, h|1, t, s)
-        # A float mask among them: add both, a bool one as 0 (attend) or -inf (hide).
-        floats = [m for m in (attn_mask, padding) if m is not None and m.dtype != torch.bool]
-        dtype = floats[0].dtype
-        if padding.dtype == torch.bool:
-            padding = masks.allowed_to_additive(~padding, dtype)
-        if attn_mask is None:
-            return padding  # (b, 1, 1, s)
-        if attn_mask.dtype == torch.bool:
-            attn_mask = masks.allowed_to_additive(attn_mask, dtype)
-        return attn_mask + padding  # (b, h|1, t, s)
-
     # -- computation ---------------------------------------------------------------------
 
+    @staticmethod
     def _mask(
-        self,
-        attn_mask: Tensor | None,
-        is_causal: bool,
-        key_padding_mask: Tensor | None,
-        x: Tensor,
-        unbatched: bool,
-    ) -> tuple[Tensor | None, bool]:
-        """The mask and is_causal to give attention, with the key padding merged in."""
+        attn_mask: Tensor | None, key_padding_mask: Tensor | None, unbatched: bool
+    ) -> Tensor | None:
+        """`attn_mask` with the key padding merged in; causality is `attend`'s."""
         if key_padding_mask is None:
-            return attn_mask, is_causal
+            return attn_mask
         if unbatched:
             key_padding_mask = key_padding_mask.unsqueeze(0)  # (1, s)
-        return self._merge_masks(attn_mask, is_causal, key_padding_mask, x.shape[1], x), False
+        if key_padding_mask.dtype == torch.bool:  # True = padding, nn.MultiheadAttention's
+            key_padding_mask = masks.blocked_to_allowed(key_padding_mask)
+        padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
+        return masks.combine(materialize(attn_mask, padding.device), padding)  # (b, h|1, t, s)
 
     def _split(self, linear: nn.Linear, tokens: Tensor) -> Tensor:
         """Project `(b, n, d)` tokens for all heads with one matmul, then split the heads."""
         b, n, _ = tokens.shape
         projected: Tensor = linear(tokens)  # (b, n, d_out)
         return projected.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, hd)
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: Literal[False] = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: Literal[True],
+        average_attn_weights: bool = True,
+    ) -> tuple[Tensor, Tensor]: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor | tuple[Tensor, Tensor]: ...
 
     def forward(
         self,
@@ -317,11 +336,12 @@ class MultiHeadAttention(nn.Module):
         *,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
+        window: int | None = None,
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         average_attn_weights: bool = True,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend from the tokens of `x` to those of `context` (or of `x` itself).
+        r"""Attend from the tokens of `x` to those of `context` (or of `x` itself).
 
         The call `m(x, context, value, key_padding_mask=..., need_weights=True)` mirrors
         `nn.MultiheadAttention`'s `m(query, key, value, ...)`, except for two conventions:
@@ -338,7 +358,12 @@ class MultiHeadAttention(nn.Module):
                 broadcastable to `(b, num_heads, t, s)`; e.g. `(t, s)` for all sequences,
                 `(b, 1, 1, s)` from [`masks.key_padding`][attnlab.masks.key_padding], or
                 PyTorch's `causal_upper_left(t, s)` / `causal_lower_right(t, s)`.
-            is_causal: Hide key $j$ from query $i$ when $j > i$ (top-left aligned).
+            is_causal: Hide key $j$ from query $i$ when $j > i$, in absolute positions:
+                query $i$ and key $i$ are the same token (top-left aligned when
+                `t != s`, as PyTorch's `is_causal`).
+            window: Sliding-window attention: also hide key $j$ when $j \le i - w$, so
+                each query sees its last `window` keys, itself included. Implies
+                `is_causal`; not together with `attn_mask`.
             key_padding_mask: Keys to ignore in each sequence, `(b, s)` or `(s,)`: a bool
                 mask that is **True at padding** (the convention of
                 `nn.MultiheadAttention`), or a float mask added to the scores. Combines
@@ -363,32 +388,41 @@ class MultiHeadAttention(nn.Module):
                 and value tokens differ, `context` (or `value`) is missing while
                 `d_context != d_in` (or `d_value != d_context`), `attn_mask` does not
                 broadcast to `(b, num_heads, t, s)`, `key_padding_mask` is not `(b, s)`,
-                a mask is on another device, or both `attn_mask` and `is_causal` are given.
+                a mask is on another device, both `attn_mask` and `is_causal` (or
+                `window`) are given, `window` is not positive, or `backend="flash"` is
+                asked for a mask or for dropout (training mode with `dropout > 0`).
         """
         if is_validation_enabled():
-            self._check_inputs(x, context, attn_mask, is_causal, value, key_padding_mask)
+            self._check_inputs(
+                x, context, attn_mask, is_causal, value, key_padding_mask, window=window
+            )
             check_bool("need_weights", need_weights)
             check_bool("average_attn_weights", average_attn_weights)
+        dropout_p = self.dropout if self.training else 0.0
         x, context, value, unbatched = self._batched(x, context, value)
-        mask, causal = self._mask(attn_mask, is_causal, key_padding_mask, x, unbatched)
+        mask = self._mask(attn_mask, key_padding_mask, unbatched)
+        if not need_weights:  # before the projections: a request flash cannot serve
+            check_backend_call(self.backend, attn_mask=mask, dropout_p=dropout_p)
         q = self._split(self.W_query, x)  # (b, h, t, head_dim)
         k = self._split(self.W_key, context)  # (b, h, s, head_dim)
         v = self._split(self.W_value, value)  # (b, h, s, head_dim)
-        dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
             # The weights first, then the output from these very weights (same dropout).
-            weights = F.attention_weights(
-                q, k, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+            weights = attention_weights(
+                q, k, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, window=window
             )  # (b, h, t, s)
-            heads = F.context_vectors(weights, v)  # (b, h, t, head_dim)
-        elif self.backend == "torch":
-            heads = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
-            )  # (b, h, t, head_dim)
+            heads = F.context_vectors_impl(weights, v)  # (b, h, t, head_dim)
         else:
-            heads = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+            heads = attend(
+                self.backend,
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                window=window,
             )  # (b, h, t, head_dim)
         b, _, t, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(b, t, self.d_out)  # (b, t, d_out)
@@ -406,6 +440,7 @@ class MultiHeadAttention(nn.Module):
         *,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
+        window: int | None = None,
         key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Per-head attention weights, for pictures and inspection (never with dropout).
@@ -422,6 +457,7 @@ class MultiHeadAttention(nn.Module):
                 self-attention. (The weights do not depend on the values.)
             attn_mask: As in `forward`.
             is_causal: As in `forward`.
+            window: As in `forward`.
             key_padding_mask: As in `forward` (True = padding).
 
         Returns:
@@ -434,13 +470,20 @@ class MultiHeadAttention(nn.Module):
         """
         if is_validation_enabled():
             self._check_inputs(
-                x, context, attn_mask, is_causal, None, key_padding_mask, needs_values=False
+                x,
+                context,
+                attn_mask,
+                is_causal,
+                None,
+                key_padding_mask,
+                needs_values=False,
+                window=window,
             )
         x, context, _, unbatched = self._batched(x, context, None)
-        mask, causal = self._mask(attn_mask, is_causal, key_padding_mask, x, unbatched)
+        mask = self._mask(attn_mask, key_padding_mask, unbatched)
         q = self._split(self.W_query, x)  # (b, h, t, head_dim)
         k = self._split(self.W_key, context)  # (b, h, s, head_dim)
-        weights = F.attention_weights(q, k, attn_mask=mask, is_causal=causal)
+        weights = attention_weights(q, k, attn_mask=mask, is_causal=is_causal, window=window)
         return weights[0] if unbatched else weights  # (b, h, t, s)
 
     # -- interoperability with PyTorch ---------------------------------------------------
