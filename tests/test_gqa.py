@@ -22,7 +22,7 @@ from torch import Tensor
 from attnlab import masks, validation
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
-from attnlab.rope import apply_rope
+from attnlab.rope import apply_rope, rope_cos_sin
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -311,12 +311,13 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
             "d_model must be a multiple of num_heads when head_dim is not given, got "
             "d_model=21 and num_heads=6",
         ),
-        ({"head_dim": 5}, ValueError, "head_dim must be even with rope=True .* got head_dim=5"),
+        ({"head_dim": 5}, ValueError, r"head_dim must be even \(RoPE rotates pairs.*got 5"),
         ({"window": 0}, ValueError, "window must be a positive int, got 0"),
         ({"rope_base": 1.0}, ValueError, "rope_base must be a finite float greater than 1"),
-        ({"rope_base": "big"}, TypeError, "rope_base must be a float, got 'big'"),
+        ({"rope_base": "big"}, TypeError, "rope_base must be a float greater than 1, got 'big'"),
+        ({"rope_base": 0.5}, ValueError, "rope_base must be a finite float greater than 1"),
         ({"rope_layout": "pairs"}, ValueError, "rope_layout must be one of 'half', 'interleaved'"),
-        ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch'"),
+        ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
         ({"bias": 1}, TypeError, r"bias must be a bool, got 1 \(int\)"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
     ],
@@ -336,8 +337,9 @@ def test_constructor_rejects_bad_configuration(
 
 
 def test_odd_head_dim_is_fine_without_rope() -> None:
-    module = GroupedQueryAttention(D_MODEL, H, 3, head_dim=5, rope=False)
-    assert module(torch.randn(B, T, D_MODEL)).shape == (B, T, D_MODEL)
+    module = GroupedQueryAttention(D_MODEL, H, 3, head_dim=5, rope=False).eval()
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(module(x), reference(module, x).float(), atol=1e-5, rtol=1e-5)
 
 
 def _prefilled(cache: KVCache, module: GroupedQueryAttention, t: int = 4) -> KVCache:
@@ -347,21 +349,20 @@ def _prefilled(cache: KVCache, module: GroupedQueryAttention, t: int = 4) -> KVC
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_forward_rejects_a_cache_that_does_not_fit(kind: str) -> None:
+    """The cache checks its own append (one rule, `KVCache.check_update`), in its terms."""
     module = _module()
     cache: KVCache = DynamicKVCache() if kind == "dynamic" else StaticKVCache(B, 6, 3, HD)
     _prefilled(cache, module)
-    with pytest.raises(ValueError, match=r"x has batch size 3 but cache holds 2 sequences"):
+    with pytest.raises(ValueError, match=r"key has batch size 3 but the cache holds 2 sequences"):
         module(torch.randn(3, 1, D_MODEL), cache=cache)
     with pytest.raises(
-        ValueError, match=re.escape("x has dtype torch.float64 but cache holds torch.float32")
+        ValueError, match=re.escape("key has dtype torch.float64 but the cache holds torch.float32")
     ):
         module.double()(torch.randn(B, 1, D_MODEL, dtype=torch.float64), cache=cache)
     module.float()
     other = _module(num_kv_heads=1)
     with pytest.raises(
-        ValueError,
-        match="cache holds num_kv_heads=3, head_dim=4, head_dim_v=4 but this module has "
-        "num_kv_heads=1",
+        ValueError, match="key has num_kv_heads=1 but the cache holds num_kv_heads=3"
     ):
         other(torch.randn(B, 1, D_MODEL), cache=cache)
     assert cache.length == 4  # nothing was appended
@@ -370,33 +371,37 @@ def test_forward_rejects_a_cache_that_does_not_fit(kind: str) -> None:
 def test_forward_rejects_overflowing_a_static_cache() -> None:
     module = _module()
     cache = _prefilled(StaticKVCache(B, 6, 3, HD), module)
-    with pytest.raises(
-        ValueError,
-        match=r"x has 3 tokens but the static cache has room for max_length - length = 6 - 4 = 2",
-    ):
+    message = r"t_new=3 tokens but the static cache has room for max_length - length = 6 - 4 = 2"
+    with pytest.raises(ValueError, match=message):
         module(torch.randn(B, 3, D_MODEL), cache=cache)
+    with validation(False), pytest.raises(ValueError, match=message):  # checked even then
+        module(torch.randn(B, 3, D_MODEL), cache=cache)
+    assert cache.length == 4
 
 
 @pytest.mark.parametrize(
     ("positions", "error", "message"),
     [
         (
-            torch.tensor([5]),
+            torch.tensor([-1]),
             ValueError,
-            re.escape("positions must lie in [0, cache.length + t) = [0, 4 + 1), got positions")
-            + " from 5 to 5",
+            r"positions must be non-negative .*, got positions from -1 to -1",
         ),
-        (torch.tensor([-1]), ValueError, "got positions from -1 to -1"),
         (torch.tensor([4.0]), TypeError, "positions must have an integer dtype, got torch.float32"),
         (
             torch.tensor([[4], [4], [4]]),
             ValueError,
             re.escape(
-                "positions must have shape (1,) or (2, 1) for x.shape=(2, 1, 20), got "
-                "positions.shape=(3, 1)"
+                "positions of shape (b, t)=(3, 1) need x batched with the same b first "
+                "(or b = 1), got x.shape=(2, 1, 20)"
             ),
         ),
-        ([4], TypeError, "positions must be a torch.Tensor of ints or None, got list"),
+        (
+            torch.tensor([4, 5]),
+            ValueError,
+            re.escape("positions has 2 positions but x has 1 tokens"),
+        ),
+        ([4], TypeError, "positions must be a torch.Tensor of ints, got list"),
     ],
 )
 def test_forward_rejects_bad_positions(
@@ -406,6 +411,85 @@ def test_forward_rejects_bad_positions(
     cache = _prefilled(DynamicKVCache(), module)
     with pytest.raises(error, match=message):
         module(torch.randn(B, 1, D_MODEL), cache=cache, positions=positions)  # type: ignore[arg-type]
+    assert cache.length == 4
+
+
+def test_positions_past_the_cache_are_accepted_and_only_rotate() -> None:
+    """Positions start anywhere (HF allows it): prefill an empty cache at 100..103."""
+    module = _module()
+    x = torch.randn(B, 6, D_MODEL)
+    cache = DynamicKVCache()
+    prefill = module(x[:, :4], cache=cache, positions=torch.arange(100, 104))
+    step = module(x[:, 4:], cache=cache, positions=torch.tensor([104, 105]))
+    got = torch.cat([prefill, step], dim=1)
+    # RoPE sees only offsets, so the shift by 100 changes nothing.
+    torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, reference(module, x).float(), atol=1e-5, rtol=1e-5)
+
+
+def test_positions_of_one_row_broadcast_over_the_batch() -> None:
+    module = _module()
+    x = torch.randn(B, T, D_MODEL)
+    row = (torch.arange(T) * 3)[None]  # (1, t), HF's default position_ids
+    expected = reference(module, x, row[0]).float()
+    torch.testing.assert_close(module(x, positions=row), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(module(x, positions=row), module(x, positions=row[0]))
+
+
+def test_precomputed_position_embeddings_equal_positions() -> None:
+    module = _module(window=WINDOW)
+    x = torch.randn(B, T, D_MODEL)
+    positions = torch.stack([torch.arange(T), torch.arange(T) + 5])
+    tables = rope_cos_sin(positions, HD, base=module.rope_base)
+    expected = module(x, positions=positions)
+    torch.testing.assert_close(module(x, position_embeddings=tables), expected)
+    cos, sin = tables
+    hf_style = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))  # (b, t, head_dim)
+    torch.testing.assert_close(module(x, position_embeddings=hf_style), expected)
+    with pytest.raises(ValueError, match="either positions or position_embeddings"):
+        module(x, positions=positions, position_embeddings=tables)
+    with pytest.raises(ValueError, match="position_embeddings needs a module built with rope"):
+        _module(rope=False)(x, position_embeddings=tables)
+
+
+def test_rope_tables_are_built_once_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One decode step: one cos/sin table for queries and keys, positions checked once."""
+    import attnlab.gqa as gqa_module
+    import attnlab.rope as rope_module
+
+    calls = {"tables": 0, "checks": 0}
+    real_tables, real_check = rope_module.rope_cos_sin, rope_module.check_positions
+
+    def tables(*args: object, **kwargs: object) -> tuple[Tensor, Tensor]:
+        calls["tables"] += 1
+        return real_tables(*args, **kwargs)  # type: ignore[arg-type]
+
+    def check(*args: object, **kwargs: object) -> Tensor:
+        calls["checks"] += 1
+        return real_check(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gqa_module, "rope_cos_sin", tables)
+    monkeypatch.setattr(gqa_module, "check_positions", check)
+    module = _module()
+    cache = _prefilled(DynamicKVCache(), module)
+    calls.update(tables=0, checks=0)
+    module(torch.randn(B, 1, D_MODEL), cache=cache, positions=torch.tensor([4]))
+    assert calls == {"tables": 1, "checks": 1}
+
+
+def test_not_causal_attends_to_every_key() -> None:
+    module = _module(rope=False)
+    x = torch.randn(B, T, D_MODEL)
+    q = module.q_proj(x).view(B, T, H, HD).transpose(1, 2)
+    k = module.k_proj(x).view(B, T, 3, HD).transpose(1, 2)
+    v = module.v_proj(x).view(B, T, 3, HD).transpose(1, 2)
+    heads = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    )
+    expected = module.o_proj(heads.transpose(1, 2).reshape(B, T, H * HD))
+    torch.testing.assert_close(module(x, is_causal=False), expected)
+    with pytest.raises(ValueError, match="is_causal=False with window=3"):
+        _module(window=WINDOW)(x, is_causal=False)
 
 
 def test_forward_rejects_other_inputs() -> None:

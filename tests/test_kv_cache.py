@@ -1,7 +1,7 @@
 """KV caches: what update returns equals the concatenation of everything fed in, nbytes
 equals kv_cache_bytes_per_token's arithmetic, and bad input raises with a clear message.
 
-Dimensions all differ: batch 3, 2 key/value heads, head_dim 5, head_dim_v 7, 11 tokens.
+Dimensions all differ: batch 3, 2 key/value heads, head_dim 5, v_head_dim 7, 11 tokens.
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ import torch
 from torch import Tensor
 
 from attnlab import validation
-from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache, kv_cache_bytes_per_token
+from attnlab.kv_cache import (
+    CacheLayout,
+    DynamicKVCache,
+    KVCache,
+    StaticKVCache,
+    kv_cache_bytes_per_token,
+)
 
 B, H_KV, HD, HD_V, MAX = 3, 2, 5, 7, 11
 CHUNKS = [4, 1, 2, 1, 3]  # prefill 4 tokens, then decode steps; 11 in all
@@ -22,7 +28,7 @@ CHUNKS = [4, 1, 2, 1, 3]  # prefill 4 tokens, then decode steps; 11 in all
 def _make(kind: str, dtype: torch.dtype = torch.float32) -> KVCache:
     if kind == "dynamic":
         return DynamicKVCache()
-    return StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V, dtype=dtype)
+    return StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V, dtype=dtype)
 
 
 def _chunks(dtype: torch.dtype = torch.float32) -> list[tuple[Tensor, Tensor]]:
@@ -49,17 +55,21 @@ def test_bytes_per_token_llama3_8b_shape() -> None:
 
 def test_bytes_per_token_separate_value_size() -> None:
     got = kv_cache_bytes_per_token(
-        num_layers=3, num_kv_heads=2, head_dim=5, head_dim_v=7, dtype=torch.float16
+        num_layers=3, num_kv_heads=2, head_dim=5, v_head_dim=7, dtype=torch.float16
     )
     assert got == 3 * 2 * (5 + 7) * 2
+    old_name = kv_cache_bytes_per_token(
+        num_layers=3, num_kv_heads=2, head_dim=5, head_dim_v=7, dtype=torch.float16
+    )
+    assert old_name == got  # head_dim_v: the deprecated spelling
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_bytes_per_token_equals_nbytes_of_real_caches(dtype: torch.dtype) -> None:
     per_layer = kv_cache_bytes_per_token(
-        num_layers=1, num_kv_heads=H_KV, head_dim=HD, head_dim_v=HD_V, dtype=dtype
+        num_layers=1, num_kv_heads=H_KV, head_dim=HD, v_head_dim=HD_V, dtype=dtype
     )
-    static = StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V, dtype=dtype)
+    static = StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V, dtype=dtype)
     assert static.nbytes == per_layer * B * MAX  # allocated in full, before any update
     dynamic = DynamicKVCache()
     for k, v in _chunks(dtype):
@@ -114,15 +124,20 @@ def test_dynamic_cache_accepts_a_new_layout_after_reset() -> None:
     cache = DynamicKVCache()
     cache.update(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4))
     cache.reset()
-    keys, _ = cache.update(torch.randn(5, 2, 1, 6), torch.randn(5, 2, 1, 6))
-    assert tuple(keys.shape) == (5, 2, 1, 6)
+    k, v = torch.randn(5, 2, 1, 6), torch.randn(5, 2, 1, 7)
+    keys, values = cache.update(k, v)
+    assert torch.equal(keys, k)
+    assert torch.equal(values, v)
+    assert cache.layout == CacheLayout(5, 2, 6, 7, torch.float32, torch.device("cpu"))
 
 
 def test_static_cache_writes_in_place() -> None:
-    cache = StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V)
-    first, _ = cache.update(torch.randn(B, H_KV, 2, HD), torch.randn(B, H_KV, 2, HD_V))
-    second, _ = cache.update(torch.randn(B, H_KV, 1, HD), torch.randn(B, H_KV, 1, HD_V))
+    cache = StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V)
+    k1, k2 = torch.randn(B, H_KV, 2, HD), torch.randn(B, H_KV, 1, HD)
+    first, _ = cache.update(k1, torch.randn(B, H_KV, 2, HD_V))
+    second, _ = cache.update(k2, torch.randn(B, H_KV, 1, HD_V))
     assert first.data_ptr() == second.data_ptr()  # views of one preallocated buffer
+    assert torch.equal(second, torch.cat([k1, k2], dim=2))
 
 
 def test_gradients_flow_through_the_dynamic_cache() -> None:
@@ -144,8 +159,38 @@ def test_repr_names_the_layout() -> None:
     static = StaticKVCache(1, 8, 2, 4)
     assert repr(static) == (
         "StaticKVCache(length=0, max_length=8, batch_size=1, num_kv_heads=2, head_dim=4, "
-        "head_dim_v=4, dtype=torch.float32)"
+        "v_head_dim=4, dtype=torch.float32)"
     )
+    dynamic = DynamicKVCache()
+    dynamic.update(torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 6))
+    assert repr(dynamic) == (
+        "DynamicKVCache(length=5, batch_size=2, num_kv_heads=3, head_dim=4, v_head_dim=6, "
+        "dtype=torch.float32)"
+    )
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_layout_is_a_named_tuple_of_what_the_cache_holds(kind: str) -> None:
+    cache = _make(kind, torch.float64)
+    if kind == "dynamic":
+        assert cache.layout is None  # anything goes until the first update
+    k, v = _chunks(torch.float64)[0]
+    cache.update(k, v)
+    expected = CacheLayout(B, H_KV, HD, HD_V, torch.float64, torch.device("cpu"))
+    assert cache.layout == expected
+    assert cache.layout is not None
+    assert cache.layout.v_head_dim == HD_V
+    assert tuple(cache.layout) == (B, H_KV, HD, HD_V, torch.float64, torch.device("cpu"))
+
+
+def test_head_dim_v_is_a_deprecated_alias() -> None:
+    old = StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V)
+    new = StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V)
+    assert old.v_head_dim == old.head_dim_v == HD_V
+    assert old.layout == new.layout
+    assert old.nbytes == new.nbytes
+    with pytest.raises(ValueError, match="pass v_head_dim only"):
+        StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V, head_dim_v=HD)
 
 
 # -- bad input ---------------------------------------------------------------------------
@@ -172,7 +217,7 @@ def _filled(kind: str) -> KVCache:
         (
             (B, H_KV, 1, HD),
             (B, H_KV, 1, 3),
-            "value has head_dim_v=3 but the cache holds head_dim_v=7",
+            "value has v_head_dim=3 but the cache holds v_head_dim=7",
         ),
         (
             (B, H_KV, 1, HD),
@@ -253,6 +298,7 @@ def test_validation_off_skips_the_checks_but_gives_the_same_values() -> None:
     [
         ({"batch_size": 0}, ValueError, "batch_size must be a positive int, got 0"),
         ({"max_length": 2.5}, TypeError, r"max_length must be a positive int, got 2.5 \(float\)"),
+        ({"v_head_dim": -1}, ValueError, "v_head_dim must be a positive int, got -1"),
         ({"head_dim_v": -1}, ValueError, "head_dim_v must be a positive int, got -1"),
         (
             {"dtype": torch.int32},

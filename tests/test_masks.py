@@ -109,6 +109,8 @@ def test_key_padding_broadcasts_over_heads_and_queries() -> None:
     assert torch.equal(mask[:, 0, 0], masks.padding([2, 3], max_len=4))
     combined = mask & masks.causal(4)
     assert combined.shape == (2, 1, 4, 4)
+    assert torch.equal(combined[0, 0], masks.causal(4) & torch.tensor([True, True, False, False]))
+    assert torch.equal(combined[1, 0], masks.causal(4) & torch.tensor([True, True, True, False]))
 
 
 def test_key_padding_equals_torch_mha_key_padding_mask() -> None:

@@ -27,39 +27,30 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab import functional as F
-from attnlab import masks
+from attnlab._backends import Backend, BackendProperty, attend
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
-    check_choice,
     check_positive_int,
     check_probability,
     check_tokens,
     is_validation_enabled,
 )
-from attnlab.kv_cache import KVCache, StaticKVCache
-from attnlab.multihead import _BACKENDS, Backend
-from attnlab.rope import Layout, apply_rope
+from attnlab.kv_cache import KVCache
+from attnlab.rope import (
+    RopeLayout,
+    check_base,
+    check_cos_sin,
+    check_head_dim,
+    check_layout,
+    check_positions,
+    rope_cos_sin,
+    rotate,
+)
 
 __all__ = ["GroupedQueryAttention"]
 
-_LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
 _HF_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
-
-
-def _cache_mask(t_q: int, t_k: int, window: int | None, device: torch.device) -> Tensor | None:
-    """The allowed mask of `t_q` new queries over `t_k` keys whose last `t_q` are theirs.
-
-    The queries are the last `t_q` tokens of the keys' sequence, so the causal diagonal is
-    bottom-right aligned. One new token without a window sees every key (all are in its
-    past), and then no mask is needed at all.
-    """
-    if window is None:
-        if t_q == 1:
-            return None
-        return masks.causal(t_q, t_k, align="bottom-right", device=device)  # (t_q, t_k)
-    return masks.sliding_window(t_q, t_k, window=window, align="bottom-right", device=device)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -68,17 +59,20 @@ class GroupedQueryAttention(nn.Module):
     The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
     `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
     and `o_proj` maps the concatenated heads back to `d_model`. The attention runs on
-    PyTorch's `scaled_dot_product_attention` (`backend="torch"`) or attnlab's
+    PyTorch's `scaled_dot_product_attention` (`backend="torch"`), attnlab's
     [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
-    (`backend="scratch"`), both with `enable_gqa=True`, so the key/value heads are never
-    copied per query head.
+    (`backend="scratch"`) or [`flash_attention`][attnlab.flash.flash_attention]
+    (`backend="flash"`, no `attn_mask` and no dropout), the first two with
+    `enable_gqa=True`, so the key/value heads are never copied per query head.
 
-    Every query sees itself and the tokens before it; with `window`, only its last
-    `window` tokens (itself included), as in Mistral. With a
+    Every query sees itself and the tokens before it (`forward(..., is_causal=False)`
+    lifts that); with `window`, only its last `window` tokens (itself included), as in
+    Mistral. Causality holds in absolute positions: with a
     [`KVCache`][attnlab.kv_cache.KVCache], `forward` appends the new tokens' keys and
-    values to the cache and attends from the new queries to all cached tokens; the causal
-    mask is then bottom-right aligned ([`masks.causal`][attnlab.masks.causal]), and
-    cached decoding gives the outputs of one forward pass over the whole sequence.
+    values to the cache and attends from the new queries to all cached tokens, the causal
+    mask bottom-right aligned ([`masks.decode_mask`][attnlab.masks.decode_mask]: none at
+    all for one new token), and cached decoding gives the outputs of one forward pass
+    over the whole sequence.
 
     Args:
         d_model: Features per token, in and out.
@@ -91,11 +85,11 @@ class GroupedQueryAttention(nn.Module):
         out_bias: Whether `o_proj` has a bias; default `bias` (Llama's `attention_bias`
             sets all four, Qwen2 has none on `o_proj`).
         rope: Rotate queries and keys by their positions ([`apply_rope`][attnlab.rope.apply_rope]).
-        rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config).
+        rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config); above 1.
         rope_layout: `"half"` (Llama / Hugging Face) or `"interleaved"`.
         window: Sliding-window size (keys per query, itself included), or None.
         dropout: Probability of dropping an attention weight, in training mode only.
-        backend: `"torch"` or `"scratch"`.
+        backend: `"torch"`, `"scratch"` or `"flash"`.
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -112,6 +106,7 @@ class GroupedQueryAttention(nn.Module):
         >>> gqa = GroupedQueryAttention(d_model=48, num_heads=6, num_kv_heads=2).eval()
         >>> x = torch.randn(3, 10, 48)
         >>> full = gqa(x)
+        >>> from attnlab.kv_cache import StaticKVCache
         >>> cache = StaticKVCache(3, max_length=16, num_kv_heads=2, head_dim=8)
         >>> prefill = gqa(x[:, :7], cache=cache)  # the prompt
         >>> steps = [gqa(x[:, i : i + 1], cache=cache) for i in range(7, 10)]  # decode
@@ -130,7 +125,7 @@ class GroupedQueryAttention(nn.Module):
         out_bias: bool | None = None,
         rope: bool = True,
         rope_base: float = 10000.0,
-        rope_layout: Layout = "half",
+        rope_layout: RopeLayout = "half",
         window: int | None = None,
         dropout: float = 0.0,
         backend: Backend = "torch",
@@ -158,19 +153,10 @@ class GroupedQueryAttention(nn.Module):
         self.bias = check_bool("bias", bias)
         self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
         self.rope = check_bool("rope", rope)
-        if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)):
-            raise TypeError(
-                f"rope_base must be a float, got {rope_base!r} ({type(rope_base).__name__})"
-            )
-        if not 1.0 < rope_base < float("inf"):
-            raise ValueError(f"rope_base must be a finite float greater than 1, got {rope_base}")
-        self.rope_base = float(rope_base)
-        self.rope_layout: Layout = check_choice("rope_layout", rope_layout, _LAYOUTS)  # type: ignore[assignment]
-        if rope and self.head_dim % 2:
-            raise ValueError(
-                f"head_dim must be even with rope=True (RoPE rotates pairs of features), "
-                f"got head_dim={self.head_dim}"
-            )
+        self.rope_base = check_base(rope_base, "rope_base")
+        self.rope_layout = check_layout(rope_layout, "rope_layout")
+        if self.rope:
+            check_head_dim(self.head_dim)
         self.window = None if window is None else check_positive_int("window", window)
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
@@ -181,15 +167,8 @@ class GroupedQueryAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.o_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
 
-    @property
-    def backend(self) -> Backend:
-        """`"torch"` or `"scratch"`: which scaled dot-product attention `forward` runs."""
-        return self._backend
-
-    @backend.setter
-    def backend(self, value: Backend) -> None:
-        check_choice("backend", value, _BACKENDS)
-        self._backend: Backend = value
+    backend = BackendProperty()
+    """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
 
     @property
     def group_size(self) -> int:
@@ -211,8 +190,20 @@ class GroupedQueryAttention(nn.Module):
 
     # -- input checks --------------------------------------------------------------------
 
-    def _check_inputs(self, x: object, positions: object, cache: object, attn_mask: object) -> None:
-        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
+    def _check_inputs(
+        self,
+        x: object,
+        positions: object,
+        position_embeddings: object,
+        cache: object,
+        attn_mask: object,
+        is_causal: object,
+    ) -> None:
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there).
+
+        The cache checks its own append (in `update`, once per forward); RoPE's rules are
+        `rope`'s.
+        """
         owner, like = type(self).__name__, self.q_proj.weight
         x = check_tokens("x", x, features=self.d_model, param="d_model", owner=owner, like=like)
         b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
@@ -224,69 +215,21 @@ class GroupedQueryAttention(nn.Module):
                     f"None, got {type(cache).__name__}"
                 )
             past = cache.length
-            if isinstance(cache, StaticKVCache) and past + t > cache.max_length:
-                raise ValueError(
-                    f"x has {t} tokens but the static cache has room for max_length - "
-                    f"length = {cache.max_length} - {past} = {cache.max_length - past}; "
-                    "build it with a larger max_length"
-                )
-            held = cache._layout()
-            if held is not None:
-                self._check_cache_layout(x, b, held)
         if positions is not None:
-            self._check_positions(positions, x, b, t, past, cache is not None)
+            check_positions(positions, x, low=0)
+        if position_embeddings is not None:
+            if not self.rope:
+                raise ValueError("position_embeddings needs a module built with rope=True")
+            if positions is not None:
+                raise ValueError("pass either positions or position_embeddings, not both")
+            check_cos_sin(position_embeddings, x, self.head_dim)
         target = (b, self.num_heads, t, past + t)  # (b, h, t_q, t_k)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
-
-    def _check_cache_layout(
-        self, x: Tensor, b: int, held: tuple[int, int, int, int, torch.dtype, torch.device]
-    ) -> None:
-        batch, heads, hd, hd_v, dtype, device = held
-        if b != batch:
+        if not check_bool("is_causal", is_causal) and self.window is not None:
             raise ValueError(
-                f"x has batch size {b} but cache holds {batch} sequences "
-                f"(x.shape={tuple(x.shape)}); use one cache per batch, or reset() it"
+                f"is_causal=False with window={self.window}: a sliding window is a causal "
+                "mask; build the module with window=None for bidirectional attention"
             )
-        if (heads, hd, hd_v) != (self.num_kv_heads, self.head_dim, self.head_dim):
-            raise ValueError(
-                f"cache holds num_kv_heads={heads}, head_dim={hd}, head_dim_v={hd_v} but "
-                f"this module has num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
-            )
-        if dtype != x.dtype:
-            raise ValueError(
-                f"x has dtype {x.dtype} but cache holds {dtype}; build the cache with "
-                f"dtype={x.dtype}"
-            )
-        if device != x.device:
-            raise ValueError(
-                f"x is on {x.device} but cache is on {device}; build the cache on {x.device}"
-            )
-
-    @staticmethod
-    def _check_positions(
-        positions: object, x: Tensor, b: int, t: int, past: int, cached: bool
-    ) -> None:
-        if not isinstance(positions, Tensor):
-            raise TypeError(
-                f"positions must be a torch.Tensor of ints or None, got {type(positions).__name__}"
-            )
-        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            raise TypeError(f"positions must have an integer dtype, got {positions.dtype}")
-        allowed = [(t,)] if x.ndim == 2 else [(t,), (b, t)]
-        if tuple(positions.shape) not in allowed:
-            expected = " or ".join(str(s) for s in allowed)
-            raise ValueError(
-                f"positions must have shape {expected} for x.shape={tuple(x.shape)}, got "
-                f"positions.shape={tuple(positions.shape)}"
-            )
-        if positions.device != x.device:
-            raise ValueError(f"positions is on {positions.device} but x is on {x.device}")
-        if positions.numel():
-            lo, hi = int(positions.min()), int(positions.max())
-            end = past + t
-            if lo < 0 or (cached and hi >= end):
-                where = f"[0, cache.length + t) = [0, {past} + {t})" if cached else "[0, inf)"
-                raise ValueError(f"positions must lie in {where}, got positions from {lo} to {hi}")
 
     # -- computation ---------------------------------------------------------------------
 
@@ -295,37 +238,54 @@ class GroupedQueryAttention(nn.Module):
         x: Tensor,
         *,
         positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         attn_mask: Tensor | None = None,
+        is_causal: bool = True,
     ) -> Tensor:
         """Attend from each token of `x` to itself and the tokens before it (and the cache's).
 
+        Checks run once, here: the arguments (`x`, positions, the mask) before any work,
+        the cache's append inside its `update`.
+
         Args:
             x: Tokens, `(b, t, d_model)` or `(t, d_model)`.
-            positions: Integer position of each token for RoPE, `(t,)` or `(b, t)`;
-                default `cache.length + arange(t)` (or `arange(t)` without a cache).
-                Positions only rotate queries and keys: which keys a query sees follows
-                the order of the tokens in the cache.
+            positions: Integer position of each token for RoPE, `(t,)`, `(1, t)` or
+                `(b, t)`; default `cache.length + arange(t)` (or `arange(t)` without a
+                cache). Positions only rotate queries and keys: which keys a query sees
+                follows the order of the tokens in the cache, so any non-negative
+                positions keep causality and are accepted, as in Hugging Face's layers
+                (prefilling an empty cache at positions 100 to 104, say). Checking that
+                none is negative reads them (a host sync, skipped while compiling).
+            position_embeddings: RoPE's `(cos, sin)` tables computed once for all layers
+                of a model, instead of `positions`: from
+                [`rope_cos_sin`][attnlab.rope.rope_cos_sin] (`(..., t, head_dim // 2)`)
+                or Hugging Face's rotary embedding (`(b, t, head_dim)`).
             cache: A [`KVCache`][attnlab.kv_cache.KVCache] that holds the earlier
                 tokens' keys and values; the new ones are appended to it.
             attn_mask: An extra mask, combined with the causal one: bool (True = attend;
                 e.g. [`masks.key_padding`][attnlab.masks.key_padding]) or float (added to
                 the scores), broadcastable to `(b, num_heads, t, cache.length + t)`.
+            is_causal: Hide from each query the keys after it in absolute positions (the
+                mask is bottom-right aligned after a cache). False attends to every key
+                (e.g. an encoder), which a module with a `window` refuses.
 
         Returns:
             `(b, t, d_model)` or `(t, d_model)`, like `x`.
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor, `cache` not a `KVCache` or `attn_mask` of a wrong dtype.
+                tensor, `cache` not a `KVCache`, `attn_mask` of a wrong dtype or
+                `is_causal` not a bool.
             ValueError: If the rank, feature size, dtype or device of `x` does not fit
-                the module or the cache; the batch size of `x` differs from the cache's;
-                the cache's heads or head size differ from the module's; `positions` has
-                a wrong shape or a position outside `[0, cache.length + t)`; a static
-                cache overflows; or the mask does not broadcast.
+                the module; `positions` has a wrong shape or a negative value, or comes
+                with `position_embeddings` (or those do not fit); the cache cannot take
+                the new keys and values (batch size, heads, head size, dtype, device, or
+                a full static cache); the mask does not broadcast; `is_causal=False` with
+                a window; or `backend="flash"` gets a mask or dropout.
         """
         if is_validation_enabled():
-            self._check_inputs(x, positions, cache, attn_mask)
+            self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
@@ -335,46 +295,39 @@ class GroupedQueryAttention(nn.Module):
         k = self.k_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
         v = self.v_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
 
-        past = 0 if cache is None else cache.length
         if self.rope:
-            if positions is None:
-                positions = torch.arange(past, past + t, device=x.device)  # (t,)
-            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
-            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+            if position_embeddings is None:
+                if positions is None:
+                    past = 0 if cache is None else cache.length
+                    positions = torch.arange(past, past + t, device=x.device)  # (t,)
+                # One table for queries and keys, computed once per forward.
+                position_embeddings = rope_cos_sin(positions, hd, base=self.rope_base)
+            cos, sin = position_embeddings
+            q = rotate(q, cos, sin, layout=self.rope_layout)  # (b, h, t, head_dim)
+            k = rotate(k, cos, sin, layout=self.rope_layout)  # (b, h_kv, t, head_dim)
         if cache is not None:
             k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
-        t_k = k.shape[2]
 
-        mask: Tensor | None
-        is_causal = False
-        if self.window is not None and t_k > t + self.window - 1:
+        window = self.window if is_causal else None
+        t_k = k.shape[2]
+        if window is not None and t_k > t + window - 1:
             # Keys older than the window of the first query are hidden from every query:
             # drop them, so that a decode step costs O(window), not O(context).
-            drop = t_k - (t + self.window - 1)
+            drop = t_k - (t + window - 1)
             k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
             if attn_mask is not None and attn_mask.shape[-1] != 1:
                 attn_mask = attn_mask[..., drop:]
-            t_k -= drop
-        if t_k == t and self.window is None and attn_mask is None:
-            mask, is_causal = None, True  # top-left = bottom-right: the fused causal path
-        else:
-            mask = _cache_mask(t, t_k, self.window, x.device)  # (t, t_k) or None
-            if attn_mask is not None:
-                if mask is None:
-                    mask = attn_mask
-                elif attn_mask.dtype == torch.bool:
-                    mask = mask & attn_mask
-                else:
-                    mask = masks.allowed_to_additive(mask, attn_mask.dtype) + attn_mask
-
-        dropout_p = self.dropout if self.training else 0.0
-        sdpa = (
-            torch.nn.functional.scaled_dot_product_attention
-            if self.backend == "torch"
-            else F.scaled_dot_product_attention
-        )
-        heads = sdpa(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=True
+        heads = attend(
+            self.backend,
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            window=window,
+            enable_gqa=True,
+            align="bottom-right",  # the new queries are the last t of the t_k keys
         )  # (b, h, t, head_dim)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
         out: Tensor = self.o_proj(concat)  # (b, t, d_model)

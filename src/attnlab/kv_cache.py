@@ -24,6 +24,7 @@ each key/value head among several query heads.
 from __future__ import annotations
 
 import abc
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,7 +37,45 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 
-__all__ = ["DynamicKVCache", "KVCache", "StaticKVCache", "kv_cache_bytes_per_token"]
+__all__ = [
+    "CacheLayout",
+    "DynamicKVCache",
+    "KVCache",
+    "StaticKVCache",
+    "kv_cache_bytes_per_token",
+]
+
+
+class CacheLayout(NamedTuple):
+    """What every token a cache holds looks like; an update must match it.
+
+    Attributes:
+        batch_size: Sequences cached together.
+        num_kv_heads: Key/value heads.
+        head_dim: Features per key.
+        v_head_dim: Features per value.
+        dtype: Element type of keys and values.
+        device: Where they live.
+    """
+
+    batch_size: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _v_head_dim(head_dim: int, v_head_dim: int | None, head_dim_v: int | None) -> int:
+    """The value size from `v_head_dim` or its deprecated spelling `head_dim_v`."""
+    if head_dim_v is not None:
+        if v_head_dim is not None and v_head_dim != head_dim_v:
+            raise ValueError(
+                f"pass v_head_dim only (head_dim_v is its deprecated name), got "
+                f"v_head_dim={v_head_dim} and head_dim_v={head_dim_v}"
+            )
+        return check_positive_int("head_dim_v", head_dim_v)
+    return head_dim if v_head_dim is None else check_positive_int("v_head_dim", v_head_dim)
 
 
 def kv_cache_bytes_per_token(
@@ -45,16 +84,17 @@ def kv_cache_bytes_per_token(
     num_kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
+    v_head_dim: int | None = None,
     head_dim_v: int | None = None,
 ) -> int:
     r"""Bytes that a KV cache holds per token of context, over all layers.
 
     $$
     \text{bytes per token} = \text{num\_layers} \cdot \text{num\_kv\_heads} \cdot
-    (\text{head\_dim} + \text{head\_dim\_v}) \cdot \text{bytes per element}
+    (\text{head\_dim} + \text{v\_head\_dim}) \cdot \text{bytes per element}
     $$
 
-    Every layer caches one key of `head_dim` and one value of `head_dim_v` features per
+    Every layer caches one key of `head_dim` and one value of `v_head_dim` features per
     key/value head. The number of *query* heads does not appear: that is the whole point
     of grouped- and multi-query attention.
 
@@ -64,7 +104,8 @@ def kv_cache_bytes_per_token(
             1 for multi-query attention).
         head_dim: Features per key.
         dtype: Element type of the cache, e.g. `torch.bfloat16` (2 bytes).
-        head_dim_v: Features per value; defaults to `head_dim`.
+        v_head_dim: Features per value; defaults to `head_dim`.
+        head_dim_v: Deprecated name of `v_head_dim`.
 
     Returns:
         The number of bytes per cached token.
@@ -81,20 +122,24 @@ def kv_cache_bytes_per_token(
     check_positive_int("num_layers", num_layers)
     check_positive_int("num_kv_heads", num_kv_heads)
     check_positive_int("head_dim", head_dim)
-    head_dim_v = head_dim if head_dim_v is None else check_positive_int("head_dim_v", head_dim_v)
+    v_head_dim = _v_head_dim(head_dim, v_head_dim, head_dim_v)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
-    return num_layers * num_kv_heads * (head_dim + head_dim_v) * dtype.itemsize
+    return num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype.itemsize
 
 
 class KVCache(abc.ABC):
     r"""The interface of attnlab's key/value caches (one cache serves one attention layer).
 
     A cache is handed keys and values of shape `(b, num_kv_heads, t_new, head_dim)` (and
-    `head_dim_v` for values) by [`update`][attnlab.kv_cache.KVCache.update], and returns
+    `v_head_dim` for values) by [`update`][attnlab.kv_cache.KVCache.update], and returns
     all it holds, the new tokens last. The first update fixes what a dynamic cache holds
-    (batch size, heads, feature sizes, dtype, device); later ones must match it, and a
-    mismatch raises instead of broadcasting or casting silently.
+    (its [`layout`][attnlab.kv_cache.KVCache.layout]: batch size, heads, feature sizes,
+    dtype, device); later ones must match it, and a mismatch raises instead of
+    broadcasting or casting silently. The checks of an append live here, in
+    [`check_update`][attnlab.kv_cache.KVCache.check_update], and run once per update:
+    attention layers hand their keys and values to `update` and do not check the cache
+    themselves.
     """
 
     @property
@@ -107,17 +152,23 @@ class KVCache(abc.ABC):
     def nbytes(self) -> int:
         """Bytes of memory the cache has allocated for keys and values."""
 
+    @property
+    @abc.abstractmethod
+    def layout(self) -> CacheLayout | None:
+        """The [`CacheLayout`][attnlab.kv_cache.CacheLayout] an update must match, or None
+        while anything goes (an empty dynamic cache)."""
+
     @abc.abstractmethod
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append the keys and values of new tokens; return everything cached.
 
         Args:
             key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
-            value: Values of the new tokens, `(b, num_kv_heads, t_new, head_dim_v)`.
+            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
 
         Returns:
             `(keys, values)`, of shapes `(b, num_kv_heads, length, head_dim)` and
-            `(b, num_kv_heads, length, head_dim_v)`, where `length` counts the new tokens.
+            `(b, num_kv_heads, length, v_head_dim)`, where `length` counts the new tokens.
         """
 
     @abc.abstractmethod
@@ -127,67 +178,63 @@ class KVCache(abc.ABC):
     def __len__(self) -> int:
         return self.length
 
-    @abc.abstractmethod
-    def _layout(self) -> tuple[int, int, int, int, torch.dtype, torch.device] | None:
-        """`(batch_size, num_kv_heads, head_dim, head_dim_v, dtype, device)` that an update
-        must match, or None while anything goes (an empty dynamic cache)."""
+    def check_update(self, key: object, value: object) -> None:
+        """Raise if `update(key, value)` would not fit what the cache holds.
 
+        `update` calls it while validation is on (cheap: attribute reads only). Whether a
+        static cache has room is checked by `update` itself, always.
 
-def _check_new_tokens(
-    key: object,
-    value: object,
-    expected: tuple[int, int, int, int, torch.dtype, torch.device] | None,
-    owner: str,
-) -> None:
-    """Check `update`'s arguments, against what the cache holds if `expected` is given.
-
-    `expected` is `(batch_size, num_kv_heads, head_dim, head_dim_v, dtype, device)`.
-    """
-    layout = "(b, num_kv_heads, t_new, head_dim)"
-    k = check_tensor("key", key)
-    v = check_tensor("value", value)
-    check_rank("key", k, (4,), layout)
-    check_rank("value", v, (4,), layout.replace("head_dim", "head_dim_v"))
-    if k.shape[:3] != v.shape[:3]:
-        raise ValueError(
-            "key and value must agree in (b, num_kv_heads, t_new), got "
-            f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
-        )
-    if v.dtype != k.dtype or v.device != k.device:
-        raise ValueError(
-            f"key and value must have one dtype and device, got key {k.dtype} on {k.device} "
-            f"and value {v.dtype} on {v.device}"
-        )
-    if expected is None:
-        return
-    b, h, hd, hd_v, dtype, device = expected
-    if k.shape[0] != b:
-        raise ValueError(
-            f"key has batch size {k.shape[0]} but the {owner} holds {b} sequences "
-            f"(key.shape={tuple(k.shape)}); call reset() or use one cache per batch size"
-        )
-    for name, got, want in (
-        ("num_kv_heads", k.shape[1], h),
-        ("head_dim", k.shape[3], hd),
-        ("head_dim_v", v.shape[3], hd_v),
-    ):
-        if got != want:
-            tensor = "value" if name == "head_dim_v" else "key"
-            shape = v.shape if tensor == "value" else k.shape
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: If they are not 4-d, disagree with each other in
+                `(b, num_kv_heads, t_new)`, dtype or device, or differ from
+                [`layout`][attnlab.kv_cache.KVCache.layout].
+        """
+        shape = "(b, num_kv_heads, t_new, head_dim)"
+        k = check_tensor("key", key)
+        v = check_tensor("value", value)
+        check_rank("key", k, (4,), shape)
+        check_rank("value", v, (4,), shape.replace("head_dim", "v_head_dim"))
+        if k.shape[:3] != v.shape[:3]:
             raise ValueError(
-                f"{tensor} has {name}={got} but the {owner} holds {name}={want} "
-                f"({tensor}.shape={tuple(shape)})"
+                "key and value must agree in (b, num_kv_heads, t_new), got "
+                f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
             )
-    if k.dtype != dtype:
-        raise ValueError(
-            f"key has dtype {k.dtype} but the {owner} holds {dtype}; convert the inputs or "
-            "build the cache with their dtype"
-        )
-    if k.device != device:
-        raise ValueError(
-            f"key is on {k.device} but the {owner} is on {device}; move the inputs or "
-            "build the cache on their device"
-        )
+        if v.dtype != k.dtype or v.device != k.device:
+            raise ValueError(
+                f"key and value must have one dtype and device, got key {k.dtype} on "
+                f"{k.device} and value {v.dtype} on {v.device}"
+            )
+        held = self.layout
+        if held is None:
+            return
+        if k.shape[0] != held.batch_size:
+            raise ValueError(
+                f"key has batch size {k.shape[0]} but the cache holds {held.batch_size} "
+                f"sequences (key.shape={tuple(k.shape)}); call reset() or use one cache per "
+                "batch size"
+            )
+        for name, tensor, got, want in (
+            ("num_kv_heads", k, k.shape[1], held.num_kv_heads),
+            ("head_dim", k, k.shape[3], held.head_dim),
+            ("v_head_dim", v, v.shape[3], held.v_head_dim),
+        ):
+            if got != want:
+                which = "key" if tensor is k else "value"
+                raise ValueError(
+                    f"{which} has {name}={got} but the cache holds {name}={want} "
+                    f"({which}.shape={tuple(tensor.shape)})"
+                )
+        if k.dtype != held.dtype:
+            raise ValueError(
+                f"key has dtype {k.dtype} but the cache holds {held.dtype}; convert the "
+                "inputs or build the cache with their dtype"
+            )
+        if k.device != held.device:
+            raise ValueError(
+                f"key is on {k.device} but the cache is on {held.device}; move the inputs "
+                "or build the cache on their device"
+            )
 
 
 class DynamicKVCache(KVCache):
@@ -208,6 +255,8 @@ class DynamicKVCache(KVCache):
         (5, (2, 3, 5, 8), (2, 3, 5, 5))
         >>> cache.nbytes  # 2 * 3 * 5 * (8 + 5) float32 numbers of 4 bytes
         1560
+        >>> cache.layout.v_head_dim
+        5
     """
 
     def __init__(self) -> None:
@@ -215,12 +264,13 @@ class DynamicKVCache(KVCache):
         self._values: Tensor | None = None
 
     def __repr__(self) -> str:
-        if self._keys is None or self._values is None:
+        held = self.layout
+        if held is None:
             return "DynamicKVCache(empty)"
-        b, h, t, hd = self._keys.shape
         return (
-            f"DynamicKVCache(length={t}, batch_size={b}, num_kv_heads={h}, head_dim={hd}, "
-            f"head_dim_v={self._values.shape[-1]}, dtype={self._keys.dtype})"
+            f"DynamicKVCache(length={self.length}, batch_size={held.batch_size}, "
+            f"num_kv_heads={held.num_kv_heads}, head_dim={held.head_dim}, "
+            f"v_head_dim={held.v_head_dim}, dtype={held.dtype})"
         )
 
     @property
@@ -235,35 +285,36 @@ class DynamicKVCache(KVCache):
             return 0
         return self._keys.nbytes + self._values.nbytes
 
-    def _layout(self) -> tuple[int, int, int, int, torch.dtype, torch.device] | None:
+    @property
+    def layout(self) -> CacheLayout | None:
+        """What the first update fixed, or None while the cache is empty."""
         if self._keys is None or self._values is None:
             return None
         b, h, _, hd = self._keys.shape
-        return (b, h, hd, self._values.shape[-1], self._keys.dtype, self._keys.device)
+        return CacheLayout(b, h, hd, self._values.shape[-1], self._keys.dtype, self._keys.device)
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append the keys and values of new tokens; return everything cached.
 
         Args:
             key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
-            value: Values of the new tokens, `(b, num_kv_heads, t_new, head_dim_v)`.
+            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
 
         Returns:
             `(keys, values)`: all cached tokens, `(b, num_kv_heads, length, head_dim)` and
-            `(b, num_kv_heads, length, head_dim_v)`.
+            `(b, num_kv_heads, length, v_head_dim)`.
 
         Raises:
             TypeError: If `key` or `value` is not a floating-point tensor.
-            ValueError: If they are not 4-d, disagree with each other, or differ from
-                what the cache holds in batch size, heads, feature size, dtype or device.
+            ValueError: As [`check_update`][attnlab.kv_cache.KVCache.check_update].
         """
         if is_validation_enabled():
-            _check_new_tokens(key, value, self._layout(), "cache")
+            self.check_update(key, value)
         if self._keys is None or self._values is None:
             self._keys, self._values = key, value
         else:
             self._keys = torch.cat([self._keys, key], dim=2)  # (b, h_kv, length, head_dim)
-            self._values = torch.cat([self._values, value], dim=2)  # (b, h_kv, length, hd_v)
+            self._values = torch.cat([self._values, value], dim=2)  # (b, h_kv, length, d_v)
         return self._keys, self._values
 
     def reset(self) -> None:
@@ -275,7 +326,7 @@ class StaticKVCache(KVCache):
     r"""A KV cache preallocated for `max_length` tokens and written in place.
 
     The key and value buffers, `(batch_size, num_kv_heads, max_length, head_dim)` and
-    `(..., head_dim_v)`, are allocated once; each
+    `(..., v_head_dim)`, are allocated once; each
     [`update`][attnlab.kv_cache.StaticKVCache.update] copies the new tokens into the next
     free positions and returns views of the filled part. Its memory does not depend on
     how many tokens are cached, and it never reallocates. It is meant for inference: a
@@ -286,7 +337,8 @@ class StaticKVCache(KVCache):
         max_length: Most tokens the cache can hold, prompt included.
         num_kv_heads: Key/value heads.
         head_dim: Features per key.
-        head_dim_v: Features per value; defaults to `head_dim`.
+        v_head_dim: Features per value; defaults to `head_dim`.
+        head_dim_v: Deprecated name of `v_head_dim`.
         dtype: Element type of the buffers; inputs must have it.
         device: Where to allocate the buffers; inputs must be there.
 
@@ -311,6 +363,7 @@ class StaticKVCache(KVCache):
         num_kv_heads: int,
         head_dim: int,
         *,
+        v_head_dim: int | None = None,
         head_dim_v: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
@@ -319,23 +372,26 @@ class StaticKVCache(KVCache):
         self.max_length = check_positive_int("max_length", max_length)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.head_dim_v = (
-            head_dim if head_dim_v is None else check_positive_int("head_dim_v", head_dim_v)
-        )
+        self.v_head_dim = _v_head_dim(head_dim, v_head_dim, head_dim_v)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         check_device("device", device)
         shape = (batch_size, num_kv_heads, max_length)
         self._keys = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
-        self._values = torch.zeros(*shape, self.head_dim_v, dtype=dtype, device=device)
+        self._values = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
         self._length = 0
 
     def __repr__(self) -> str:
         return (
             f"StaticKVCache(length={self._length}, max_length={self.max_length}, "
             f"batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, head_dim_v={self.head_dim_v}, dtype={self.dtype})"
+            f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, dtype={self.dtype})"
         )
+
+    @property
+    def head_dim_v(self) -> int:
+        """Deprecated name of `v_head_dim`."""
+        return self.v_head_dim
 
     @property
     def dtype(self) -> torch.dtype:
@@ -352,12 +408,14 @@ class StaticKVCache(KVCache):
         """Tokens cached so far."""
         return self._length
 
-    def _layout(self) -> tuple[int, int, int, int, torch.dtype, torch.device]:
-        return (
+    @property
+    def layout(self) -> CacheLayout:
+        """The sizes, dtype and device the buffers were allocated with."""
+        return CacheLayout(
             self.batch_size,
             self.num_kv_heads,
             self.head_dim,
-            self.head_dim_v,
+            self.v_head_dim,
             self.dtype,
             self.device,
         )
@@ -373,32 +431,33 @@ class StaticKVCache(KVCache):
         Args:
             key: Keys of the new tokens, `(batch_size, num_kv_heads, t_new, head_dim)`.
             value: Values of the new tokens, `(batch_size, num_kv_heads, t_new,
-                head_dim_v)`.
+                v_head_dim)`.
 
         Returns:
             `(keys, values)`: views of the filled part of the buffers,
-            `(batch_size, num_kv_heads, length, head_dim)` and `(..., head_dim_v)`.
+            `(batch_size, num_kv_heads, length, head_dim)` and `(..., v_head_dim)`.
 
         Raises:
             TypeError: If `key` or `value` is not a floating-point tensor.
-            ValueError: If they are not 4-d, disagree with each other or with the
-                cache's batch size, heads, feature sizes, dtype or device, or if the new
-                tokens do not fit in `max_length` (checked even with validation off).
+            ValueError: As [`check_update`][attnlab.kv_cache.KVCache.check_update], or if
+                the new tokens do not fit in `max_length` (checked even with validation
+                off: the one place this overflow is checked).
         """
         if is_validation_enabled():
-            _check_new_tokens(key, value, self._layout(), "cache")
+            self.check_update(key, value)
         start, t_new = self._length, key.shape[2]
         if start + t_new > self.max_length:
+            room = self.max_length - start
             raise ValueError(
                 f"key has t_new={t_new} tokens but the static cache has room for "
-                f"max_length - length = {self.max_length} - {start} = {self.max_length - start}"
+                f"max_length - length = {self.max_length} - {start} = {room}"
                 "; build it with a larger max_length"
             )
         self._keys[:, :, start : start + t_new] = key
         self._values[:, :, start : start + t_new] = value
         self._length = start + t_new
         keys = self._keys[:, :, : self._length]  # (b, h_kv, length, head_dim)
-        values = self._values[:, :, : self._length]  # (b, h_kv, length, head_dim_v)
+        values = self._values[:, :, : self._length]  # (b, h_kv, length, v_head_dim)
         return keys, values
 
     def reset(self) -> None:
