@@ -1,11 +1,15 @@
-"""The interactive heatmap in a real browser: headless Chromium hovers and switches heads.
+"""The heatmaps and diagrams in a real browser: headless Chromium reads what a reader sees.
 
 A page with a heatmap from `attnlab.plotting.interactive_heatmap`, the site's script
 (`docs/assets/javascripts/attention-heatmap.js`) and a small driver script is opened from
 a file with `chromium --headless --dump-dom`. The driver finds a cell by its position on
 screen (`document.elementFromPoint`, so the cell must be the topmost thing there), sends
-the mouse events a pointer would send, clicks a head's button, and writes what the page
-shows into the DOM, which the test reads back and compares with the weights.
+the mouse and key events a reader would send, clicks a head's button, and writes what the
+page shows into the DOM, which the test reads back and compares with the weights.
+
+A small site built with the real theme and the site's stylesheet is opened the way an
+offline copy is, from `file://`, at a phone's width: its heatmap must work there, and every
+diagram of `docs/assets/images` must show its smallest text at 11 px or more.
 
 Skipped when no Chromium is installed; install it with `apt-get install -y chromium`.
 """
@@ -13,9 +17,12 @@ Skipped when no Chromium is installed; install it with `apt-get install -y chrom
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -23,7 +30,10 @@ import torch
 
 from attnlab.plotting import interactive_heatmap
 
-SCRIPT = Path(__file__).parents[1] / "docs" / "assets" / "javascripts" / "attention-heatmap.js"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "attention-heatmap.js"
+STYLESHEET = ROOT / "docs" / "assets" / "stylesheets" / "extra.css"
+IMAGES = ROOT / "docs" / "assets" / "images"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
@@ -129,13 +139,13 @@ def test_browser_hover_reads_out_and_buttons_switch_heads(tmp_path: Path) -> Non
     assert result["visibleBefore"] == [True, False, False]
     # Hovering cell (query 1, key 2) of head 1 names both tokens and the weight it holds.
     assert result["hoverFirst"]["hit"], "the cell is not the topmost element at its centre"
-    expected = f"head 1, query cat → key k3: weight {weights[0, 1, 2].item():.4f}"
+    expected = f"head 1, query 1 (cat) → key 2 (k3): weight {weights[0, 1, 2].item():.4f}"
     assert result["hoverFirst"]["readout"] == expected
     # The third button shows head 3 alone, pressed; its cells read out head 3's weights.
     assert result["visibleAfter"] == [False, False, True]
     assert result["pressed"] == ["false", "false", "true"]
     assert result["hoverThird"]["hit"]
-    expected = f"head 3, query down → key k1: weight {weights[2, 3, 0].item():.4f}"
+    expected = f"head 3, query 3 (down) → key 0 (k1): weight {weights[2, 3, 0].item():.4f}"
     assert result["hoverThird"]["readout"] == expected
 
 
@@ -192,5 +202,260 @@ def test_browser_new_page_after_instant_navigation_is_interactive(tmp_path: Path
     assert result["subscribers"] == 1  # the script subscribed to document$
     assert result["readyBefore"] is False  # the swapped-in figure is not revealed yet...
     assert result["readyAfter"] is True  # ...until document$ emits
-    assert result["readout"] == "head 2, query x → key v: weight 0.9000"
+    assert result["readout"] == "head 2, query 0 (x) → key 1 (v): weight 0.9000"
     assert result["styles"] == 1  # its stylesheet is added once, not per page
+
+
+def _result(dom: str) -> dict[str, object]:
+    found = re.search(r'<pre id="result">(.*?)</pre>', dom, re.S)
+    assert found, "the driver script did not run: " + dom[-1000:]
+    text = found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+    loaded: dict[str, object] = json.loads(text.replace("&amp;", "&"))
+    return loaded
+
+
+# Tab reaches one cell per panel; the arrow keys, Home and End move from cell to cell. The
+# outline of the active cell must be the topmost thing over it, and must let the pointer
+# through to the cell; the turned axis name must keep clear of the row labels.
+KEYBOARD = """
+window.addEventListener("load", function () {
+  function key(name) {
+    document.activeElement.dispatchEvent(
+      new KeyboardEvent("keydown", {key: name, bubbles: true, cancelable: true}));
+    var cell = document.activeElement;
+    return [cell.getAttribute("data-q"), cell.getAttribute("data-k")].join(",");
+  }
+  var fig = document.querySelector("[data-attn-heatmap]");
+  var panel = fig.querySelector('.attn-heatmap-panel[data-panel="0"]');
+  var result = {};
+  result.tabbable = Array.from(fig.querySelectorAll(".attn-heatmap-panel")).map(function (p) {
+    return p.querySelectorAll('.attn-heatmap-cell[tabindex="0"]').length;
+  });
+  result.focusable = panel.querySelectorAll('.attn-heatmap-cell[tabindex="-1"]').length;
+  panel.querySelector('.attn-heatmap-cell[tabindex="0"]').focus();
+  result.moves = [key("ArrowRight"), key("ArrowDown"), key("ArrowDown"), key("End"),
+                  key("ArrowRight"), key("Home"), key("ArrowUp"), key("ArrowUp")];
+  result.readout = fig.querySelector(".attn-heatmap-readout").textContent;
+  result.tabindex = document.activeElement.getAttribute("tabindex");
+  var outline = panel.querySelector(".attn-heatmap-outline");
+  var rect = document.activeElement.querySelector("rect");
+  result.outlineVisible = outline.getAttribute("visibility");
+  result.outlineLast = outline === outline.parentNode.lastElementChild;
+  var o = outline.getBoundingClientRect(), c = rect.getBoundingClientRect();
+  result.outlineInside = o.left > c.left && o.right < c.right && o.top > c.top &&
+    o.bottom < c.bottom;
+  var hit = document.elementFromPoint(o.left + 1.5, o.top + o.height / 2);
+  result.pointerReachesCell = hit === rect;
+  var title = panel.querySelector("svg > text:nth-of-type(2)").getBoundingClientRect();
+  var rows = Array.from(panel.querySelectorAll(".attn-heatmap-row")).map(function (r) {
+    return r.getBoundingClientRect().left;
+  });
+  result.titleGap = Math.min.apply(null, rows) - title.right;
+  var out = document.createElement("pre");
+  out.id = "result";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+});
+"""
+
+
+def test_browser_keyboard_moves_between_cells_and_reads_positions(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    weights = torch.softmax(torch.randn(2, 4, 5), dim=-1)
+    rows = ["the", "WWWWWWWW", "the", "mm"]  # a repeated token and wide labels
+    snippet = interactive_heatmap(weights, rows, COLS, cell_size=30)
+    page = _page(tmp_path, snippet).read_text(encoding="utf-8")
+    page = page.replace(DRIVER, KEYBOARD)
+    (tmp_path / "page.html").write_text(page, encoding="utf-8")
+    result = _result(_dump_dom(tmp_path / "page.html", tmp_path))
+    assert result["tabbable"] == [1, 1]  # one Tab stop per panel, not one per cell
+    assert result["focusable"] == 4 * 5 - 1
+    # Right, down, down, End (row end), right (at the edge: stays), Home, up, up.
+    assert result["moves"] == ["0,1", "1,1", "2,1", "2,4", "2,4", "2,0", "1,0", "0,0"]
+    assert result["tabindex"] == "0"  # the focused cell is the panel's Tab stop now
+    # The read-out tells the two "the" apart by position.
+    assert result["readout"] == f"head 1, query 0 (the) → key 0 (k1): weight {weights[0, 0, 0]:.4f}"
+    assert result["outlineVisible"] == "visible"
+    assert result["outlineLast"] is True
+    assert result["outlineInside"] is True
+    assert result["pointerReachesCell"] is True
+    assert isinstance(result["titleGap"], float | int)
+    assert result["titleGap"] >= 4, "the turned 'query' title touches the row labels"
+
+
+def _min_font_px(svg: Path) -> tuple[float, float]:
+    """Smallest font size of any text in `svg` (viewBox units) and the viewBox width."""
+
+    def size(value: str | None, parent: float) -> float:
+        if value is None:
+            return parent
+        value = value.strip()
+        if value.endswith("%"):
+            return parent * float(value[:-1]) / 100
+        if value.endswith("em"):
+            return parent * float(value[:-2])
+        return float(value.removesuffix("px"))
+
+    smallest = float("inf")
+
+    def walk(element: ET.Element, parent: float) -> None:
+        nonlocal smallest
+        own = size(element.get("font-size"), parent)
+        if (
+            element.tag.rsplit("}", 1)[-1] in ("text", "tspan")
+            and "".join(element.itertext()).strip()
+        ):
+            smallest = min(smallest, own)
+        for child in element:
+            walk(child, own)
+
+    root = ET.parse(svg).getroot()
+    walk(root, 16.0)
+    return smallest, float((root.get("viewBox") or "").split()[2])
+
+
+@pytest.fixture(scope="module")
+def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-page site built with the real theme, scripts and stylesheet, as on the site."""
+    root = tmp_path_factory.mktemp("offline")
+    docs = root / "docs"
+    for sub in ("images", "javascripts", "stylesheets"):
+        (docs / "assets" / sub).mkdir(parents=True)
+    shutil.copy(SCRIPT, docs / "assets" / "javascripts")
+    shutil.copy(STYLESHEET, docs / "assets" / "stylesheets")
+    names = sorted(path.name for path in IMAGES.glob("*.svg"))
+    for name in names:
+        shutil.copy(IMAGES / name, docs / "assets" / "images")
+    weights = torch.tensor([[[0.5, 0.5], [0.2, 0.8]], [[0.1, 0.9], [0.3, 0.7]]])
+    (docs / "index.md").write_text(
+        "# Heatmap\n\n" + interactive_heatmap(weights, ["x", "y"], ["u", "v"]) + "\n",
+        encoding="utf-8",
+    )
+    (docs / "diagrams.md").write_text(
+        "# Diagrams\n\n" + "".join(f"![{name}](assets/images/{name})\n\n" for name in names),
+        encoding="utf-8",
+    )
+    (root / "mkdocs.yml").write_text(
+        "site_name: offline\n"
+        "use_directory_urls: false\n"
+        "theme:\n  name: material\n  font: false\n"
+        "  features: [navigation.instant]\n"
+        "plugins: []\n"
+        "markdown_extensions: [attr_list, md_in_html]\n"
+        "extra_css: [assets/stylesheets/extra.css]\n"
+        "extra_javascript: [assets/javascripts/attention-heatmap.js]\n"
+        "nav: [index.md, diagrams.md]\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "-q", "-f", str(root / "mkdocs.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return root / "site"
+
+
+def _with_driver(site: Path, page: str, driver: str, width: int | None = None) -> Path:
+    """A copy of a built page that runs `driver` after the page's own scripts.
+
+    With `width`, the copy is shown in an iframe that wide (headless Chromium's window is
+    at least about 500 px): the driver posts its result to the frame's parent, which
+    writes it into its own DOM for `--dump-dom`.
+    """
+    html = (site / page).read_text(encoding="utf-8")
+    copy = site / ("driven-" + page)
+    copy.write_text(html.replace("</body>", f"<script>{driver}</script></body>"), "utf-8")
+    if width is None:
+        return copy
+    frame = site / ("frame-" + page)
+    frame.write_text(
+        "<!doctype html><html><body style='margin:0'>"
+        f"<iframe src='{copy.name}' width='{width}' height='900' style='border:0'></iframe>"
+        "<script>window.addEventListener('message', function (event) {"
+        "var out = document.createElement('pre'); out.id = 'result';"
+        "out.textContent = event.data; document.body.appendChild(out); });</script>"
+        "</body></html>",
+        encoding="utf-8",
+    )
+    return frame
+
+
+# Material's instant navigation does not emit `document$` on a page opened from file://;
+# the heatmap must work there anyway. The driver waits for the page to settle first.
+OFFLINE = """
+window.addEventListener("load", function () { setTimeout(function () {
+  var fig = document.querySelector("[data-attn-heatmap]");
+  var result = {material: typeof document$ !== "undefined",
+                ready: fig.hasAttribute("data-attn-ready"),
+                selectShown: fig.querySelector(".attn-heatmap-select").getClientRects().length > 0};
+  fig.querySelectorAll(".attn-heatmap-select button")[1].click();
+  result.shown = Array.from(fig.querySelectorAll(".attn-heatmap-panel")).map(function (p) {
+    return p.getClientRects().length > 0;
+  });
+  var cell = fig.querySelector(
+    '.attn-heatmap-panel[data-panel="1"] .attn-heatmap-cell[data-q="1"][data-k="0"]');
+  cell.dispatchEvent(new MouseEvent("mouseover", {bubbles: true}));
+  result.readout = fig.querySelector(".attn-heatmap-readout").textContent;
+  var out = document.createElement("pre");
+  out.id = "result";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+}, 300); });
+"""
+
+
+def test_browser_heatmap_works_in_a_built_page_opened_from_file(
+    offline_site: Path, tmp_path: Path
+) -> None:
+    page = _with_driver(offline_site, "index.html", OFFLINE)
+    result = _result(_dump_dom(page, tmp_path))
+    assert result["material"] is True  # the theme's bundle ran: this is Material's page
+    assert result["ready"] is True
+    assert result["selectShown"] is True
+    assert result["shown"] == [False, True]
+    assert result["readout"] == "head 2, query 1 (y) → key 0 (u): weight 0.3000"
+
+
+MEASURE = """
+document.documentElement.style.scrollbarWidth = "none";  // a phone's scrollbars overlay
+window.addEventListener("load", function () { setTimeout(function () {
+  var result = {column: document.querySelector("article.md-typeset").clientWidth,
+                viewport: window.innerWidth,
+                page: document.documentElement.scrollWidth, images: {}};
+  document.querySelectorAll("article img").forEach(function (img) {
+    var box = img.parentElement;
+    result.images[img.getAttribute("alt")] = {
+      width: img.getBoundingClientRect().width,
+      scrolls: box.scrollWidth > box.clientWidth && getComputedStyle(box).overflowX === "auto",
+      hint: getComputedStyle(box, "::after").content,
+    };
+  });
+  parent.postMessage(JSON.stringify(result), "*");
+}, 300); });
+"""
+
+
+def test_browser_every_diagram_shows_11px_text_on_a_phone(
+    offline_site: Path, tmp_path: Path
+) -> None:
+    page = _with_driver(offline_site, "diagrams.html", MEASURE, width=390)
+    result = _result(_dump_dom(page, tmp_path))
+    assert isinstance(result["column"], int)
+    assert 300 < result["column"] < 390  # the theme's phone layout: a column of ~358 px
+    assert result["viewport"] == 390
+    assert result["page"] == 390  # a diagram scrolls in its box, the page does not
+    images = result["images"]
+    assert isinstance(images, dict)
+    assert sorted(images) == sorted(path.name for path in IMAGES.glob("*.svg"))
+    for name, shown in images.items():
+        smallest, view_width = _min_font_px(IMAGES / name)
+        effective = smallest * shown["width"] / view_width
+        assert effective >= 11, f"{name}: smallest text {effective:.1f} px at 390 px"
+        if shown["width"] > result["column"]:
+            assert shown["scrolls"], f"{name} is wider than the column but does not scroll"
+            assert "scroll sideways" in shown["hint"]

@@ -141,7 +141,7 @@ class _Cells(HTMLParser):
             self.cells.append({k: v or "" for k, v in a.items() if k.startswith("data-")})
         elif "attn-heatmap-panel" in cls:
             self.panels.append(a)
-        elif cls in ("attn-heatmap-select", "attn-heatmap-readout"):
+        elif cls in ("attn-heatmap-select", "attn-heatmap-readout", "attn-heatmap-hint"):
             self.hidden[cls] = "hidden" in a
         if tag == "button":
             self._text, self._where = [], "button"
@@ -190,7 +190,7 @@ def test_interactive_heatmap_one_cell_per_weight_with_its_readout() -> None:
         value = flat[n // 5, j].item()
         assert (int(cell["data-q"]), int(cell["data-k"])) == (i, j)
         assert float(cell["data-w"]) == pytest.approx(value, abs=5e-5)
-        assert cell["title"] == f"query {rows[i]} → key {cols[j]}: {value:.4f}"
+        assert cell["title"] == f"query {i} ({rows[i]}) → key {j} ({cols[j]}): {value:.4f}"
         assert cell["shown"] == f"{value:.2f}"
 
 
@@ -200,15 +200,26 @@ def test_interactive_heatmap_selector_lists_every_panel_first_shown() -> None:
     names = [f"layer {layer} · head {head}" for layer in (1, 2) for head in (1, 2, 3)]
     assert page.buttons == names
     assert [p["data-name"] for p in page.panels] == names
-    # Without the script only the first panel shows, and no dead controls.
+    # Without the script only the first panel shows, and no dead controls; a <noscript>
+    # line names the panels that cannot be shown.
     assert ["hidden" in p for p in page.panels] == [False] + [True] * 5
-    assert page.hidden == {"attn-heatmap-select": True, "attn-heatmap-readout": True}
+    assert page.hidden == {
+        "attn-heatmap-select": True,
+        "attn-heatmap-readout": True,
+        "attn-heatmap-hint": True,
+    }
+    html = interactive_heatmap(weights, list("abcd"), list("abcd"))
+    noscript = re.findall(r"<noscript>(.*?)</noscript>", html)
+    assert len(noscript) == 1
+    assert f"the first of 6 panels; the others ({', '.join(names[1:])})" in noscript[0]
 
     named = _parse(
         interactive_heatmap(weights[0], list("abcd"), list("abcd"), panel_names=list("xyz"))
     )
     assert named.buttons == ["x", "y", "z"]
-    single = _parse(interactive_heatmap(weights[0, 0], list("abcd"), list("abcd")))
+    single_html = interactive_heatmap(weights[0, 0], list("abcd"), list("abcd"))
+    assert "<noscript>" not in single_html  # one panel: nothing is missing without JS
+    single = _parse(single_html)
     assert single.buttons == []
     assert len(single.panels) == 1
     assert len(single.cells) == 16
@@ -228,7 +239,7 @@ def test_interactive_heatmap_escapes_labels() -> None:
     assert "<s>" not in html
     assert "&lt;s&gt;" in html
     assert "a&amp;b" in html
-    assert _parse(html).cells[0]["title"] == "query <s> → key x: 1.0000"
+    assert _parse(html).cells[0]["title"] == "query 0 (<s>) → key 0 (x): 1.0000"
 
 
 def test_interactive_heatmap_rejects_bad_input_with_named_argument() -> None:
@@ -254,7 +265,7 @@ def test_interactive_heatmap_rejects_bad_input_with_named_argument() -> None:
 
 def test_interactive_heatmap_cell_size_and_annotate() -> None:
     weights = torch.softmax(torch.randn(3, 7), dim=-1)
-    rows, cols = list("abc"), list("tuvwxyz")
+    rows, cols = list("abc"), list("abcdegh")
     small = interactive_heatmap(weights, rows, cols, cell_size=16, annotate=False)
     sizes = re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="(\d+)" height="(\d+)"', small)
     assert sizes == [("16", "16")] * 21
@@ -270,3 +281,16 @@ def test_interactive_heatmap_cell_size_and_annotate() -> None:
     assert width[1] - width[0] == 7 * (40 - 16)
     with pytest.raises(ValueError, match="cell_size must be an int of at least 8 pixels"):
         interactive_heatmap(weights, rows, cols, cell_size=4)
+
+
+def test_interactive_heatmap_outline_is_drawn_after_every_cell() -> None:
+    # SVG paints in document order: an outline drawn on a cell's own rect is covered by
+    # the cells after it, so each panel draws one outline last, above all of them.
+    html = interactive_heatmap(torch.rand(2, 3, 3), list("abc"), list("abc"), cell_size=30)
+    panels = re.findall(r"<svg .*?</svg>", html)
+    assert len(panels) == 2
+    for svg in panels:
+        last = re.findall(r"<rect [^>]*/>", svg)[-1]
+        assert 'class="attn-heatmap-outline"' in last
+        assert 'width="27" height="27"' in last  # 1.5 px inside the cell on every side
+        assert 'pointer-events="none"' in last  # the cell under it still gets the pointer

@@ -250,7 +250,8 @@ def figure_to_svg(fig: Figure) -> str:
 # Plain SVG written here, no matplotlib: every cell is a <rect> that carries its query,
 # key and weight, so the page's script (docs/assets/javascripts/attention-heatmap.js) can
 # show a read-out, and a <title> so that a browser without the script still shows a
-# tooltip. Panels other than the first start hidden; the script reveals the selector.
+# tooltip. Panels other than the first start hidden; the script reveals the selector, and a
+# <noscript> line names the panels a reader without it cannot switch to.
 
 # Stops of a light-to-dark blue scale (after ColorBrewer's "Blues"); each cell has its own
 # fill and text colour, so the scale reads the same on Material's light and dark schemes.
@@ -265,8 +266,25 @@ _BLUES = (
     (0x08, 0x51, 0x9C),
     (0x08, 0x30, 0x6B),
 )
-_CHAR = 7.2  # px, rough width of one label character at the 12 px font
+# Generous widths (px) of characters at the 12 px font, by kind: the page's font is not
+# known here, so labels get room for the widest common sans-serif (DejaVu Sans).
+_WIDE, _UPPER, _NARROW, _OTHER = 12.0, 9.5, 4.5, 7.5
 _FONT = 12
+_TITLE_GAP = 30  # px left of the row labels: the turned axis name (12 px) and clear space
+
+
+def _label_width(text: str) -> float:
+    """An upper bound on the width of `text` at the 12 px font, in px."""
+    return sum(
+        _WIDE
+        if ch in "MWmw@%"
+        else _NARROW
+        if ch in "ijlft.,:;!|'()[] "
+        else _UPPER
+        if ch.isupper()
+        else _OTHER
+        for ch in text
+    )
 
 
 def _blues(position: float) -> str:
@@ -315,11 +333,12 @@ def _panel_svg(
     annotate: bool,
 ) -> str:
     t_q, t_k = matrix.shape
-    left = 18 + round(_CHAR * max(len(r) for r in rows)) + 8  # axis name, labels, gap
+    left = _TITLE_GAP + round(max(map(_label_width, rows))) + 8  # axis name, labels, gap
     # Column labels are turned 45 degrees: their height is their length over sqrt(2).
-    top = 20 + round(_CHAR * max(len(c) for c in cols) * 0.71) + 10
+    longest = max(map(_label_width, cols))
+    top = 20 + round(longest * 0.71) + 10
     # ... and reach past their column's centre to the right by as much.
-    right = max(4, round(_CHAR * max(len(c) for c in cols) * 0.71) - cell // 2 + 4)
+    right = max(4, round(longest * 0.71) - cell // 2 + 4)
     width = left + t_k * cell + right
     height = top + t_q * cell + 4
     span = vmax - vmin
@@ -334,7 +353,7 @@ def _panel_svg(
         f"<title>{escape(name)}</title>",
         f'<text x="{left + t_k * cell / 2:g}" y="12" text-anchor="middle" '
         f'fill="currentColor" font-weight="600">{escape(xlabel)}</text>',
-        f'<text transform="translate(12 {top + t_q * cell / 2:g}) rotate(-90)" '
+        f'<text transform="translate(13 {top + t_q * cell / 2:g}) rotate(-90)" '
         f'text-anchor="middle" fill="currentColor" font-weight="600">{escape(ylabel)}</text>',
     ]
     for j, col in enumerate(cols):
@@ -356,7 +375,7 @@ def _panel_svg(
             value = float(matrix[i, j])
             position = (value - vmin) / span if span > 0 else 0.0
             x, y = left + j * cell, top + i * cell
-            readout = f"query {rows[i]} → key {cols[j]}: {value:.4f}"
+            readout = f"query {i} ({rows[i]}) → key {j} ({cols[j]}): {value:.4f}"
             parts.append(
                 f'<g class="attn-heatmap-cell" data-q="{i}" data-k="{j}" '
                 f'data-w="{value:.4f}"><title>{escape(readout)}</title>'
@@ -371,6 +390,13 @@ def _panel_svg(
                 )
                 + "</g>"
             )
+    # The outline of the active cell is drawn last, so that no neighbour paints over it;
+    # the script moves it onto the cell under the pointer or the keyboard focus.
+    parts.append(
+        f'<rect class="attn-heatmap-outline" x="{left + 1.5:g}" y="{top + 1.5:g}" '
+        f'width="{cell - 3}" height="{cell - 3}" fill="none" stroke-width="3" '
+        'visibility="hidden" pointer-events="none"/>'
+    )
     parts.append("</svg></div>")
     return "".join(parts)
 
@@ -393,10 +419,13 @@ def interactive_heatmap(
     and a read-out of the cell under the pointer.
 
     Every cell shows its weight to two decimals and carries a tooltip
-    `query <token> → key <token>: <weight>`. With the site's script
-    (`docs/assets/javascripts/attention-heatmap.js`) the buttons switch between panels
-    (heads, or layer and head) and a read-out box shows the hovered or tapped cell; without
-    it the first panel shows, with its tooltips. All panels share one colour scale, from
+    `query <i> (<token>) → key <j> (<token>): <weight>`, positions counted from 0 as the
+    tensor is indexed (a repeated token is told apart by its position). With the site's
+    script (`docs/assets/javascripts/attention-heatmap.js`) the buttons switch between
+    panels (heads, or layer and head), the arrow keys move between cells, and a read-out
+    box shows the hovered, tapped or focused cell; a figure wider than its column scrolls
+    sideways and says so. Without the script the first panel shows, with its tooltips, and
+    a line names the panels it cannot switch to. All panels share one colour scale, from
     `vmin` to `vmax`, so their colours compare. Nothing is loaded from another host, and
     matplotlib is not needed.
 
@@ -436,7 +465,7 @@ def interactive_heatmap(
         True
         >>> html.count('class="attn-heatmap-cell"')  # 2 heads of 2 x 2 weights
         8
-        >>> 'data-w="0.4000"' in html, "query b → key a: 0.4000" in html
+        >>> 'data-w="0.4000"' in html, "query 1 (b) → key 0 (a): 0.4000" in html
         (True, True)
     """
     stack, index = _as_panels(weights)
@@ -485,6 +514,12 @@ def interactive_heatmap(
                 f'aria-pressed="{"true" if panel == 0 else "false"}">{escape(name)}</button>'
             )
         out.append("</div>")
+        out.append(
+            '<noscript><p class="attn-heatmap-noscript" style="font-size:.8em;margin:0 0 .5em">'
+            f"Showing {escape(names[0])}, the first of {len(names)} panels; the others ("
+            + escape(", ".join(names[1:]))
+            + ") need JavaScript to be shown.</p></noscript>"
+        )
     out.append(
         '<div class="attn-heatmap-scroll" style="overflow-x:auto;max-width:100%;padding:0 0 .3em">'
     )
@@ -506,10 +541,16 @@ def interactive_heatmap(
             )
         )
     out.append("</div>")
+    # Shown by the script while the drawing is wider than its box (a phone's column).
+    out.append(
+        '<p class="attn-heatmap-hint" hidden style="font-size:.75em;margin:.1em 0 0">'
+        "Wider than the screen: scroll sideways to see every column.</p>"
+    )
     out.append(
         '<output class="attn-heatmap-readout" aria-live="polite" hidden '
         'style="min-height:1.6em;font-size:.8em;margin:.2em 0 0">'
-        "Point at a cell (or tap it) to read its weight.</output>"
+        "Point at a cell, tap it, or focus it (Tab, then the arrow keys) to read its "
+        "weight.</output>"
     )
     out.append("</figure>")
     return "".join(out)
