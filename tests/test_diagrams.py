@@ -1,4 +1,9 @@
-"""The article's hand-drawn diagrams: valid SVG, self-contained, described, and used."""
+"""The hand-drawn diagrams: valid SVG, self-contained, described, used, and readable.
+
+How big their text is on a phone's screen is measured in a browser
+(tests/test_browser.py); here, that a drawing shown at its own size has no text below
+11 px, which is what the stylesheet does on a phone.
+"""
 
 from __future__ import annotations
 
@@ -54,3 +59,40 @@ def test_diagram_is_shown_with_alt_text(name: str, chapter: str) -> None:
     images = re.findall(r"!\[([^\]]*)\]\(\.\./assets/images/" + re.escape(name) + r"\)", page)
     assert len(images) == 1
     assert len(images[0]) > 80, "the alt text should describe the diagram"
+
+
+SMALLEST_TEXT_PX = 11.0
+
+
+def _font_sizes(element: ET.Element, inherited: float) -> list[tuple[float, str]]:
+    """(font size in viewBox units, text) for every text and tspan that shows text."""
+    value = (element.get("font-size") or "").strip()
+    size = (
+        inherited * float(value[:-1]) / 100
+        if value.endswith("%")
+        else inherited * float(value[:-2])
+        if value.endswith("em")
+        else float(value.removesuffix("px"))
+        if value
+        else inherited
+    )
+    found = []
+    own = (element.text or "").strip()
+    if element.tag.rsplit("}", 1)[-1] in ("text", "tspan") and own:
+        found.append((size, own))
+    for child in element:
+        found += _font_sizes(child, size)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in IMAGES.glob("*.svg")))
+def test_diagram_text_is_at_least_11px_at_its_own_size(name: str) -> None:
+    root = ET.parse(IMAGES / name).getroot()
+    # Shown at its own size, one viewBox unit is one CSS pixel.
+    view = [float(v) for v in (root.get("viewBox") or "").split()]
+    assert float(root.get("width", 0)) == view[2]
+    assert float(root.get("height", 0)) == view[3]
+    sizes = _font_sizes(root, 16.0)
+    assert sizes, "a diagram without text?"
+    small = [(size, text) for size, text in sizes if size < SMALLEST_TEXT_PX]
+    assert not small, f"text below {SMALLEST_TEXT_PX} px: {small[:5]}"
