@@ -1,7 +1,13 @@
 """Input checks shared by every public entry point, and the switch that turns them off.
 
 Each helper raises at the package boundary with a message in the user's terms: the
-argument's name, what was expected and what came. They are cheap (attribute reads only).
+argument's name, what was expected and what came. They are cheap: they read attributes
+(types, shapes, dtypes, devices), never the values inside a tensor, with one marked
+exception, [`check_scale`][attnlab._validation.check_scale] given a 0-d tensor. A check
+that must read values (a token id's range, a position's) syncs the host with the device
+on every call and cannot be traced by `torch.compile` or `torch.export`; it runs only
+where [`value_checks_enabled`][attnlab._validation.value_checks_enabled] is True, says
+so in its docstring ("reads values"), and is skipped while compiling or exporting.
 
 The checks of what a call receives (tensors, masks, per-call flags) run only while
 [`is_validation_enabled`][attnlab.is_validation_enabled] is True, the default;
@@ -44,6 +50,7 @@ __all__ = [
     "check_tensor",
     "check_tokens",
     "is_validation_enabled",
+    "value_checks_enabled",
     "set_validation",
     "validation",
 ]
@@ -97,6 +104,17 @@ def is_validation_enabled() -> bool:
         True
     """
     return _enabled
+
+
+def value_checks_enabled() -> bool:
+    """Whether checks that read tensor values may run now.
+
+    They need validation on, and nothing compiling or exporting: a value read is a host
+    sync, and `torch.compile` / `torch.export` (hence `torch.onnx.export(...,
+    dynamo=True)`) cannot trace it (`GuardOnDataDependentSymNode`). The checks of shapes,
+    dtypes and devices still run while tracing.
+    """
+    return _enabled and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
 @contextlib.contextmanager
@@ -235,9 +253,13 @@ def check_scale(name: str, value: object) -> float | None:
     """Return ``value`` as a Python float if it is None or a finite real number; raise otherwise.
 
     Accepted, as PyTorch's ``scaled_dot_product_attention`` accepts them: Python and NumPy
-    ints and floats, and 0-d real tensors (read with ``.item()``). Refused, where PyTorch
-    would compute garbage or raise something cryptic: bools, strings, tensors of more
-    than one element or of a bool or complex dtype, NaN and infinities.
+    ints and floats, and 0-d real tensors. Refused, where PyTorch would compute garbage
+    or raise something cryptic: bools, strings, tensors of more than one element or of a
+    bool or complex dtype, NaN and infinities.
+
+    Reads values for a 0-d tensor (``.item()``, a host sync); while compiling or
+    exporting that read and the finiteness check are skipped and the tensor is returned
+    as it is (see ``value_checks_enabled``).
     """
     if value is None:
         return None
@@ -247,6 +269,8 @@ def check_scale(name: str, value: object) -> float | None:
                 f"{name} must be a float, a 0-d real tensor or None, got a tensor of dtype "
                 f"{value.dtype} and shape {_shape(value)}"
             )
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return value  # type: ignore[return-value]
         value = value.item()
     elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {value!r} ({type(value).__name__})")
