@@ -50,9 +50,9 @@ __all__ = [
     "check_tensor",
     "check_tokens",
     "is_validation_enabled",
-    "value_checks_enabled",
     "set_validation",
     "validation",
+    "value_checks_enabled",
 ]
 
 _enabled = True
