@@ -5,14 +5,21 @@ sequence, in the parent process: outputs and the gradients of query, key and val
 which each rank returns for its own shard and the parent puts back together. Ranks are
 real processes (gloo over TCP on 127.0.0.1). Starting a process costs seconds (it
 imports torch), so one spawn of 4 ranks runs every case, each on a subgroup of 1, 2, 3
-or 4 ranks; the lengths (13 and 11) are divisible neither by the group sizes nor by the
-zigzag's 2P chunks, and batch 2, heads 3, E 8, Ev 5 all differ.
+or 4 ranks, and then lists the sockets the world listens on; the lengths (13 and 11)
+are divisible neither by the group sizes nor by the zigzag's 2P chunks, and batch 2,
+heads 3, E 8, Ev 5 all differ. What one process can check (a group of one rank, made
+in this process) is checked without spawning.
 """
 
 from __future__ import annotations
 
+import importlib
+import ipaddress
 import re
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -27,7 +34,6 @@ from attnlab.distributed import (
     spawn,
     unshard_sequence,
 )
-from attnlab.distributed._checks import fail_on_last_rank, run_cases, sleep
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -118,13 +124,49 @@ CASES = RING + BALANCE + LOW + BAD
 
 
 @pytest.fixture(scope="module")
-def results() -> list[list[Any]]:
-    """Results per case, then per rank of the case's group (one spawn for all cases)."""
-    per_rank = spawn(run_cases, WORLD, CASES, timeout=60, join_timeout=600)
+def workers() -> Iterator[ModuleType]:
+    """The module of the functions spawned ranks run, importable by name meanwhile.
+
+    A spawned process imports its function's module by name with the parent's
+    `sys.path`, so this folder is on it while the tests of this module run.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).parent))
+        yield importlib.import_module("distributed_workers")
+
+
+@pytest.fixture(scope="module")
+def world(workers: ModuleType) -> list[dict[str, Any]]:
+    """What every rank of the one spawned world returned: its cases, then its sockets."""
+    return spawn(workers.run_world, WORLD, CASES, timeout=60, join_timeout=600)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def results(world: list[dict[str, Any]]) -> list[list[Any]]:
+    """Results per case, then per rank of the case's group."""
     return [
-        [per_rank[rank][i] for rank in case["ranks"] if rank not in case.get("skip", ())]
+        [world[rank]["cases"][i] for rank in case["ranks"] if rank not in case.get("skip", ())]
         for i, case in enumerate(CASES)
     ]
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net")
+def test_spawned_world_listens_on_loopback_only(world: list[dict[str, Any]]) -> None:
+    parent = world[0]["parent"]
+    store_port = world[0]["store_port"]
+    listening = {entry for rank in world for entry in map(tuple, rank["listening"])}
+    # The store, served by the parent, and every rank's gloo listener were found...
+    assert any(pid == parent and port == store_port for pid, _, port in listening)
+    for rank in world:
+        assert any(pid == rank["pid"] for pid, _, _ in listening), rank["pid"]
+    # ... and none of them listens beyond this machine.
+    assert [e for e in listening if not _is_loopback(e[1])] == []
 
 
 def _unshard(case: dict[str, Any], got: list[Any], index: int) -> torch.Tensor:
@@ -223,17 +265,17 @@ def test_ring_attention_needs_initialised_process_group() -> None:
         ring_attention(q, q, q)
 
 
-def test_spawn_reports_every_failing_rank() -> None:
+def test_spawn_reports_every_failing_rank(workers: ModuleType) -> None:
     with pytest.raises(RuntimeError, match="2 of 2 ranks failed") as info:
-        spawn(fail_on_last_rank, 2, timeout=3, join_timeout=300)
+        spawn(workers.fail_on_last_rank, 2, timeout=3, join_timeout=300)
     assert "rank 1: ValueError: rank failed on purpose" in str(info.value)
     assert "rank 0: " in str(info.value)
 
 
-def test_spawn_kills_processes_after_join_timeout() -> None:
+def test_spawn_kills_processes_after_join_timeout(workers: ModuleType) -> None:
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"ranks \[0\] of 1 were still running after 4 s"):
-        spawn(sleep, 1, 3600.0, join_timeout=4)
+        spawn(workers.sleep, 1, 3600.0, join_timeout=4)
     assert time.monotonic() - start < 60
 
 

@@ -1,9 +1,12 @@
 """Start a group of processes on this machine, one per rank, and collect what they return.
 
 A small, test-friendly stand-in for `torchrun`: every process joins one process group
-over TCP on 127.0.0.1 (a free port found by binding port 0), runs a function, leaves the
-group, and returns its result to the parent. Nothing hangs: the process group has a
-timeout, and the parent can kill whatever is still running after a deadline.
+over TCP on 127.0.0.1, runs a function, leaves the group, and returns its result to the
+parent. Nothing listens beyond this machine: the parent holds the rendezvous store
+(a `TCPStore` served from a socket it bound to 127.0.0.1, as `torchrun`'s agent holds
+its store), and gloo is pinned to the loopback interface. Nothing hangs: the process
+group has a timeout, and the parent can kill whatever is still running after a
+deadline.
 """
 
 from __future__ import annotations
@@ -43,6 +46,42 @@ def free_port() -> int:
     return port
 
 
+def _loopback_interface() -> str | None:
+    """The name of the loopback network interface (`lo` on Linux, `lo0` on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:  # pragma: no cover - platforms without if_nameindex
+        return None
+    return next((name for name in names if name.startswith("lo")), None)
+
+
+def _loopback_store(timeout: float) -> tuple[dist.TCPStore, int]:
+    """A rendezvous store served from a socket bound to 127.0.0.1; and its port.
+
+    `TCPStore(..., is_master=True)` alone listens on every interface; given the socket
+    (`master_listen_fd`), it serves from that one. Binding port 0 lets the OS pick a
+    free port, and keeping the socket means no other process can take it meanwhile.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        port: int = listener.getsockname()[1]
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout),
+            master_listen_fd=listener.fileno(),
+        )
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the socket now, and closes it when freed
+    return store, port
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -53,12 +92,15 @@ def spawn(
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` in `world_size` new processes forming one group.
 
-    Each process sets `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`, `RANK` and `WORLD_SIZE`,
-    calls `torch.distributed.init_process_group(backend, timeout=timeout)`, runs `fn`,
-    and destroys the group, also when `fn` raises. Like `torchrun`, it divides the CPU
-    cores between the processes (`torch.set_num_threads`), so that they do not compete
-    for them. `fn` and `args` must be picklable (a
-    function defined at the top level of an importable module), and so must the results.
+    The parent serves the rendezvous store on 127.0.0.1 only; each process sets
+    `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` (the store's), `RANK`, `WORLD_SIZE` and
+    `GLOO_SOCKET_IFNAME` (the loopback interface), calls
+    `torch.distributed.init_process_group(backend, store=..., timeout=timeout)` with a
+    client of that store, runs `fn`, and destroys the group, also when `fn` raises.
+    Like `torchrun`, it divides the CPU cores between the processes
+    (`torch.set_num_threads`), so that they do not compete for them. `fn` and `args`
+    must be picklable (a function defined at the top level of an importable module),
+    and so must the results.
 
     Args:
         fn: The function every rank runs.
@@ -85,7 +127,23 @@ def spawn(
         ['rank 0 of 2', 'rank 1 of 2']
     """
     check_positive_int("world_size", world_size)
-    port = free_port()
+    store, port = _loopback_store(timeout)
+    try:
+        return _run(fn, world_size, args, port, backend, timeout, join_timeout)
+    finally:
+        del store  # stops serving: the port is closed when spawn returns
+
+
+def _run(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...],
+    port: int,
+    backend: str,
+    timeout: float,
+    join_timeout: float | None,
+) -> list[Any]:
+    """Start the processes, wait for them (or kill them), collect their results."""
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="attnlab-spawn-") as tmp:
         processes = [
@@ -143,14 +201,16 @@ def _run_rank(
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
     )
+    loopback = _loopback_interface()
+    if loopback is not None:  # gloo's sockets: on loopback, not on the host's address
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     result: tuple[str, Any]
     try:
+        wait = datetime.timedelta(seconds=timeout)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=wait)
         dist.init_process_group(
-            backend,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            backend, store=store, rank=rank, world_size=world_size, timeout=wait
         )
         try:
             result = ("ok", fn(rank, world_size, *args))
