@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from attnlab import functional as F
+from attnlab import masks
 from attnlab.self_attention import SelfAttention
 
 __all__ = ["CausalSelfAttention"]
@@ -43,7 +43,7 @@ class CausalSelfAttention(SelfAttention):
 
     def _mask(self, x: Tensor) -> Tensor:
         t = x.shape[-2]
-        return F.causal_mask(t, t, device=x.device)  # (t, t), broadcasts over the batch
+        return masks.causal(t, device=x.device)  # (t, t), broadcasts over the batch
 
     def attention_weights(self, x: Tensor) -> Tensor:
         """Causal attention weights of `x`; zero above the diagonal.

@@ -83,13 +83,14 @@ class SelfAttention(nn.Module):
     def _weights(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
         queries = x @ self.W_query  # (..., t_q, d_out_kq)
         keys = context @ self.W_key  # (..., t_k, d_out_kq)
-        scores = F.attention_scores(queries, keys)  # (..., t_q, t_k)
-        return F.scaled_softmax(scores, self.d_out_kq, mask)
+        # The inputs were checked at the public boundary: the unvalidated steps from here.
+        scores = F.attention_scores_impl(queries, keys)  # (..., t_q, t_k)
+        return F.scaled_softmax_impl(scores, self.d_out_kq, mask)
 
     def _attend(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
         weights = self._weights(x, context, mask)  # (..., t_q, t_k)
         values = context @ self.W_value  # (..., t_k, d_out_v)
-        return F.context_vectors(weights, values)  # (..., t_q, d_out_v)
+        return F.context_vectors_impl(weights, values)  # (..., t_q, d_out_v)
 
     def attention_weights(self, x: Tensor) -> Tensor:
         """Attention weights of `x` attending to itself.
@@ -163,10 +164,10 @@ class MultiHeadAttentionWrapper(nn.Module):
         Returns:
             Context vectors, `(..., t, num_heads * d_out_v)`.
         """
+        heads = [head for head in self.heads if isinstance(head, SelfAttention)]
         if is_validation_enabled():
-            first = self.heads[0]
-            assert isinstance(first, SelfAttention)
-            owner = type(self).__name__
+            first, owner = heads[0], type(self).__name__
             check_tokens("x", x, features=first.d_in, param="d_in", owner=owner, like=first.W_query)
-        per_head = [head(x) for head in self.heads]  # num_heads x (..., t, d_out_v)
+        # Checked once here, for every head: the heads' unvalidated path.
+        per_head = [head._attend(x, x, None) for head in heads]  # num_heads x (..., t, d_out_v)
         return torch.cat(per_head, dim=-1)  # (..., t, num_heads * d_out_v)
