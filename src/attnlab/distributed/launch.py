@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # not in its __all__
 
 from attnlab._validation import check_positive_int
 
@@ -55,7 +56,7 @@ def _loopback_interface() -> str | None:
     return next((name for name in names if name.startswith("lo")), None)
 
 
-def _loopback_store(timeout: float) -> tuple[dist.TCPStore, int]:
+def _loopback_store(timeout: float) -> tuple[TCPStore, int]:
     """A rendezvous store served from a socket bound to 127.0.0.1; and its port.
 
     `TCPStore(..., is_master=True)` alone listens on every interface; given the socket
@@ -67,7 +68,7 @@ def _loopback_store(timeout: float) -> tuple[dist.TCPStore, int]:
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)
         port: int = listener.getsockname()[1]
-        store = dist.TCPStore(
+        store = TCPStore(
             "127.0.0.1",
             port,
             is_master=True,
@@ -208,7 +209,7 @@ def _run_rank(
     result: tuple[str, Any]
     try:
         wait = datetime.timedelta(seconds=timeout)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=wait)
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=wait)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=wait
         )
