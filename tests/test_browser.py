@@ -335,16 +335,24 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "# Diagrams\n\n" + "".join(f"![{name}](assets/images/{name})\n\n" for name in names),
         encoding="utf-8",
     )
+    (docs / "text.md").write_text(
+        "# Grouped-query and multi-query attention\n\n"
+        "```python\nx = 1\n```\n\n"
+        '??? success "Solution"\n\n    ```python\n    y = 2\n    ```\n\n'
+        '!!! note "Note"\n\n    ```python\n    z = 3\n    ```\n',
+        encoding="utf-8",
+    )
     (root / "mkdocs.yml").write_text(
         "site_name: offline\n"
         "use_directory_urls: false\n"
         "theme:\n  name: material\n  font: false\n"
         "  features: [navigation.instant]\n"
         "plugins: []\n"
-        "markdown_extensions: [attr_list, md_in_html]\n"
+        "markdown_extensions: [admonition, attr_list, md_in_html, pymdownx.details,"
+        " pymdownx.superfences, {toc: {permalink: true}}]\n"
         "extra_css: [assets/stylesheets/extra.css]\n"
         "extra_javascript: [assets/javascripts/attention-heatmap.js]\n"
-        "nav: [index.md, diagrams.md]\n",
+        "nav: [index.md, diagrams.md, text.md]\n",
         encoding="utf-8",
     )
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -459,3 +467,43 @@ def test_browser_every_diagram_shows_11px_text_on_a_phone(
         if shown["width"] > result["column"]:
             assert shown["scrolls"], f"{name} is wider than the column but does not scroll"
             assert "scroll sideways" in shown["hint"]
+
+
+# Code in a collapsed solution or an admonition has the size of code elsewhere; a
+# heading's permalink never wraps onto a line of its own, at any column width.
+TEXT = """
+window.addEventListener("load", function () { setTimeout(function () {
+  function size(selector) {
+    return getComputedStyle(document.querySelector(selector)).fontSize;
+  }
+  var result = {viewport: window.innerWidth,
+                code: size("article > .highlight pre > code"),
+                solution: size("article details pre > code"),
+                note: size("article .admonition pre > code"),
+                alone: []};
+  var article = document.querySelector("article.md-typeset");
+  var heading = article.querySelector("h1");
+  var link = heading.querySelector(".headerlink");
+  var text = document.createRange();
+  text.selectNodeContents(heading.firstChild);
+  for (var width = 200; width <= 700; width += 2) {
+    article.style.width = width + "px";
+    var lines = text.getClientRects();
+    var last = lines[lines.length - 1];
+    if (link.getBoundingClientRect().top > last.bottom - 1) result.alone.push(width);
+  }
+  var out = document.createElement("pre");
+  out.id = "result";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+}, 300); });
+"""
+
+
+def test_browser_solution_code_and_permalinks(offline_site: Path, tmp_path: Path) -> None:
+    page = _with_driver(offline_site, "text.html", TEXT)
+    result = _result(_dump_dom(page, tmp_path))
+    assert result["viewport"] == 1280  # a desktop width, where code is set smaller
+    assert result["solution"] == result["code"], "code in a solution is smaller"
+    assert result["note"] == result["code"]
+    assert result["alone"] == [], "widths at which the permalink wraps alone"
