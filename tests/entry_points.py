@@ -1,0 +1,352 @@
+"""The registry of attnlab's public entry points, shared by the cross-cutting test suites.
+
+`ENTRIES` lists every public way to run attention (modules and their methods, functions,
+RoPE, the KV caches), each with the float inputs it takes and how to call it;
+`tests/test_numerics.py` runs every numerical property over all of it and
+`tests/test_validation.py` every check of bad input that applies to all, so a new entry
+point gets every check by being added here. Tensors on the `meta` device (shapes and
+dtypes without data) stand in for a second device.
+
+Ring attention is not listed: it needs a process group per call (`test_distributed.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import (
+    CausalSelfAttention,
+    CrossAttention,
+    DynamicKVCache,
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    MultiHeadLatentAttention,
+    SelfAttention,
+    StaticKVCache,
+    masks,
+    rope,
+)
+from attnlab import functional as AF
+
+# All sizes differ (a swapped pair of axes cannot pass by luck), and they are small: the
+# finite differences of gradcheck cost two forward passes per input element and parameter.
+B, T, S, D_IN, D_CTX, D_KQ, D_V, D_OUT, HEADS = 2, 3, 4, 5, 7, 6, 9, 8, 2
+sdpa_torch = nn.functional.scaled_dot_product_attention
+
+
+@dataclass
+class Entry:
+    """A public entry point: what to build, which float inputs it takes, how to call it.
+
+    `names` maps an input's key to the argument name the entry's messages use for it
+    (default: the key itself); `query` is the input whose length is the number of queries
+    (None where an empty query input makes no sense for the entry).
+    """
+
+    shapes: dict[str, tuple[int, ...]]
+    call: Callable[[nn.Module | None, dict[str, Tensor]], Tensor]
+    build: Callable[[], nn.Module] | None = None
+    weights: bool = False  # the output is attention weights (rows sum to 1)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    query: str | None = "x"
+    custom_backward: bool = False  # its gradient is hand-written (gradcheck it)
+
+
+def _key_padding(inputs: dict[str, Tensor], name: str = "context") -> Tensor:
+    # The second sequence has 3 real tokens out of S, the first has all of them. Built on the
+    # CPU and moved: the mask depends on the values of the lengths, which `meta` lacks.
+    return masks.key_padding([S, 3], max_len=S).to(inputs[name].device)
+
+
+def _bottom_right(inputs: dict[str, Tensor]) -> Tensor:
+    # More queries than keys: the first queries have no key in their past at all.
+    t_q, t_k = inputs["q"].shape[-2], inputs["k"].shape[-2]
+    return masks.causal(t_q, t_k, align="bottom-right", device=inputs["q"].device)
+
+
+def _blocked_keys(inputs: dict[str, Tensor]) -> Tensor:
+    # nn.MultiheadAttention's key_padding_mask for the same lengths: (b, s), True = padding.
+    return ~masks.padding([S, 3], max_len=S).to(inputs["context"].device)
+
+
+def _mha_kv(backend: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        mha = MultiHeadAttention(D_IN, D_OUT, HEADS, d_context=D_CTX, d_value=D_V, backend=backend)  # type: ignore[arg-type]
+        return mha.eval()
+
+    return build
+
+
+def build_mha(backend: str, cross: bool) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        d_context = D_CTX if cross else None
+        return MultiHeadAttention(D_IN, D_OUT, HEADS, d_context=d_context, backend=backend).eval()  # type: ignore[arg-type]
+
+    return build
+
+
+def _m(module: nn.Module | None) -> Any:
+    assert module is not None
+    return module
+
+
+QKV_NAMES: dict[str, Any] = {"names": {"q": "query", "k": "key", "v": "value"}, "query": "q"}
+KV_NAMES: dict[str, Any] = {"names": {"k": "key", "v": "value"}, "query": None}
+
+# GQA and MLA: d_model, heads of an even size (RoPE rotates pairs), 2 key/value heads.
+D_MODEL, GQA_HEADS, KV_HEADS = 12, 4, 2
+
+
+def _gqa(backend: str, window: int | None = None) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        return GroupedQueryAttention(
+            D_MODEL,
+            GQA_HEADS,
+            KV_HEADS,
+            head_dim=4,
+            window=window,
+            backend=backend,  # type: ignore[arg-type]
+        ).eval()
+
+    return build
+
+
+def _mla() -> nn.Module:
+    return MultiHeadLatentAttention(
+        D_MODEL, HEADS, kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=3
+    ).eval()
+
+
+def _decode(module: Any, x: Tensor, **kwargs: Any) -> Tensor:
+    """Prefill all tokens of `x` but the last into a cache, then decode the last one."""
+    cache = DynamicKVCache()
+    module(x[:, :-1], cache=cache, **({"is_causal": True} if "absorb" in kwargs else {}))
+    out: Tensor = module(x[:, -1:], cache=cache, **kwargs)
+    return out  # (b, 1, d_model)
+
+
+def _static(inputs: dict[str, Tensor]) -> StaticKVCache:
+    k, v = inputs["k"], inputs["v"]
+    b, h, t, e = k.shape
+    return StaticKVCache(b, 2 * t, h, e, v_head_dim=v.shape[-1], dtype=k.dtype, device=k.device)
+
+
+def _two_updates(cache: Any, inputs: dict[str, Tensor]) -> Tensor:
+    """Append the inputs, then their doubles; keys and values side by side."""
+    cache.update(inputs["k"], inputs["v"])
+    keys, values = cache.update(2 * inputs["k"], 2 * inputs["v"])
+    return torch.cat([keys, values], dim=-1)  # (b, h, 2t, e + ev)
+
+
+X = {"x": (B, T, D_IN)}
+X_GQA = {"x": (B, T, D_MODEL)}
+KV = {"k": (B, KV_HEADS, T, D_KQ), "v": (B, KV_HEADS, T, D_V)}
+XC = {"x": (B, T, D_IN), "context": (B, S, D_IN)}
+XC_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX)}
+XCV_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX), "value": (B, S, D_V)}
+QKV = {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ), "v": (B, HEADS, S, D_V)}
+
+ENTRIES: dict[str, Entry] = {
+    "SelfAttention": Entry(X, lambda m, i: _m(m)(i["x"]), lambda: SelfAttention(D_IN, D_KQ, D_V)),
+    "SelfAttention.attention_weights": Entry(
+        X,
+        lambda m, i: _m(m).attention_weights(i["x"]),
+        lambda: SelfAttention(D_IN, D_KQ, D_V),
+        weights=True,
+    ),
+    "CausalSelfAttention": Entry(
+        X, lambda m, i: _m(m)(i["x"]), lambda: CausalSelfAttention(D_IN, D_KQ, D_V)
+    ),
+    "CausalSelfAttention.attention_weights": Entry(
+        X,
+        lambda m, i: _m(m).attention_weights(i["x"]),
+        lambda: CausalSelfAttention(D_IN, D_KQ, D_V),
+        weights=True,
+    ),
+    "CrossAttention": Entry(
+        XC, lambda m, i: _m(m)(i["x"], i["context"]), lambda: CrossAttention(D_IN, D_KQ, D_V)
+    ),
+    "CrossAttention.attention_weights": Entry(
+        XC,
+        lambda m, i: _m(m).attention_weights(i["x"], i["context"]),
+        lambda: CrossAttention(D_IN, D_KQ, D_V),
+        weights=True,
+    ),
+    "MultiHeadAttentionWrapper": Entry(
+        X, lambda m, i: _m(m)(i["x"]), lambda: MultiHeadAttentionWrapper(D_IN, D_KQ, D_V, HEADS)
+    ),
+    "MultiHeadAttention[torch] causal": Entry(
+        X, lambda m, i: _m(m)(i["x"], is_causal=True), build_mha("torch", cross=False)
+    ),
+    "MultiHeadAttention[scratch] causal": Entry(
+        X, lambda m, i: _m(m)(i["x"], is_causal=True), build_mha("scratch", cross=False)
+    ),
+    "MultiHeadAttention[torch] cross padded": Entry(
+        XC_MHA,
+        lambda m, i: _m(m)(i["x"], i["context"], attn_mask=_key_padding(i)),
+        build_mha("torch", cross=True),
+    ),
+    "MultiHeadAttention[scratch] cross padded": Entry(
+        XC_MHA,
+        lambda m, i: _m(m)(i["x"], i["context"], attn_mask=_key_padding(i)),
+        build_mha("scratch", cross=True),
+    ),
+    "MultiHeadAttention[torch] value, key_padding_mask": Entry(
+        XCV_MHA,
+        lambda m, i: _m(m)(
+            i["x"], i["context"], i["value"], key_padding_mask=_blocked_keys(i), is_causal=True
+        ),
+        _mha_kv("torch"),
+    ),
+    "MultiHeadAttention[scratch] need_weights": Entry(
+        XC_MHA,
+        lambda m, i: _m(m)(
+            i["x"],
+            i["context"],
+            key_padding_mask=_blocked_keys(i),
+            need_weights=True,
+            average_attn_weights=False,
+        )[1],
+        build_mha("scratch", cross=True),
+        weights=True,
+    ),
+    "MultiHeadAttention.attention_weights": Entry(
+        XC_MHA,
+        lambda m, i: _m(m).attention_weights(i["x"], i["context"], attn_mask=_key_padding(i)),
+        build_mha("scratch", cross=True),
+        weights=True,
+    ),
+    "attention_scores": Entry(
+        {"q": (B, T, D_KQ), "k": (B, S, D_KQ)},
+        lambda m, i: AF.attention_scores(i["q"], i["k"]),
+        names={"q": "queries", "k": "keys"},
+        query="q",
+    ),
+    "scaled_softmax": Entry(
+        {"scores": (B, T, T)},
+        lambda m, i: AF.scaled_softmax(
+            i["scores"], D_KQ, AF.causal_mask(T, device=i["scores"].device)
+        ),
+        weights=True,
+        query=None,  # its mask is (T, T): see test_scaled_softmax_of_no_scores
+    ),
+    "context_vectors": Entry(
+        {"w": (B, T, S), "v": (B, S, D_V)},
+        lambda m, i: AF.context_vectors(i["w"], i["v"]),
+        names={"w": "weights", "v": "values"},
+        query="w",
+    ),
+    "scaled_dot_product_attention": Entry(
+        QKV, lambda m, i: AF.scaled_dot_product_attention(i["q"], i["k"], i["v"]), **QKV_NAMES
+    ),
+    "scaled_dot_product_attention causal": Entry(
+        QKV,
+        lambda m, i: AF.scaled_dot_product_attention(i["q"], i["k"], i["v"], is_causal=True),
+        **QKV_NAMES,
+    ),
+    "scaled_dot_product_attention bottom-right (fully masked rows)": Entry(
+        {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)},
+        lambda m, i: AF.scaled_dot_product_attention(i["q"], i["k"], i["v"], _bottom_right(i)),
+        **QKV_NAMES,
+    ),
+    "scaled_dot_product_attention additive mask": Entry(
+        QKV,
+        lambda m, i: AF.scaled_dot_product_attention(
+            i["q"],
+            i["k"],
+            i["v"],
+            masks.allowed_to_additive(_key_padding(i, "k"), i["q"].dtype),
+        ),
+        **QKV_NAMES,
+    ),
+    "scaled_dot_product_attention gqa": Entry(
+        {"q": (B, 4, T, D_KQ), "k": (B, 2, S, D_KQ), "v": (B, 2, S, D_V)},
+        lambda m, i: AF.scaled_dot_product_attention(
+            i["q"], i["k"], i["v"], enable_gqa=True, scale=0.3
+        ),
+        **QKV_NAMES,
+    ),
+    "attention_weights": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ)},
+        lambda m, i: AF.attention_weights(i["q"], i["k"], attn_mask=_key_padding(i, "k")),
+        weights=True,
+        **QKV_NAMES,
+    ),
+    "flash_attention": Entry(
+        QKV,
+        lambda m, i: AF.flash_attention(i["q"], i["k"], i["v"], block_size=(2, 3)),
+        custom_backward=True,
+        **QKV_NAMES,
+    ),
+    "flash_attention causal": Entry(
+        QKV,
+        lambda m, i: AF.flash_attention(i["q"], i["k"], i["v"], is_causal=True, block_size=4),
+        custom_backward=True,
+        **QKV_NAMES,
+    ),
+    "flash_attention window": Entry(
+        {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)},
+        lambda m, i: AF.flash_attention(i["q"], i["k"], i["v"], window=2, block_size=(2, 2)),
+        custom_backward=True,
+        **QKV_NAMES,
+    ),
+    "MultiHeadAttention[flash] causal": Entry(
+        X, lambda m, i: _m(m)(i["x"], is_causal=True), build_mha("flash", cross=False)
+    ),
+    "MultiHeadAttention[flash] cross window": Entry(
+        XC_MHA, lambda m, i: _m(m)(i["x"], i["context"], window=2), build_mha("flash", cross=True)
+    ),
+    "GroupedQueryAttention": Entry(X_GQA, lambda m, i: _m(m)(i["x"]), _gqa("torch")),
+    "GroupedQueryAttention[scratch] window": Entry(
+        X_GQA, lambda m, i: _m(m)(i["x"]), _gqa("scratch", window=2)
+    ),
+    "GroupedQueryAttention decode after a cache": Entry(
+        X_GQA, lambda m, i: _decode(_m(m), i["x"]), _gqa("torch"), query=None
+    ),
+    "MultiHeadLatentAttention causal": Entry(
+        X_GQA, lambda m, i: _m(m)(i["x"], is_causal=True), _mla
+    ),
+    "MultiHeadLatentAttention decode after a cache, absorbed": Entry(
+        X_GQA, lambda m, i: _decode(_m(m), i["x"], absorb=True), _mla, query=None
+    ),
+    "rope.apply_rope": Entry(
+        {"x": (B, HEADS, T, D_KQ)}, lambda m, i: rope.apply_rope(i["x"]), query=None
+    ),
+    "DynamicKVCache.update": Entry(KV, lambda m, i: _two_updates(DynamicKVCache(), i), **KV_NAMES),
+    "StaticKVCache.update": Entry(KV, lambda m, i: _two_updates(_static(i), i), **KV_NAMES),
+}
+
+
+def make_inputs(
+    entry: Entry,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    scale: float = 1.0,
+    requires_grad: bool = False,
+) -> dict[str, Tensor]:
+    return {
+        name: (torch.randn(shape, dtype=torch.float64) * scale)
+        .to(device=device, dtype=dtype)
+        .requires_grad_(requires_grad)
+        for name, shape in entry.shapes.items()
+    }
+
+
+def run(entry: Entry, inputs: dict[str, Tensor], module: nn.Module | None) -> Tensor:
+    return entry.call(module, inputs)
+
+
+def make_module(
+    entry: Entry, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> nn.Module | None:
+    if entry.build is None:
+        return None
+    return entry.build().to(device=device, dtype=dtype)
