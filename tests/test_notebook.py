@@ -1,29 +1,60 @@
-"""Each chapter's notebook is generated from it: same code, in order, executed, portable."""
+"""Each chapter's notebook is generated from it: same code, in order, executed, portable.
+
+The outputs come from the test session's run of each chapter's blocks (the `page_run`
+fixture of conftest.py), the same execution that the chapter's own items check.
+"""
 
 from __future__ import annotations
 
+import base64
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hooks import notebook, outputs
+from hooks import blocks, notebook, outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SITE = "https://example.org/attnlab/"
 API = {"attnlab.SelfAttention": "reference/modules/#attnlab.SelfAttention"}
 MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
-FIGURE_BLOCK = re.compile(r'^```python exec="on" html="1"', flags=re.M)
 DISPLAY = "from IPython.display import"  # how a figure cell starts in a notebook
+PageRun = Callable[[str], outputs.PageRun]
+
+
+_FAILED: dict[str, str] = {}  # chapters whose notebook could not be built: why
 
 
 @pytest.fixture(scope="module")
-def notebooks() -> dict[str, dict[str, Any]]:
-    return {
-        chapter: notebook.build_notebook(chapter, site_url=SITE, resolve=API.get)
-        for chapter in notebook.chapters()
-    }
+def notebooks(page_run: PageRun) -> dict[str, dict[str, Any]]:
+    # A chapter whose block raises fails its own items and test_every_notebook_builds;
+    # the other chapters' notebooks are still checked by the tests below.
+    built = {}
+    for chapter in notebook.chapters():
+        try:
+            built[chapter] = notebook.build_notebook(
+                chapter, site_url=SITE, resolve=API.get, run=page_run(f"docs/{chapter}")
+            )
+        except notebook.NotebookError as exc:
+            _FAILED[chapter] = str(exc)
+    return built
+
+
+def test_every_notebook_builds(notebooks: dict[str, dict[str, Any]]) -> None:
+    assert _FAILED == {}
+    assert list(notebooks) == notebook.chapters()
+
+
+def _blocks(chapter: str) -> list[blocks.Block]:
+    """The chapter's blocks that are code cells as they are (figures are rewritten)."""
+    every = blocks.code_blocks((DOCS / chapter).read_text("utf-8"), exec_blocks=True)
+    return [b for b in every if not _figure(b)]
+
+
+def _figure(block: blocks.Block) -> bool:
+    return block.fence is not None and block.is_exec and 'html="1"' in block.fence.info
 
 
 def _rich(data: dict[str, Any]) -> dict[str, str]:
@@ -36,21 +67,30 @@ def _cells(nb: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 def test_every_chapter_with_code_has_a_notebook() -> None:
-    chapters = sorted(p.name for p in (DOCS / "article").glob("[0-9][0-9]-*.md"))
+    pages = [
+        *sorted((DOCS / "article").glob("[0-9][0-9]-*.md")),
+        *sorted((DOCS / "beyond").glob("*.md")),
+        *sorted((DOCS / "modern").glob("*.md")),
+    ]
     with_code = [
-        f"article/{name}"
-        for name in chapters
-        if outputs.parse_blocks((DOCS / "article" / name).read_text("utf-8"))
+        str(page.relative_to(DOCS))
+        for page in pages
+        if blocks.code_blocks(page.read_text("utf-8"), exec_blocks=True)
     ]
     assert notebook.chapters() == with_code
-    assert len(with_code) >= 10
+    assert len([c for c in with_code if c.startswith("article/")]) >= 10
+    assert len([c for c in with_code if c.startswith(("beyond/", "modern/"))]) >= 10
+    assert "modern/index.md" not in with_code  # no code, no notebook
+    names = [notebook.notebook_name(c) for c in with_code]
+    assert len(set(names)) == len(names)
+    assert notebook.notebook_uri("modern/rope.md") == "notebooks/modern-rope/modern-rope.ipynb"
 
 
 def test_code_cells_are_the_chapters_blocks_in_order(
     notebooks: dict[str, dict[str, Any]],
 ) -> None:
     for chapter, nb in notebooks.items():
-        expected = [b.code.rstrip("\n") for b in outputs.parse_blocks((DOCS / chapter).read_text())]
+        expected = [b.code.rstrip("\n") for b in _blocks(chapter)]
         code = [c["source"].rstrip("\n") for c in _cells(nb, "code")]
         shown = [c for c in code if not c.startswith(DISPLAY)]
         assert shown == expected, chapter
@@ -61,18 +101,20 @@ def test_outputs_are_what_the_chapter_shows(notebooks: dict[str, dict[str, Any]]
     # fence (checked against the code at every build) is the independent reference.
     compared = 0
     for chapter, nb in notebooks.items():
-        blocks = outputs.parse_blocks((DOCS / chapter).read_text("utf-8"))
+        chapter_blocks = _blocks(chapter)
         cells = [c for c in _cells(nb, "code") if not c["source"].startswith(DISPLAY)]
-        assert len(cells) == len(blocks)
-        for k, (cell, block) in enumerate(zip(cells, blocks, strict=True), start=1):
+        assert len(cells) == len(chapter_blocks)
+        for k, (cell, block) in enumerate(zip(cells, chapter_blocks, strict=True), start=1):
             assert cell["execution_count"] is not None
             printed = "".join(o["text"] for o in cell["outputs"] if o["output_type"] == "stream")
-            if block.output is None:
+            if block.is_exec:  # markdown-exec shows what it prints (a table) as Markdown
+                assert printed.strip(), f"{chapter} cell {k}"
+            elif block.output is None:
                 assert printed == "", f"{chapter} cell {k}"
             else:
                 assert outputs.compare(block.output, printed) is None, f"{chapter} cell {k}"
                 compared += 1
-    assert compared > 50
+    assert compared > 150
 
 
 def test_chapter_figures_are_drawn_in_their_notebooks(
@@ -82,7 +124,8 @@ def test_chapter_figures_are_drawn_in_their_notebooks(
     # is a cell whose stored result is the same drawing, SVG or HTML with inline SVG.
     drawn = 0
     for chapter, nb in notebooks.items():
-        wanted = len(FIGURE_BLOCK.findall((DOCS / chapter).read_text("utf-8")))
+        every = blocks.code_blocks((DOCS / chapter).read_text("utf-8"), exec_blocks=True)
+        wanted = len([b for b in every if _figure(b)])
         figures = [
             value
             for cell in _cells(nb, "code")
@@ -98,7 +141,7 @@ def test_chapter_figures_are_drawn_in_their_notebooks(
         assert len(figure_cells) == wanted, chapter
         assert all("print(" not in c["source"].split("\n")[-1] for c in figure_cells)
         drawn += wanted
-    assert drawn >= 3  # chapters 07, 09 and 10 at least
+    assert drawn >= 10  # chapters 07, 09 and 10, masks, rope, gqa...
 
 
 def test_figure_source_displays_instead_of_printing() -> None:
@@ -132,10 +175,55 @@ def test_links_and_images_work_outside_the_site(notebooks: dict[str, dict[str, A
     assert f"{SITE}{API['attnlab.SelfAttention']}" in targets  # an autoref, resolved
 
 
+def test_downloads_embed_their_images(page_run: PageRun) -> None:
+    # A downloaded notebook shows its figures offline: each image of the site is a cell
+    # attachment, byte for byte the site's file.
+    chapter = "article/01-introducing-self-attention.md"
+    nb = notebook.build_notebook(
+        chapter, site_url=SITE, run=page_run(f"docs/{chapter}"), embed_images=True
+    )
+    attached = {
+        name: data
+        for cell in _cells(nb, "markdown")
+        for name, data in cell.get("attachments", {}).items()
+    }
+    image = "self-attention-one-token.svg"
+    assert set(attached) == {image}
+    svg = (DOCS / "assets/images" / image).read_bytes()
+    assert base64.b64decode(attached[image]["image/svg+xml"]) == svg
+    prose = "\n".join(c["source"] for c in _cells(nb, "markdown"))
+    assert f"](attachment:{image})" in prose
+    assert f"{SITE}assets/images/" not in prose
+
+
+def test_solutions_stay_collapsed(notebooks: dict[str, dict[str, Any]]) -> None:
+    # A chapter's `??? success "Solution"` is closed until the reader opens it: its text
+    # in a <details>, its code cells with hidden input and output.
+    solutions = 0
+    for chapter, nb in notebooks.items():
+        page = blocks.read((DOCS / chapter).read_text("utf-8"))
+        in_solutions = [
+            f.content.rstrip("\n")
+            for f in page.fences
+            if f.runs and not (f.is_exec and 'html="1"' in f.info)
+            if any(c.collapsed for c in f.containers)
+        ]
+        hidden = [c["source"] for c in _cells(nb, "code") if c["metadata"] == notebook.SOLUTION]
+        assert hidden == in_solutions, chapter
+        solutions += len(hidden)
+        prose = "\n".join(c["source"] for c in _cells(nb, "markdown"))
+        collapsed = {c.line for f in page.fences for c in f.containers if c.collapsed}
+        if collapsed:
+            assert "<details " in prose, chapter
+    assert solutions >= 25
+
+
 def test_site_only_markdown_is_rewritten(notebooks: dict[str, dict[str, Any]]) -> None:
     prose = "\n".join(c["source"] for nb in notebooks.values() for c in _cells(nb, "markdown"))
     assert "][attnlab." not in prose  # autorefs became links or plain text
     assert "!!! " not in prose
+    assert "??? " not in prose
+    assert '=== "' not in prose
     assert 'title="Output"' not in prose
     assert "{.python" not in prose
     assert prose.count('<div class="alert alert-block alert-warning">') >= 7  # pitfalls
@@ -166,10 +254,12 @@ def test_generated_figure_cells_fit_the_column(notebooks: dict[str, dict[str, An
     assert any(line.startswith("HTML(") for line in lines)
     # Every code line of a notebook page fits, the figure code too (a chapter hides it,
     # so tests/test_code_width.py does not see it).
+    # (Cells of markdown-exec blocks whose code the chapter hides are hidden there too.)
     code_lines = [
         line
         for nb in notebooks.values()
         for cell in _cells(nb, "code")
+        if cell["metadata"] != notebook.HIDDEN_INPUT
         for line in cell["source"].split("\n")
     ]
     assert [line for line in code_lines if len(line) > notebook.MAX_LINE] == []
@@ -213,6 +303,41 @@ def test_notebook_pages_are_adapted_to_the_site() -> None:
     assert notebook.AUTOREF_MARK not in unresolved
 
 
+def test_collapsed_boxes_and_solution_cells_on_the_page() -> None:
+    rendered = (
+        '<details class="alert alert-block alert-success">\n'
+        "<summary><strong>Solution</strong></summary>\n<p>Text.</p>\n</details>"
+        '<div class="jp-Cell jp-CodeCell celltag_solution" id="c1"><div class="in">'
+        "<pre>print(1)</pre></div><div class='out'></div></div>"
+        '<div class="jp-Cell jp-CodeCell" id="c2"><pre>x</pre></div>'
+    )
+    page = notebook.site_page_html(rendered, "notebooks/05-x/", SITE)
+    assert page.startswith('<details class="tip"><summary>Solution</summary>')
+    assert page.count("<details") == page.count("</details>") == 2
+    cell = page[page.index('<details class="tip"><summary>Solution: code') :]
+    assert cell.index('id="c1"') < cell.index("</details>") < cell.index('id="c2"')
+    assert "alert-block" not in page
+
+
+def test_toc_anchors_follow_the_page_headings() -> None:
+    class Item:
+        def __init__(self, id: str, children: list[Item]) -> None:
+            self.id, self.children = id, children
+
+    toc = [Item("the-class", [Item("a", []), Item("b", [])]), Item("c", [])]
+    html = (
+        '<h1 id="the-selfattention-class">The <code>SelfAttention</code> class</h1>'
+        '<h2 id="a">A</h2><h2 id="b-2">B</h2><h2 id="c">C</h2>'
+    )
+    notebook.toc_anchors(html, toc)
+    assert [toc[0].id, toc[0].children[0].id, toc[0].children[1].id, toc[1].id] == [
+        "the-selfattention-class",
+        "a",
+        "b-2",
+        "c",
+    ]
+
+
 def test_download_placeholders_become_absolute_links() -> None:
     text = (
         f"See [`SelfAttention`]({SITE}{notebook.AUTOREF_MARK}attnlab.SelfAttention) and "
@@ -253,39 +378,49 @@ def test_a_raising_cell_names_the_chapter_and_line(tmp_path: Path) -> None:
         notebook.build_notebook("article/01-x.md", docs=tmp_path)
 
 
-# Chapters whose notebooks run in a real kernel below: one with printed text only, and
-# the three with figures (SVG and interactive HTML) and solution cells. Every notebook
-# is executed at build time by the same code (docs/hooks/notebook.py) and compared with
-# its chapter by the tests above; a kernel per notebook costs ~5 s, mostly importing
-# torch, so the kernel check is kept to what differs in a kernel: the display of each
-# kind of output.
-KERNEL_CHAPTERS = ("01-", "07-", "09-", "10-")
+def test_notebooks_are_valid(notebooks: dict[str, dict[str, Any]]) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    for chapter, nb in notebooks.items():
+        nbformat.validate(nbformat.from_dict(nb))
+        assert nb["cells"][1]["source"].startswith("*This notebook"), chapter
+
+
+# Chapters whose notebooks run in a real kernel below: one with printed text only, the
+# three with figures (SVG and interactive HTML) and solution cells, and one of beyond/
+# that reads no stored file. Every notebook is built from its chapter's run and compared
+# with its chapter by the tests above; a kernel per notebook costs ~5 s, mostly
+# importing torch, so the kernel check is kept to what differs in a kernel: the display
+# of each kind of output.
+KERNEL_CHAPTERS = (
+    "article/01-introducing-self-attention.md",
+    "article/07-self-attention-class.md",
+    "article/09-causal-self-attention.md",
+    "article/10-cross-attention.md",
+    "beyond/masks.md",
+)
 
 
 @pytest.mark.slow
-def test_notebooks_run_in_jupyter(tmp_path: Path) -> None:
+def test_notebooks_run_in_jupyter(tmp_path: Path, page_run: PageRun) -> None:
     # What a reader does after downloading: run every cell in a real kernel. The printed
     # text must equal what the build stored, and the figures must display.
     nbclient = pytest.importorskip("nbclient")
     import nbformat
 
-    paths = notebook.write_notebooks(tmp_path, site_url=SITE)
-    assert [p.name for p in paths] == [
-        Path(notebook.notebook_uri(c)).name for c in notebook.chapters()
-    ]
-    for path in paths:
-        nbformat.validate(nbformat.read(str(path), as_version=4))
-    in_kernel = [p for p in paths if p.name.startswith(KERNEL_CHAPTERS)]
-    assert len(in_kernel) == len(KERNEL_CHAPTERS)
-    for path in in_kernel:
-        stored = nbformat.read(str(path), as_version=4)
-        fresh = nbformat.read(str(path), as_version=4)
-        nbclient.NotebookClient(fresh, timeout=120, allow_errors=False).execute()
+    for chapter in KERNEL_CHAPTERS:
+        nb = notebook.build_notebook(
+            chapter, site_url=SITE, run=page_run(f"docs/{chapter}"), embed_images=True
+        )
+        stored = nbformat.from_dict(nb)
+        nbformat.validate(stored)
+        fresh = nbformat.from_dict(nb)
+        client = nbclient.NotebookClient(fresh, timeout=120, allow_errors=False)
+        client.execute(cwd=str(tmp_path))  # not the repository: it needs none of its files
         for old, new in zip(_cells(stored, "code"), _cells(fresh, "code"), strict=True):
             old_text = "".join(o.get("text", "") for o in old["outputs"])
             new_text = "".join(o.get("text", "") for o in new["outputs"])
-            assert outputs.compare(old_text, new_text) is None, path.name
+            assert outputs.compare(old_text, new_text) is None, chapter
             # Figures are drawn deterministically: the kernel's equals the stored one.
             old_fig = [_rich(o["data"]) for o in old["outputs"] if "data" in o]
             new_fig = [_rich(o["data"]) for o in new["outputs"] if "data" in o]
-            assert old_fig == new_fig, path.name
+            assert old_fig == new_fig, chapter

@@ -1,27 +1,37 @@
-"""One downloadable, executed Jupyter notebook per article chapter.
+"""One downloadable, executed Jupyter notebook per chapter with code.
 
-The chapters are the single source. At every build this hook turns each chapter that has
-runnable code into ``notebooks/<chapter>.ipynb`` in the built site:
+The chapters are the single source. At every build this hook turns each page of the
+article, of beyond/ and of modern/ that has runnable code into
+``notebooks/<name>.ipynb`` in the built site:
 
-- prose becomes Markdown cells; links, images and API cross-references become absolute
-  addresses under ``site_url``, so they work in a downloaded notebook; admonitions
-  (pitfall boxes) become Jupyter's coloured alert boxes;
-- every runnable block becomes a code cell, and the chapter's figures (its markdown-exec
-  blocks, which print HTML) become code cells that display the same figure inline;
-- the cells are executed in order, in one namespace per chapter, in the build's own
-  Python process (no kernel to start), and their printed output and figures are stored
-  in the notebook, so a reader sees the results before running anything.
+- the page is read by ``blocks.py`` (the parser every docs tool shares) and written out
+  as a jupytext Markdown document, which jupytext turns into the notebook: prose becomes
+  Markdown cells, every runnable block a code cell; links and API cross-references
+  become absolute addresses under ``site_url``; admonitions (pitfall boxes) become
+  Jupyter's coloured alert boxes, and collapsed solutions stay collapsed (an HTML
+  ``<details>`` for their text, hidden input and output for their code cells, tagged
+  ``solution``); a figure block (markdown-exec, ``html="1"``) becomes a cell that
+  displays the same figure inline;
+- the outputs stored in the notebook are those of the page's own run: the build's
+  output check (``outputs.py``) has run every block of the chapter and left its run on
+  the page, so the notebook takes what each block printed from there rather than running
+  the chapter again; only the figure blocks, which markdown-exec runs for the page, are
+  run once more here to store their drawings;
+- in the downloaded file the images are embedded as cell attachments, so the notebook
+  shows its figures offline.
 
-The notebooks are generated when MkDocs collects its files (``on_files``), into a
-temporary folder outside ``docs/``, and added to the build as files
-``notebooks/<chapter>.ipynb``; the mkdocs-jupyter plugin renders each as a page of the
-"Notebooks" section (``execute: false``: they are already executed) and copies it beside
-its page, ``notebooks/<chapter>/<chapter>.ipynb``, where both the page and its chapter
-offer a "Download notebook" button. API cross-references are only known once every page
-is rendered, so the notebooks carry a placeholder for each, replaced in the finished
-pages (``on_post_page``) and in the downloads (``on_post_build``). Nothing is written
-into ``docs/``, so ``mkdocs serve`` does not loop and no committed notebook can drift
-from its chapter.
+The notebooks are added as files when MkDocs collects its files (``on_files``), into a
+temporary folder outside ``docs/``, and filled with their outputs just before their page
+is rendered (``on_pre_page``), after their chapter's page (the notebooks are the last
+files of the build). The mkdocs-jupyter plugin renders each as a page of the "Notebooks"
+section (``execute: false``) and copies it beside its page,
+``notebooks/<name>/<name>.ipynb``, where both the page and its chapter offer a
+"Download notebook" button. API cross-references are only known once every page is
+rendered, so the notebooks carry a placeholder for each, replaced in the finished pages
+(``on_post_page``) and in the downloads (``on_post_build``). The notebook pages share one
+stylesheet (``assets/stylesheets/jupyter.css``, linked by ``overrides/main.html``) instead
+of inlining nbconvert's in each page. Nothing is written into ``docs/``, so ``mkdocs
+serve`` does not loop and no committed notebook can drift from its chapter.
 
 Run it as a script to write the notebooks somewhere yourself::
 
@@ -31,29 +41,36 @@ Run it as a script to write the notebooks somewhere yourself::
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
+import base64
 import json
+import logging
 import posixpath
 import re
 import sys
 import tempfile
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mkdocs.plugins import event_priority
 
+log = logging.getLogger("mkdocs.hooks.notebook")
+
+try:
+    from hooks import blocks, outputs  # under pytest (pythonpath: docs)
+except ImportError:  # as an MkDocs hook or a script: this folder is on sys.path
+    import blocks  # type: ignore[no-redef]
+    import outputs  # type: ignore[no-redef]
+
 DOCS = Path(__file__).resolve().parent.parent
 ARTICLE = "article"
+SECTIONS = (ARTICLE, "beyond", "modern")  # the chapters of these get notebooks
 SITE_URL = "https://attnlab.github.io/attnlab/"
 REPO_URL = "https://github.com/attnlab/attnlab"
 
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>`{3,})(?P<info>[^\n]*)$")
 AUTOREF = re.compile(r"\[(?P<text>[^\]]+)\]\[(?P<ident>[\w.]+)\]")  # [`X`][attnlab.X]
-ADMONITION = re.compile(r'^(?:!!!|\?\?\?\+?)\s+(?P<kind>\w+)(?:\s+"(?P<title>[^"]*)")?\s*$')
-LINK = re.compile(r"\]\((?!https?://|mailto:)(?P<target>[^)\s]+)\)")
+LINK = re.compile(r"\]\((?!https?://|mailto:|attachment:|data:)(?P<target>[^)\s]+)\)")
+IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<url>[^)\s]+)\)")
 FIGURE_PRINT = re.compile(
     r"""^print\(f?(["'])<div class="attn-figure">\{figure_to_svg\((?P<fig>\w+)\)\}</div>\1\)$""",
     flags=re.M,
@@ -63,6 +80,9 @@ ALERT = {  # admonition kind -> Jupyter's alert class
     "danger": "danger", "error": "danger", "bug": "danger", "failure": "danger",
     "tip": "success", "hint": "success", "success": "success", "check": "success",
 }  # fmt: skip
+SOLUTION = {"tags": ["solution"], "jupyter": {"source_hidden": True, "outputs_hidden": True}}
+HIDDEN_INPUT = {"tags": ["hide-input"], "jupyter": {"source_hidden": True}}
+IMAGE_TYPES = {".svg": "image/svg+xml", ".png": "image/png", ".jpg": "image/jpeg"}
 DOWNLOAD_ICON = (  # Material Design "download" icon
     '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" aria-hidden="true">'
     '<path d="M5 20h14v-2H5m14-9h-4V3H9v6H5l7 7 7-7Z"/></svg>'
@@ -77,41 +97,36 @@ class NotebookError(RuntimeError):
     """A chapter's cell raised while its notebook was executed."""
 
 
-def _words(info: str) -> list[str]:
-    return info.strip().strip("{}").replace(".python", "python").split()
-
-
-def _is_code(info: str) -> bool:
-    words = _words(info)
-    return bool(words) and words[0] in ("python", "py") and "notest" not in words
-
-
-def _is_figure(info: str) -> bool:
-    return _is_code(info) and 'exec="on"' in info and 'html="1"' in info
+def _is_figure(fence: blocks.Fence) -> bool:
+    return fence.is_exec and 'html="1"' in fence.info
 
 
 def chapters(docs: Path = DOCS) -> list[str]:
-    """The chapters with runnable code, as paths relative to ``docs``."""
-    return [
-        f"{ARTICLE}/{path.name}"
-        for path in sorted((docs / ARTICLE).glob("[0-9][0-9]-*.md"))
-        if any(
-            _is_code(m["info"]) and not m["indent"]
-            for m in map(FENCE.match, path.read_text("utf-8").split("\n"))
-            if m
-        )
-    ]
+    """The chapters with runnable code, as paths relative to ``docs``: article first."""
+    found = []
+    for section in SECTIONS:
+        pattern = "[0-9][0-9]-*.md" if section == ARTICLE else "*.md"
+        for path in sorted((docs / section).glob(pattern)):
+            if any(f.runs for f in blocks.read(path.read_text("utf-8")).fences):
+                found.append(f"{section}/{path.name}")
+    return found
+
+
+def notebook_name(chapter: str) -> str:
+    """``07-self-attention-class`` for the article's chapters, ``modern-rope`` for others."""
+    section, stem = Path(chapter).parent.name, Path(chapter).stem
+    return stem if section == ARTICLE else f"{section}-{stem}"
 
 
 def notebook_src_uri(chapter: str) -> str:
     """The notebook as a file of the build (a page): ``notebooks/07-x.ipynb``."""
-    return f"notebooks/{Path(chapter).stem}.ipynb"
+    return f"notebooks/{notebook_name(chapter)}.ipynb"
 
 
 def notebook_uri(chapter: str) -> str:
     """Where the download lives, beside its page: ``notebooks/07-x/07-x.ipynb``."""
-    stem = Path(chapter).stem
-    return f"notebooks/{stem}/{stem}.ipynb"
+    name = notebook_name(chapter)
+    return f"notebooks/{name}/{name}.ipynb"
 
 
 def page_url(src_uri: str) -> str:
@@ -131,54 +146,120 @@ def absolute_url(target: str, chapter: str, site_url: str = SITE_URL) -> str:
     return site_url + path + hash_ + anchor
 
 
-def _admonition(kind: str, title: str | None, body: list[str]) -> list[str]:
-    alert = ALERT.get(kind, "info")
-    heading = title if title is not None else kind.capitalize()
-    # Blank lines around the Markdown inside the <div>, so Jupyter renders it.
-    start = f'<div class="alert alert-block alert-{alert}">'
-    return [start, "", f"**{heading}**", "", *body, "", "</div>"]
-
-
-def markdown_for_jupyter(
-    text: str, chapter: str, site_url: str = SITE_URL, resolve: Resolver | None = None
-) -> str:
-    """Rewrite a chapter's site-only Markdown for Jupyter (links, autorefs, admonitions)."""
-
+def _links(text: str, chapter: str, site_url: str, resolve: Resolver | None) -> str:
     def autoref(match: re.Match[str]) -> str:
         url = resolve(match["ident"]) if resolve is not None else None
         return f"[{match['text']}]({site_url}{url})" if url is not None else match["text"]
 
     text = AUTOREF.sub(autoref, text)
-    text = LINK.sub(lambda m: f"]({absolute_url(m['target'], chapter, site_url)})", text)
-    lines, out, i = text.split("\n"), [], 0
-    while i < len(lines):
-        match = ADMONITION.match(lines[i])
-        if not match:
-            fence = FENCE.match(lines[i])
-            # Fences kept as prose (blocks that do not run): plain ```python for Jupyter.
-            if fence and _is_code(fence["info"]):
-                out.append(f"{fence['indent']}{fence['ticks']}python")
+    return LINK.sub(lambda m: f"]({absolute_url(m['target'], chapter, site_url)})", text)
+
+
+def _open(container: blocks.Container, again: bool) -> list[str]:
+    """The HTML that stands for a container in a Markdown cell (blank lines around)."""
+    title = container.title if container.title is not None else container.kind.capitalize()
+    if again and title:
+        title += " (continued)"
+    if container.marker == "===":  # a content tab: its title, then its body
+        return ["", f"**{title}**", ""]
+    alert = f'class="alert alert-block alert-{ALERT.get(container.kind, "info")}"'
+    if container.collapsed:
+        return ["", f"<details {alert}>", f"<summary><strong>{title}</strong></summary>", ""]
+    return ["", f"<div {alert}>", "", f"**{title}**", ""]
+
+
+def _close(container: blocks.Container) -> list[str]:
+    if container.marker == "===":
+        return [""]
+    return ["", "</details>" if container.collapsed else "</div>", ""]
+
+
+def cell_metadata(fence: blocks.Fence) -> dict[str, Any]:
+    """A code cell's metadata: hidden as the chapter hides it.
+
+    A block in a collapsed solution is a cell tagged ``solution`` whose input and output
+    Jupyter hides; a markdown-exec block whose code the chapter does not show is a cell
+    tagged ``hide-input`` (its code hidden in Jupyter, and left off the notebook's page).
+    """
+    if any(c.collapsed for c in fence.containers):
+        return SOLUTION
+    if not fence.shown:
+        return HIDDEN_INPUT
+    return {}
+
+
+def _cell_fence(fence: blocks.Fence) -> str:
+    """The opening line of a code cell in jupytext Markdown, with the cell's metadata."""
+    meta = " ".join(f"{key}={json.dumps(value)}" for key, value in cell_metadata(fence).items())
+    return f"```python {meta}".rstrip()
+
+
+def jupytext_markdown(
+    markdown: str, chapter: str, site_url: str = SITE_URL, resolve: Resolver | None = None
+) -> tuple[str, list[blocks.Fence]]:
+    """A chapter as a jupytext Markdown document, and the fences of its code cells.
+
+    Prose goes in ``<!-- #region -->`` blocks (one Markdown cell each, whatever fences it
+    shows); each block that runs becomes a code cell, breaking out of the containers it
+    stands in, which close before it and open again after it.
+    """
+    page = blocks.read(markdown)
+    lines = page.text.split("\n")
+    starts = {fence.start: fence for fence in page.fences}
+    out: list[str] = []
+    prose: list[str] = []
+    opened: list[blocks.Container] = []  # the containers open in the current prose
+    seen: set[int] = set()  # header lines of the containers opened once already
+    cells: list[blocks.Fence] = []
+
+    def close_to(depth: int) -> None:
+        while len(opened) > depth:
+            prose.extend(_close(opened.pop()))
+
+    def open_to(wanted: tuple[blocks.Container, ...]) -> None:
+        common = 0
+        while common < min(len(opened), len(wanted)) and opened[common] == wanted[common]:
+            common += 1
+        close_to(common)
+        for container in wanted[common:]:
+            prose.extend(_open(container, again=container.line in seen))
+            opened.append(container)
+            seen.add(container.line)
+
+    def flush() -> None:
+        close_to(0)
+        text = re.sub(r"\n{3,}", "\n\n", "\n".join(prose)).strip()
+        if text:
+            out.extend(["<!-- #region -->", _links(text, chapter, site_url, resolve)])
+            out.extend(["<!-- #endregion -->", ""])
+        prose.clear()
+
+    n = 0
+    while n < len(lines):
+        fence = starts.get(n)
+        if fence is None:
+            if lines[n].strip():
+                open_to(page.containers[n])
+            if lines[n].startswith("# ") and not prose and not out:
+                prose.append(lines[n])
+                flush()  # the title is a cell of its own
             else:
-                out.append(lines[i])
-            i += 1
+                prose.append(lines[n])
+            n += 1
             continue
-        body, i = [], i + 1
-        while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
-            body.append(lines[i][4:])
-            i += 1
-        while body and not body[-1].strip():
-            body.pop()
-        out.extend(_admonition(match["kind"], match["title"], body))
-        if i < len(lines):
-            out.append("")
-    return "\n".join(out).strip()
-
-
-def _code_cell(source: str, line: int, figure: bool = False) -> Cell:
-    cell: Cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}
-    cell["source"] = source
-    cell["_line"], cell["_figure"] = line, figure  # dropped before the notebook is written
-    return cell
+        if fence.runs:
+            flush()
+            out.extend([_cell_fence(fence), fence.content.rstrip("\n"), "```", ""])
+            cells.append(fence)
+        elif not fence.is_output:  # outputs come from running the notebook
+            open_to(fence.containers)
+            shown = lines[fence.start : fence.end]
+            if fence.is_python:  # a block that does not run: plain ```python for Jupyter
+                shown[0] = shown[0][: len(shown[0]) - len(shown[0].lstrip("`~"))] + "python"
+            prose.extend(shown)
+        n = fence.end
+    flush()
+    return "\n".join(out), cells
 
 
 def _figure_source(code: str) -> tuple[str, str]:
@@ -212,100 +293,68 @@ def _figure_source(code: str) -> tuple[str, str]:
     return "from IPython.display import HTML\n\n" + body.lstrip("\n"), "text/html"
 
 
-def chapter_cells(
-    markdown: str, chapter: str, site_url: str = SITE_URL, resolve: Resolver | None = None
-) -> list[Cell]:
-    """Split one chapter into notebook cells: prose, runnable code and figures."""
-    cells: list[Cell] = []
-    prose: list[str] = []
+def _results(
+    chapter: str, markdown: str, path: str, run: outputs.PageRun | bool
+) -> dict[int, outputs.Result]:
+    """What each block of the chapter printed, by line: from ``run``, else run now."""
+    if run is True or (run is not False and not run.results):
+        run = outputs.PageSession(path, markdown, exec_blocks=True).run_all()
+    found = {r.block.line: r for r in run.results} if run is not False else {}
+    if run is not False:
+        # The build's check leaves figure blocks to markdown-exec: run those here, each
+        # in a namespace of its own, as markdown-exec runs them.
+        for block in blocks.code_blocks(markdown, exec_blocks=True):
+            if block.line not in found:
+                if not block.is_exec:
+                    return _results(chapter, markdown, path, True)
+                result = outputs.Result(block)
+                outputs.execute(result, {"__name__": "__main__"}, path)
+                found[block.line] = result
+    for result in found.values():
+        if result.error is not None:
+            raise NotebookError(f"{path}:{result.block.line}: the cell raised\n{result.error}")
+    return found
 
-    def flush() -> None:
-        text = markdown_for_jupyter("\n".join(prose), chapter, site_url, resolve)
-        if text:
-            cells.append({"cell_type": "markdown", "metadata": {}, "source": text})
-        prose.clear()
 
-    lines = markdown.split("\n")
-    i = 0
-    inside = ""  # the indentation of the admonition whose code just became a cell
-    while i < len(lines):
-        fence = FENCE.match(lines[i])
-        if not fence:
-            # The rest of that admonition's body, after its code, is plain prose now.
-            if inside and lines[i].startswith(inside):
-                prose.append(lines[i][len(inside) :])
-            else:
-                inside = "" if lines[i].strip() else inside
-                prose.append(lines[i])
-            i += 1
-            continue
-        ticks, info = fence["ticks"], fence["info"]
-        j = i + 1
-        while j < len(lines) and not lines[j].strip().startswith(ticks):
-            j += 1
-        body = "\n".join(line[len(fence["indent"]) :] for line in lines[i + 1 : j])
-        if _is_code(info):
-            # A fence indented in an admonition (an exercise's collapsed solution) is a cell
-            # too: the admonition's text before it becomes an alert box above it.
-            flush()
-            cells.append(_code_cell(body, i + 1, figure="exec=" in info))
-            inside = fence["indent"]
-        elif 'title="Output"' in info:
-            pass  # the notebook's own outputs come from executing it
+def _outputs(cell: Any, fence: blocks.Fence, result: outputs.Result | None, count: int) -> None:
+    if result is None:
+        if _is_figure(fence):
+            cell["source"] = _figure_source(cell["source"])[0]
+        return
+    cell["execution_count"] = count
+    printed = result.printed
+    if _is_figure(fence):
+        cell["source"], mime = _figure_source(cell["source"])
+        if mime == "image/svg+xml":
+            start, end = printed.index("<svg"), printed.rindex("</svg>") + len("</svg>")
+            data = {mime: printed[start:end], "text/plain": "<SVG figure>"}
         else:
-            prose.extend(lines[i : j + 1])
-        i = j + 1
-    flush()
-    return cells
+            data = {mime: printed.strip(), "text/plain": "<HTML figure>"}
+        cell["outputs"] = [
+            {
+                "output_type": "execute_result",
+                "execution_count": count,
+                "metadata": {},
+                "data": data,
+            }
+        ]
+    elif printed:
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": printed}]
 
 
-def _fresh_state() -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_printoptions(profile="default")
-
-
-def execute(cells: list[Cell], path: str) -> None:
-    """Run the code cells in order, in one namespace, and store what they print or draw.
-
-    Figure cells run the chapter's own code (which prints the figure as HTML) and store
-    its SVG as the cell's result; their source is then rewritten to display it inline.
-    """
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    _fresh_state()
-    count = 0
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        count += 1
-        buffer = io.StringIO()
-        try:
-            # Pad with blank lines so a traceback points at the chapter's line.
-            code = compile("\n" * cell["_line"] + cell["source"], path, "exec", dont_inherit=True)
-            with contextlib.redirect_stdout(buffer):
-                exec(code, namespace)
-        except Exception as exc:
-            error = "".join(traceback.format_exception(*sys.exc_info(), limit=-3)).rstrip()
-            raise NotebookError(f"{path}:{cell['_line']}: the cell raised\n{error}") from exc
-        printed = buffer.getvalue()
-        cell["execution_count"] = count
-        if cell["_figure"]:
-            cell["source"], mime = _figure_source(cell["source"])
-            if mime == "image/svg+xml":
-                start, end = printed.index("<svg"), printed.rindex("</svg>") + len("</svg>")
-                data = {mime: printed[start:end], "text/plain": "<SVG figure>"}
-            else:
-                data = {mime: printed.strip(), "text/plain": "<HTML figure>"}
-            cell["outputs"] = [
-                {
-                    "output_type": "execute_result",
-                    "execution_count": count,
-                    "metadata": {},
-                    "data": data,
-                }
-            ]
-        elif printed:
-            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": printed}]
+def _about(chapter: str, name: str, site_url: str, reads_files: bool) -> str:
+    where = (
+        "Run it from the root of the clone: some cells read results stored under `docs/`."
+        if reads_files
+        else "The cells run in order, each after the ones above it."
+    )
+    return (
+        f"*This notebook is the chapter [{name}]({site_url}{page_url(chapter)}) of "
+        f"[attnlab]({site_url}), generated from the page when the site was built: the "
+        "outputs below are what its code printed. To run it yourself, install attnlab "
+        f"from a clone of [the repository]({REPO_URL}) (`pip install -e '.[plot]'`). "
+        f"{where}*"
+    )
 
 
 def build_notebook(
@@ -314,38 +363,39 @@ def build_notebook(
     docs: Path = DOCS,
     site_url: str = SITE_URL,
     resolve: Resolver | None = None,
-    run: bool = True,
+    run: outputs.PageRun | bool = True,
+    embed_images: bool = False,
 ) -> dict[str, Any]:
-    """One chapter as an nbformat-4 notebook, executed unless ``run`` is false."""
+    """One chapter as an nbformat-4 notebook.
+
+    Its outputs are those of ``run``: a run of the chapter's blocks (the build's, or the
+    test session's), ``True`` to run the chapter now, ``False`` to store none. With
+    ``embed_images``, the chapter's images are attached to their cells (a download).
+    """
+    import jupytext
+
     markdown = (docs / chapter).read_text(encoding="utf-8")
     title = re.search(r"^# (.+)$", markdown, flags=re.M)
     name = title[1].strip() if title else Path(chapter).stem
-    about = (
-        f"*This notebook is the chapter [{name}]({site_url}{page_url(chapter)}) of "
-        f"[attnlab]({site_url}), generated from the page and run when the site was built: "
-        "the outputs below are what its code printed. To run it yourself, install "
-        f"attnlab from a clone of [the repository]({REPO_URL}) (`pip install -e '.[plot]'`); "
-        "the cells run in order, each after the ones above it.*"
-    )
-    cells = chapter_cells(markdown, chapter, site_url, resolve)
-    # The note goes right under the title: the title becomes a cell of its own.
-    first = cells[0]["source"] if cells and cells[0]["cell_type"] == "markdown" else ""
-    head, _, rest = first.partition("\n")
-    after_title = 0
-    if head.startswith("# "):
-        cells[0]["source"] = head
-        after_title = 1
-        if rest.strip():
-            cells.insert(1, {"cell_type": "markdown", "metadata": {}, "source": rest.strip()})
+    path = str(Path(docs.name) / chapter)
+    text, fences = jupytext_markdown(markdown, chapter, site_url, resolve)
+    nb = jupytext.reads(text, fmt="md")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if len(code) != len(fences):  # pragma: no cover - jupytext read a fence as prose
+        raise NotebookError(f"{path}: {len(fences)} blocks but {len(code)} code cells")
+    results = _results(chapter, markdown, path, run) if run is not False else {}
+    for count, (cell, fence) in enumerate(zip(code, fences, strict=True), start=1):
+        cell["source"] = fence.content.rstrip("\n")
+        _outputs(cell, fence, results.get(fence.line), count)
+    cells = [dict(c) for c in nb.cells]
+    # The note on the notebook goes right under the title.
+    after_title = 1 if cells and cells[0]["source"].startswith("# ") else 0
+    about = _about(chapter, name, site_url, reads_files='"docs/' in markdown)
     cells.insert(after_title, {"cell_type": "markdown", "metadata": {}, "source": about})
-    if run:
-        execute(cells, str(Path(docs.name) / chapter))
     for k, cell in enumerate(cells):
-        if cell["cell_type"] == "code" and cell["_figure"] and not run:
-            cell["source"] = _figure_source(cell["source"])[0]
-        cell.pop("_line", None)
-        cell.pop("_figure", None)
         cell["id"] = f"cell-{k}"
+        if cell["cell_type"] == "markdown" and embed_images:
+            _attach_images(cell, docs, site_url)
     return {
         "cells": cells,
         "metadata": {
@@ -357,6 +407,22 @@ def build_notebook(
     }
 
 
+def _attach_images(cell: Cell, docs: Path, site_url: str) -> None:
+    """Embed the site's images that a Markdown cell shows as attachments of the cell."""
+
+    def attach(match: re.Match[str]) -> str:
+        url = match["url"]
+        local = docs / url.removeprefix(site_url)
+        mime = IMAGE_TYPES.get(local.suffix.lower())
+        if not url.startswith(site_url) or mime is None or not local.is_file():
+            return match[0]
+        data = base64.b64encode(local.read_bytes()).decode("ascii")
+        cell.setdefault("attachments", {})[local.name] = {mime: data}
+        return f"![{match['alt']}](attachment:{local.name})"
+
+    cell["source"] = IMAGE.sub(attach, cell["source"])
+
+
 def write_notebooks(
     out_dir: Path,
     *,
@@ -364,10 +430,12 @@ def write_notebooks(
     site_url: str = SITE_URL,
     resolve: Resolver | None = None,
 ) -> list[Path]:
-    """Write every chapter's executed notebook under ``out_dir``; return their paths."""
+    """Write every chapter's executed notebook, as downloaded, under ``out_dir``."""
     written = []
     for chapter in chapters(docs):
-        notebook = build_notebook(chapter, docs=docs, site_url=site_url, resolve=resolve)
+        notebook = build_notebook(
+            chapter, docs=docs, site_url=site_url, resolve=resolve, embed_images=True
+        )
         path = out_dir / notebook_uri(chapter)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", "utf-8")
@@ -401,7 +469,7 @@ MERMAID_MODULE = re.compile(
 
 # The notebook's cells use the page's column as a chapter's code blocks do (the Jupyter
 # paddings would cut lines that fit a chapter).
-NOTEBOOK_CSS = """<style>
+NOTEBOOK_CSS = """
 .md-typeset .jupyter-wrapper .jp-Notebook,
 .md-typeset .jupyter-wrapper .jp-Cell { padding: 0; width: 100%; }
 .md-typeset .jupyter-wrapper .jp-Cell + .jp-Cell { margin-top: 0.6em; }
@@ -410,8 +478,17 @@ NOTEBOOK_CSS = """<style>
   font-family: var(--md-code-font-family);
   font-size: 0.6rem;  /* a little under a chapter's .68rem: 88-character lines fit */
 }
-</style>
 """
+STYLESHEET = "assets/stylesheets/jupyter.css"  # shared by the notebook pages
+STYLE = re.compile(r"<style[^>]*>(?P<css>.*?)</style>\s*", flags=re.S)
+DETAILS_BOX = re.compile(
+    r'<details class="alert alert-block alert-(?P<alert>\w+)">\s*'
+    r"<summary><strong>(?P<title>.*?)</strong></summary>",
+    flags=re.S,
+)
+HEADING_ID = re.compile(r'<h[1-6][^>]*\bid="(?P<id>[^"]+)"')
+SOLUTION_CELL = re.compile(r'<div\b[^>]*\bclass="jp-Cell\b[^"]*\bcelltag_solution\b[^"]*"')
+DIV = re.compile(r"<div\b|</div>")
 _build: dict[str, Any] = {}  # this build's temporary folder and notebook pages
 
 
@@ -495,7 +572,52 @@ def site_page_html(html: str, page_url: str, site_url: str) -> str:
             f"</p>{match['body'].strip()}</div>"
         )
 
-    return ALERT_BOX.sub(admonition, html)
+    html = ALERT_BOX.sub(admonition, html)
+
+    def details(match: re.Match[str]) -> str:
+        kind = ADMONITION_KIND.get(match["alert"], "note")
+        return f'<details class="{kind}"><summary>{match["title"]}</summary>'
+
+    return collapse_solutions(DETAILS_BOX.sub(details, html))
+
+
+def collapse_solutions(html: str) -> str:
+    """Wrap each code cell tagged ``solution`` in a collapsed box, as the chapter shows it.
+
+    (Jupyter hides the input and output of such a cell by its metadata; nbconvert's HTML
+    does not, so the page wraps it.)
+    """
+    out, pos = [], 0
+    for match in SOLUTION_CELL.finditer(html):
+        if match.start() < pos:
+            continue  # inside a cell already wrapped
+        depth, end = 0, match.start()
+        for tag in DIV.finditer(html, match.start()):
+            depth += 1 if tag[0] == "<div" else -1
+            if depth == 0:
+                end = tag.end()
+                break
+        out += [html[pos : match.start()], '<details class="tip"><summary>Solution: code</summary>']
+        out += [html[match.start() : end], "</details>"]
+        pos = end
+    return "".join(out) + html[pos:]
+
+
+def toc_anchors(html: str, toc: Any) -> None:
+    """Point the page's contents (and Material's "skip to content" link) at its headings.
+
+    mkdocs-jupyter slugs a heading's text without its inline code ("The `SelfAttention`
+    class" gives ``#the-class``) while nbconvert's ids keep it
+    (``#the-selfattention-class``): take the ids the page has, in order.
+    """
+    ids = HEADING_ID.findall(html)
+    items = list(toc)
+    k = 0
+    while items and k < len(ids):
+        item = items.pop(0)
+        item.id = ids[k]
+        k += 1
+        items[:0] = list(item.children)
 
 
 def resolve_page_placeholders(html: str, page_url: str, site_url: str, resolve: Resolver) -> str:
@@ -514,34 +636,49 @@ def resolve_page_placeholders(html: str, page_url: str, site_url: str, resolve: 
 
 @event_priority(50)  # before mkdocs-jupyter's on_files turns .ipynb files into pages
 def on_files(files: Any, config: Any) -> Any:
-    """Generate and execute the notebooks, and add them to the build as pages."""
+    """Add the notebooks to the build as pages (their outputs come in ``on_pre_page``)."""
     from mkdocs.structure.files import File
 
     old = _build.pop("tmp", None)
     if old is not None:
         old.cleanup()
     tmp = tempfile.TemporaryDirectory(prefix="attnlab-notebooks-")
-    _build["tmp"] = tmp
-    site_url = _site_url(config)
+    _build.update(tmp=tmp, css={})
     docs = Path(config["docs_dir"])
     pages = {}
     for chapter in chapters(docs):
-        try:
-            nb = build_notebook(
-                chapter, docs=docs, site_url=site_url, resolve=lambda i: AUTOREF_MARK + i
-            )
-        except NotebookError as exc:
-            from mkdocs.exceptions import PluginError
-
-            raise PluginError(str(exc)) from exc
         src_uri = notebook_src_uri(chapter)
-        path = Path(tmp.name) / src_uri
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", "utf-8")
+        (Path(tmp.name) / src_uri).parent.mkdir(parents=True, exist_ok=True)
         files.append(File(src_uri, tmp.name, config["site_dir"], config["use_directory_urls"]))
         pages[src_uri] = chapter
     _build["pages"] = pages
     return files
+
+
+def on_pre_page(page: Any, config: Any, files: Any) -> Any:
+    """Write a notebook, with the outputs of its chapter's run at this build, before its
+    page is rendered. The chapter's page comes first (the notebooks are the build's last
+    files), so its blocks have run; if not, the chapter runs here."""
+    chapter = _build.get("pages", {}).get(page.file.src_uri)
+    if chapter is None:
+        return page
+    chapter_file = files.get_file_from_path(chapter)
+    run = getattr(getattr(chapter_file, "page", None), "attnlab_run", None)
+    options: dict[str, Any] = {
+        "docs": Path(config["docs_dir"]),
+        "site_url": _site_url(config),
+        "resolve": lambda i: AUTOREF_MARK + i,
+    }
+    try:
+        nb = build_notebook(chapter, run=run if run is not None else True, **options)
+    except NotebookError as exc:
+        # A warning, as the chapter's own check gives: a strict build fails, naming the
+        # line, and the other pages are still built and checked.
+        log.warning(str(exc))
+        nb = build_notebook(chapter, run=False, **options)
+    path = Path(_build["tmp"].name) / page.file.src_uri
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    return page
 
 
 def chapter_title(chapter: str, docs: Path = DOCS) -> str:
@@ -551,7 +688,7 @@ def chapter_title(chapter: str, docs: Path = DOCS) -> str:
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
-    """Adapt a notebook page's HTML to the site (links, pitfall boxes, no CDN, column)."""
+    """Adapt a notebook page's HTML to the site (links, boxes, no CDN, one stylesheet)."""
     chapter = _build.get("pages", {}).get(page.file.src_uri)
     if chapter is None:
         return html
@@ -563,7 +700,12 @@ def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
     page.meta["search"] = {"exclude": True}
     if page.edit_url:
         page.edit_url = page.edit_url.replace(page.file.src_uri, chapter)
-    return site_page_html(html, page.url, _site_url(config)) + NOTEBOOK_CSS
+    # nbconvert inlines its stylesheet (~570 KB) in every notebook: keep one copy, shared.
+    for css in STYLE.findall(html):
+        _build.setdefault("css", {}).setdefault(css.strip(), None)
+    html = STYLE.sub("", html)
+    toc_anchors(html, page.toc)
+    return site_page_html(html, page.url, _site_url(config))
 
 
 def on_post_page(html: str, page: Any, config: Any) -> str:
@@ -587,20 +729,24 @@ def on_post_page(html: str, page: Any, config: Any) -> str:
 
 
 def on_post_build(config: Any) -> None:
-    """Write each download with its API links resolved, beside its notebook page."""
+    """Write each download (API links resolved, images embedded) and the shared styles."""
     tmp = _build.get("tmp")
     if tmp is None:
         return
     site_url, resolve = _site_url(config), _resolver(config)
+    docs = Path(config["docs_dir"])
     for src_uri, chapter in _build.get("pages", {}).items():
-        text = (Path(tmp.name) / src_uri).read_text("utf-8")
-        nb = json.loads(text)
+        nb = json.loads((Path(tmp.name) / src_uri).read_text("utf-8"))
         for cell in nb["cells"]:
             if cell["cell_type"] == "markdown":
                 cell["source"] = resolve_placeholders(cell["source"], site_url, resolve)
+                _attach_images(cell, docs, site_url)
         target = Path(config["site_dir"]) / notebook_uri(chapter)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    css = Path(config["site_dir"]) / STYLESHEET
+    css.parent.mkdir(parents=True, exist_ok=True)
+    css.write_text("\n".join([*_build.get("css", {}), NOTEBOOK_CSS]), "utf-8")
 
 
 def on_shutdown() -> None:

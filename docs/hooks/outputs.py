@@ -147,6 +147,21 @@ def _check(result: Result, path: Path) -> None:
         )
 
 
+def execute(result: Result, namespace: dict[str, Any], filename: str) -> None:
+    """Run ``result.block`` in ``namespace``; store what it prints, or what it raised."""
+    # Pad with blank lines so tracebacks point at the Markdown line.
+    source = "\n" * result.block.line + result.block.code
+    buffer = io.StringIO()
+    try:
+        code = compile(source, filename, "exec", dont_inherit=True)
+        with contextlib.redirect_stdout(buffer):
+            exec(code, namespace)
+    except Exception as exc:
+        result.exception = exc
+        result.error = "".join(traceback.format_exception(*sys.exc_info(), limit=-3)).rstrip()
+    result.printed = buffer.getvalue()
+
+
 class PageSession:
     """A page's blocks, each run at most once, in order, when first asked for.
 
@@ -206,21 +221,11 @@ class PageSession:
             if self._failed is not None:
                 result.error = f"  (not run: the block at line {self._failed} of this page raised)"
                 return
-        # Pad with blank lines so tracebacks point at the Markdown line.
-        source = "\n" * block.line + block.code
-        buffer = io.StringIO()
-        try:
-            code = compile(source, self.filename, "exec", dont_inherit=True)
-            with contextlib.redirect_stdout(buffer):
-                exec(code, namespace)
-        except Exception as exc:
-            if not block.is_exec:
-                self._failed = block.line
-            result.exception = exc
-            result.error = "".join(traceback.format_exception(*sys.exc_info(), limit=-3)).rstrip()
-        result.printed = buffer.getvalue()
+        execute(result, namespace, self.filename)
         if result.error is None:
             _check(result, self.path)
+        elif not block.is_exec:
+            self._failed = block.line
         if len(self.run.results) == len(self.blocks):
             self._namespace = {}  # the page is done: free what its blocks made
 
