@@ -477,6 +477,35 @@ def test_rope_tables_are_built_once_per_forward(monkeypatch: pytest.MonkeyPatch)
     assert calls == {"tables": 1, "checks": 1}
 
 
+def test_float64_gradcheck_with_rope() -> None:
+    """RoPE rotates in float64 for float64 input, so the layer gradchecks (it used not to)."""
+    module = _module(window=WINDOW).double()
+    x = torch.randn(1, 5, D_MODEL, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([0, 1, 2, 40, 41])
+    assert torch.autograd.gradcheck(lambda t: module(t, positions=positions), (x,))
+
+
+@pytest.mark.parametrize("name", ["gqa", "gqa-window", "mqa-window-interleaved"])
+def test_flash_backend_equals_torch(name: str) -> None:
+    module = _module(**CONFIGS[name])
+    flash = _module(**CONFIGS[name], backend="flash")
+    flash.load_state_dict(module.state_dict())
+    x = torch.randn(B, T, D_MODEL, requires_grad=True)
+    x_flash = x.detach().clone().requires_grad_(True)
+    expected, got = module(x), flash(x_flash)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    assert x.grad is not None
+    assert x_flash.grad is not None
+    torch.testing.assert_close(x_flash.grad, x.grad, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        cached = _decode(flash, x.detach(), [4, 1, 1, 3], DynamicKVCache())
+    torch.testing.assert_close(cached, expected.detach(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="backend='flash' takes no attn_mask"):
+        flash(x, attn_mask=masks.key_padding([T, 5], max_len=T))
+
+
 def test_not_causal_attends_to_every_key() -> None:
     module = _module(rope=False)
     x = torch.randn(B, T, D_MODEL)

@@ -92,7 +92,8 @@ class Reference:
         self.rotary = rotary(config)
         self.windowed = kind in ("mistral", "qwen2")
 
-    def __call__(self, x: Tensor, cache: Any = None) -> Tensor:
+    def __call__(self, x: Tensor, cache: Any = None, offset: int = 0) -> Tensor:
+        """The layer on `x`; RoPE positions shifted by `offset` (the mask keeps token order)."""
         past = 0 if cache is None else cache.get_seq_length()
         positions = torch.arange(past, past + x.shape[1])[None]  # (1, t)
         make_mask = create_sliding_window_causal_mask if self.windowed else create_causal_mask
@@ -103,7 +104,7 @@ class Reference:
             cache=cache,
             position_ids=positions,
         )
-        embeddings = self.rotary(x, positions)
+        embeddings = self.rotary(x, positions + offset)
         out: Tensor = self.attn(
             x, position_embeddings=embeddings, attention_mask=mask, cache=cache
         )[0]
@@ -212,6 +213,36 @@ def test_cached_decode_equals_hf_static_cache(kind: str, num_kv_heads: int) -> N
         expected = _decode(ref, x, schedule, theirs)
         got = _decode(ours, x, schedule, StaticKVCache(B, 16, num_kv_heads, HEAD_DIM))
     torch.testing.assert_close(torch.cat(got, dim=1), torch.cat(expected, dim=1), **TOL)
+
+
+def test_positions_of_one_row_and_past_the_cache_equal_hf() -> None:
+    """HF's `position_ids` `(1, t)` for a batch of 3, starting at 100 in an empty cache."""
+    ref = Reference("mistral", "sdpa")
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    x = torch.randn(B, 11, D_MODEL)
+    theirs, mine = DynamicCache(config=ref.config), DynamicKVCache()
+    start = 0
+    with torch.no_grad():
+        for n in (5, 1, 1, 4):
+            expected = ref(x[:, start : start + n], cache=theirs, offset=100)
+            row = torch.arange(100 + start, 100 + start + n)[None]  # (1, t)
+            got = ours(x[:, start : start + n], cache=mine, positions=row)
+            torch.testing.assert_close(got, expected, **TOL, msg=f"from {start}")
+            start += n
+
+
+@pytest.mark.parametrize("kind", ["llama-bias", "qwen2"])
+def test_float64_equals_hf_float64(kind: str) -> None:
+    """RoPE rotates in float64 for float64 input; HF's SDPA layer does too."""
+    ref = Reference(kind, "sdpa")
+    ref.attn.double()
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    assert ours.q_proj.weight.dtype == torch.float64
+    x = torch.randn(B, T, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        expected = ref(x, offset=4000)
+        got = ours(x, positions=torch.arange(T) + 4000)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
 
 
 def test_from_hf_rejects_other_modules() -> None:

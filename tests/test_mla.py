@@ -29,8 +29,10 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 import attnlab
+from attnlab import masks
 from attnlab.kv_cache import DynamicKVCache, StaticKVCache
 from attnlab.mla import MultiHeadLatentAttention, mla_softmax_scale
+from attnlab.rope import rope_cos_sin
 
 B, T = 2, 7
 D_MODEL, HEADS = 24, 3
@@ -348,6 +350,150 @@ def test_mla_from_hf_refuses_rope_that_changes_with_length() -> None:
         MultiHeadLatentAttention.from_hf(hf)
 
 
+# -- one rule with GQA: positions, precomputed tables, windows, backends, dtypes -------
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_mla_positions_of_one_row_broadcast_and_start_past_the_cache(absorb: bool) -> None:
+    """HF's default `position_ids` `(1, t)`, prefilling an empty cache at 100.. (HF allows)."""
+    hf = _hf_layer(_config(max_position_embeddings=256))
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    hf_cache, cache = DynamicCache(config=hf.config), ours.new_cache(B, max_length=T)
+    for start, stop in ((0, 5), (5, 6), (6, T)):
+        row = torch.arange(100 + start, 100 + stop)[None]  # (1, t)
+        mask = _causal_additive(stop - start, stop) if stop - start > 1 else None
+        with torch.no_grad():
+            expected = _hf_forward(hf, x[:, start:stop], row, mask, cache=hf_cache)
+            got = ours(x[:, start:stop], positions=row, cache=cache, is_causal=True, absorb=absorb)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_mla_takes_hf_position_embeddings() -> None:
+    """HF's rotary output `(cos, sin)`, computed once per model forward, as the layer gets it."""
+    config = _config(rope_parameters=SCALED_ROPE["yarn-attention-factor"])
+    config.max_position_embeddings = 640
+    hf = _hf_layer(config)
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    positions = torch.arange(T)[None] * 5
+    cos_sin = DeepseekV3RotaryEmbedding(config)(x, positions)  # (1, t, qk_rope_head_dim)
+    expected, _ = hf(x, cos_sin, _causal_additive(T, T))
+    got = ours(x, position_embeddings=cos_sin, is_causal=True)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours(x, positions=positions, is_causal=True), got)
+
+
+def test_mla_float64_equals_hf_float64_and_gradchecks() -> None:
+    """RoPE rotates in float64 for float64 input (it used to round to float32).
+
+    HF's RMSNorm and eager softmax compute in float32 whatever the input; the comparison
+    uses HF's SDPA attention and replaces the norm by its formula in float64, so that the
+    rotation's precision is what is compared.
+    """
+    config = _config()
+    config._attn_implementation = "sdpa"
+    hf = _hf_layer(config).double()
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    for norm in (hf.q_a_layernorm, hf.kv_a_layernorm):
+
+        def float64_norm(h: Tensor, norm: Any = norm) -> Tensor:
+            variance = h.pow(2).mean(-1, keepdim=True)
+            return norm.weight * (h * torch.rsqrt(variance + norm.variance_epsilon))
+
+        norm.forward = float64_norm
+    x = torch.randn(B, T, D_MODEL, dtype=torch.float64)
+    positions = torch.arange(T) + 3000
+    expected = _hf_forward(hf, x, positions, _causal_additive(T, T).double())
+    for absorb in (False, True):
+        got = ours(x, positions=positions, is_causal=True, absorb=absorb)
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    small = x[:1, :3].clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: ours(t, positions=positions[:3], is_causal=True), (small,)
+    )
+
+
+def test_mla_from_hf_accepts_subclasses_and_structural_copies() -> None:
+    """Accepted by structure: a user's subclass, and GLM-4 MoE Lite's copy of the layer."""
+    from transformers import Glm4MoeLiteConfig
+    from transformers.models.glm4_moe_lite.modeling_glm4_moe_lite import (
+        Glm4MoeLiteAttention,
+        Glm4MoeLiteRotaryEmbedding,
+    )
+
+    class MyAttention(DeepseekV3Attention):
+        pass
+
+    sub = MyAttention(_config(), layer_idx=0).eval()
+    x = torch.randn(B, T, D_MODEL)
+    expected = _hf_forward(sub, x, torch.arange(T), _causal_additive(T, T))
+    got = MultiHeadLatentAttention.from_hf(sub)(x, is_causal=True)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+    config = Glm4MoeLiteConfig(
+        vocab_size=17, hidden_size=D_MODEL, num_hidden_layers=1, num_attention_heads=HEADS,
+        num_key_value_heads=HEADS, q_lora_rank=Q_LORA, kv_lora_rank=KV_LORA,
+        qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V, attention_bias=True,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 300.0},
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    glm = Glm4MoeLiteAttention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        for name, p in glm.named_parameters():
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+    positions = torch.arange(T)[None] + 2
+    expected, _ = glm(x, Glm4MoeLiteRotaryEmbedding(config)(x, positions), _causal_additive(T, T))
+    ours = MultiHeadLatentAttention.from_hf(glm)
+    assert ours.rope_base == 300.0
+    for absorb in (False, True):
+        got = ours(x, positions=positions, is_causal=True, absorb=absorb)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_mla_window_is_the_sliding_window_mask() -> None:
+    plain, windowed = _mla(), _mla()
+    windowed.window = 3
+    windowed.load_state_dict(plain.state_dict())
+    x = torch.randn(B, T, D_MODEL)
+    expected = plain(x, attn_mask=masks.sliding_window(T, window=3))
+    torch.testing.assert_close(windowed(x, is_causal=True), expected, atol=ATOL, rtol=0)
+    cache = windowed.new_cache(B, max_length=T)
+    steps = [windowed(x[:, :4], cache=cache, is_causal=True)]
+    steps += [
+        windowed(x[:, i : i + 1], cache=cache, is_causal=True, absorb=True) for i in (4, 5, 6)
+    ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="is_causal=False with window=3"):
+        windowed(x)
+
+
+def test_mla_mask_combines_with_is_causal() -> None:
+    """As in GroupedQueryAttention: an extra mask is ANDed with the causal one."""
+    mla = _mla()
+    x = torch.randn(B, T, D_MODEL)
+    padding = masks.key_padding([T, 5], max_len=T)
+    expected = mla(x, attn_mask=padding & masks.causal(T))
+    torch.testing.assert_close(mla(x, attn_mask=padding, is_causal=True), expected)
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_mla_backends_agree(absorb: bool) -> None:
+    mla = _mla()
+    x = torch.randn(B, T, D_MODEL)
+    expected = mla(x, is_causal=True, absorb=absorb)
+    for backend in ("scratch", "flash"):
+        mla.backend = backend  # type: ignore[assignment]
+        got = mla(x, is_causal=True, absorb=absorb)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=backend)
+        cache = mla.new_cache(B, max_length=T)
+        steps = [mla(x[:, :5], cache=cache, is_causal=True, absorb=absorb)]
+        steps += [mla(x[:, i : i + 1], cache=cache, absorb=absorb) for i in (5, 6)]
+        torch.testing.assert_close(torch.cat(steps, 1), expected, atol=ATOL, rtol=0, msg=backend)
+
+
 # -- bad input -------------------------------------------------------------------------
 
 
@@ -372,42 +518,44 @@ BAD_CALLS: dict[str, tuple[type[Exception], str, Any]] = {
     ),
     "positions-float": (
         TypeError,
-        "positions must be an integer tensor, got torch.float32",
+        "positions must have an integer dtype, got torch.float32",
         lambda m: m(torch.randn(B, T, 24), positions=torch.arange(T).float()),
     ),
     "positions-shape": (
         ValueError,
-        r"positions must have shape \(t,\) = \(7,\) or \(b, t\) = \(2, 7\).*\(6,\)",
+        r"positions has 6 positions but x has 7 tokens \(positions.shape=\(6,\), x.shape",
         lambda m: m(torch.randn(B, T, 24), positions=torch.arange(6)),
     ),
     "positions-negative": (
         ValueError,
-        "positions must be non-negative, got a minimum of -1",
+        "positions must be non-negative .*, got positions from -1 to 5",
         lambda m: m(torch.randn(B, T, 24), positions=torch.arange(-1, T - 1)),
     ),
     "cache-type": (
         TypeError,
-        "cache must be an attnlab.kv_cache.KVCache or None, got DynamicCache",
+        r"cache must be an attnlab KVCache \(DynamicKVCache or StaticKVCache\) or None, got "
+        "DynamicCache",
         lambda m: m(torch.randn(B, T, 24), cache=DynamicCache()),
     ),
     "cache-sizes": (
         ValueError,
-        r"cache must hold .* = \(1, 11, 8\) for this module, got \(3, 11, 8\)",
-        lambda m: m(torch.randn(B, T, 24), cache=StaticKVCache(B, T, 3, KV_LORA, head_dim_v=ROPE)),
+        r"key has num_kv_heads=1 but the cache holds num_kv_heads=3",
+        lambda m: m(torch.randn(B, T, 24), cache=StaticKVCache(B, T, 3, KV_LORA, v_head_dim=ROPE)),
     ),
     "cache-batch": (
         ValueError,
-        "x has batch size 2 but the cache holds 3 sequences",
+        "key has batch size 2 but the cache holds 3 sequences",
         lambda m: m(torch.randn(B, T, 24), cache=m.new_cache(3, T)),
     ),
     "cache-dtype": (
         ValueError,
-        "x is torch.float32 on cpu but the cache is torch.float64 on cpu",
+        "key has dtype torch.float32 but the cache holds torch.float64",
         lambda m: m(torch.randn(B, T, 24), cache=m.new_cache(B, T, dtype=torch.float64)),
     ),
     "cache-overflow": (
         ValueError,
-        r"x has t=7 new tokens but the cache has room for max_length - length = 6 - 0 = 6",
+        r"key has t_new=7 tokens but the static cache has room for max_length - length = "
+        "6 - 0 = 6",
         lambda m: m(torch.randn(B, T, 24), cache=m.new_cache(B, 6)),
     ),
     "mask-shape": (
@@ -415,11 +563,26 @@ BAD_CALLS: dict[str, tuple[type[Exception], str, Any]] = {
         r"attn_mask of shape \(7, 6\) does not broadcast",
         lambda m: m(torch.randn(B, T, 24), attn_mask=torch.ones(T, 6, dtype=torch.bool)),
     ),
-    "mask-and-causal": (
+    "positions-and-tables": (
         ValueError,
-        "pass either attn_mask or is_causal=True, not both",
+        "pass either positions or position_embeddings, not both",
         lambda m: m(
-            torch.randn(B, T, 24), attn_mask=torch.ones(T, T, dtype=torch.bool), is_causal=True
+            torch.randn(B, T, 24),
+            positions=torch.arange(T),
+            position_embeddings=rope_cos_sin(torch.arange(T), ROPE),
+        ),
+    ),
+    "tables-shape": (
+        ValueError,
+        r"cos has 6 positions but x has 7 tokens",
+        lambda m: m(torch.randn(B, T, 24), position_embeddings=rope_cos_sin(torch.arange(6), ROPE)),
+    ),
+    "flash-mask": (
+        ValueError,
+        "backend='flash' takes no attn_mask",
+        lambda m: (
+            m.__setattr__("backend", "flash")
+            or m(torch.randn(B, T, 24), attn_mask=torch.ones(T, T, dtype=torch.bool))
         ),
     ),
     "absorb": (
@@ -452,7 +615,10 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
         ({"kv_lora_rank": 0}, ValueError, "kv_lora_rank must be a positive int, got 0"),
         ({"q_lora_rank": 2.0}, TypeError, "q_lora_rank must be a positive int, got 2.0"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\), got 1.0"),
-        ({"rope_base": -1.0}, ValueError, "rope_base must be a positive number, got -1.0"),
+        ({"rope_base": -1.0}, ValueError, "rope_base must be a finite float greater than 1"),
+        ({"rope_base": 0.5}, ValueError, "rope_base must be a finite float greater than 1"),
+        ({"window": 0}, ValueError, "window must be a positive int, got 0"),
+        ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
         ({"rope_interleave": "yes"}, TypeError, "rope_interleave must be a bool"),
         (
             {"rope_frequencies": torch.ones(3)},
@@ -477,6 +643,8 @@ def test_mla_bad_config_raises(
 
 def test_mla_from_hf_rejects_other_modules() -> None:
     with pytest.raises(
-        TypeError, match="layer must be a transformers DeepseekV3Attention, got Linear"
+        TypeError,
+        match="layer must have the structure of a transformers MLA layer such as "
+        "DeepseekV3Attention, but Linear has no config, hidden_size, ",
     ):
         MultiHeadLatentAttention.from_hf(nn.Linear(2, 3))

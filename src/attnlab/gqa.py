@@ -36,7 +36,7 @@ from attnlab._validation import (
     check_tokens,
     is_validation_enabled,
 )
-from attnlab.kv_cache import KVCache
+from attnlab.kv_cache import KVCache, check_cache
 from attnlab.rope import (
     RopeLayout,
     check_base,
@@ -207,14 +207,8 @@ class GroupedQueryAttention(nn.Module):
         owner, like = type(self).__name__, self.q_proj.weight
         x = check_tokens("x", x, features=self.d_model, param="d_model", owner=owner, like=like)
         b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
-        past = 0
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(
-                    f"cache must be an attnlab KVCache (DynamicKVCache or StaticKVCache) or "
-                    f"None, got {type(cache).__name__}"
-                )
-            past = cache.length
+        checked = check_cache(cache)
+        past = 0 if checked is None else checked.length
         if positions is not None:
             check_positions(positions, x, low=0)
         if position_embeddings is not None:

@@ -42,6 +42,7 @@ __all__ = [
     "DynamicKVCache",
     "KVCache",
     "StaticKVCache",
+    "check_cache",
     "kv_cache_bytes_per_token",
 ]
 
@@ -235,6 +236,27 @@ class KVCache(abc.ABC):
                 f"key is on {k.device} but the cache is on {held.device}; move the inputs "
                 "or build the cache on their device"
             )
+
+
+def check_cache(cache: object, name: str = "cache") -> KVCache | None:
+    """Return `cache` if it is None or an attnlab [`KVCache`][attnlab.kv_cache.KVCache].
+
+    Attention layers call it on their `cache` argument; what the cache can take is then
+    its own check, in [`update`][attnlab.kv_cache.KVCache.update].
+
+    Raises:
+        TypeError: If it is anything else (e.g. a Hugging Face `DynamicCache`).
+
+    Examples:
+        >>> check_cache(None) is None
+        True
+    """
+    if cache is not None and not isinstance(cache, KVCache):
+        raise TypeError(
+            f"{name} must be an attnlab KVCache (DynamicKVCache or StaticKVCache) or None, "
+            f"got {type(cache).__name__}"
+        )
+    return cache
 
 
 class DynamicKVCache(KVCache):

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab import masks, rope
+from attnlab._backends import Backend, BackendProperty, attend
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
@@ -48,8 +48,15 @@ from attnlab._validation import (
     check_tokens,
     is_validation_enabled,
 )
-from attnlab.kv_cache import KVCache, StaticKVCache
-from attnlab.rope import apply_rope
+from attnlab.kv_cache import KVCache, StaticKVCache, check_cache
+from attnlab.rope import (
+    check_base,
+    check_cos_sin,
+    check_head_dim,
+    check_positions,
+    rope_cos_sin,
+    rotate,
+)
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
 
@@ -100,6 +107,26 @@ def mla_softmax_scale(
 _STATIC_ROPE_TYPES = ("default", "yarn", "linear", "llama3")
 """Hugging Face `rope_type`s whose frequencies do not depend on the sequence length."""
 
+_HF_STRUCTURE = (
+    "config",
+    "hidden_size",
+    "num_heads",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "q_lora_rank",
+    "scaling",
+    "attention_dropout",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+    "o_proj",
+)
+"""What `from_hf` reads from a Hugging Face MLA layer (besides its query projection)."""
+
+_HF_Q_LORA = ("q_a_proj", "q_a_layernorm", "q_b_proj")
+
 
 def _deinterleave(x: Tensor) -> Tensor:
     """Reorder features `(x0, x1, x2, x3, ...)` as `(x0, x2, ..., x1, x3, ...)`.
@@ -109,15 +136,6 @@ def _deinterleave(x: Tensor) -> Tensor:
     checkpoints (and Hugging Face's `apply_rotary_pos_emb_interleave`) use it this way.
     """
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)  # (..., d)
-
-
-def _rope_with_frequencies(x: Tensor, positions: Tensor, frequencies: Tensor) -> Tensor:
-    """RoPE in the half layout with given frequencies: x `(b, h, t, d)`, positions `(t,)`
-    or `(b, t)`, frequencies `(d/2,)`. [`apply_rope`][attnlab.rope.apply_rope] computes
-    its own frequencies from a base; scaled RoPE variants (YaRN) bring theirs.
-    """
-    cos, sin = rope.rope_cos_sin(positions, x.shape[-1], frequencies=frequencies)
-    return rope.rotate(x, cos, sin, layout="half")  # (b, h, t, d)
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -175,6 +193,10 @@ class MultiHeadLatentAttention(nn.Module):
             (`attention_bias`).
         norm_eps: Epsilon of the two RMSNorms.
         dropout: Probability of dropping an attention weight, in training mode only.
+        window: Sliding-window size of the causal mask (keys per query, itself
+            included), or None; it applies with `forward(..., is_causal=True)`.
+        backend: `"torch"`, `"scratch"` or `"flash"` (no `attn_mask`, no dropout): which
+            scaled dot-product attention both forms run.
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -182,10 +204,11 @@ class MultiHeadLatentAttention(nn.Module):
     Raises:
         TypeError: If a size is not an int, a number is not a number, a flag not a bool
             or `rope_frequencies` not a floating-point tensor.
-        ValueError: If a size, `rope_base` or `rope_scale` is not positive,
+        ValueError: If a size or `rope_scale` is not positive, `rope_base` is not above 1
+            (RoPE's one rule, [`check_base`][attnlab.rope.check_base]),
             `qk_rope_head_dim` is odd, `rope_frequencies` does not have
             `qk_rope_head_dim // 2` elements, `dropout` is not in [0, 1) or a number is not
-            finite.
+            finite, or `backend` is unknown.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -225,26 +248,20 @@ class MultiHeadLatentAttention(nn.Module):
         bias: bool = False,
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
+        window: int | None = None,
+        backend: Backend = "torch",
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.kv_lora_rank = check_positive_int("kv_lora_rank", kv_lora_rank)
         self.qk_nope_head_dim = check_positive_int("qk_nope_head_dim", qk_nope_head_dim)
-        self.qk_rope_head_dim = check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
-        if qk_rope_head_dim % 2:
-            raise ValueError(
-                f"qk_rope_head_dim must be even (RoPE rotates pairs of features), "
-                f"got {qk_rope_head_dim}"
-            )
+        self.qk_rope_head_dim = check_head_dim(qk_rope_head_dim, "qk_rope_head_dim")
         self.v_head_dim = check_positive_int("v_head_dim", v_head_dim)
         self.q_lora_rank = (
             None if q_lora_rank is None else check_positive_int("q_lora_rank", q_lora_rank)
         )
-        base = check_scale("rope_base", rope_base)
-        if base is None or base <= 0:
-            raise ValueError(f"rope_base must be a positive number, got {rope_base!r}")
-        self.rope_base = base
+        self.rope_base = check_base(rope_base, "rope_base")
         self.rope_frequencies: Tensor | None = None
         if rope_frequencies is not None:
             freqs = check_tensor("rope_frequencies", rope_frequencies)
@@ -269,6 +286,8 @@ class MultiHeadLatentAttention(nn.Module):
         if eps is None or eps < 0:
             raise ValueError(f"norm_eps must be a non-negative number, got {norm_eps!r}")
         self.dropout = check_probability("dropout", dropout)
+        self.window = None if window is None else check_positive_int("window", window)
+        self.backend = backend
 
         h, r, dr = num_heads, kv_lora_rank, qk_rope_head_dim
         self.q_proj: nn.Linear | None = None
@@ -295,8 +314,12 @@ class MultiHeadLatentAttention(nn.Module):
             f"rope_frequencies={'custom' if self.rope_frequencies is not None else None}, "
             f"rope_scale={self.rope_scale}, "
             f"rope_interleave={self.rope_interleave}, softmax_scale={self.softmax_scale}, "
-            f"bias={self.bias}, dropout={self.dropout}"
+            f"bias={self.bias}, dropout={self.dropout}, window={self.window}, "
+            f"backend={self.backend!r}"
         )
+
+    backend = BackendProperty()
+    """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
 
     # -- the cache -----------------------------------------------------------------------
 
@@ -311,7 +334,7 @@ class MultiHeadLatentAttention(nn.Module):
         """A preallocated latent cache for this module: latents as keys, RoPE keys as values.
 
         It is a [`StaticKVCache`][attnlab.kv_cache.StaticKVCache] with one key/value head,
-        `head_dim = kv_lora_rank` and `head_dim_v = qk_rope_head_dim`; its `nbytes` is
+        `head_dim = kv_lora_rank` and `v_head_dim = qk_rope_head_dim`; its `nbytes` is
         `batch_size * max_length * (kv_lora_rank + qk_rope_head_dim)` elements, whatever
         the number of heads.
 
@@ -334,7 +357,7 @@ class MultiHeadLatentAttention(nn.Module):
             max_length,
             num_kv_heads=1,
             head_dim=self.kv_lora_rank,
-            head_dim_v=self.qk_rope_head_dim,
+            v_head_dim=self.qk_rope_head_dim,
             dtype=weight.dtype if dtype is None else dtype,
             device=weight.device if device is None else device,
         )
@@ -345,98 +368,59 @@ class MultiHeadLatentAttention(nn.Module):
         self,
         x: object,
         positions: object,
+        position_embeddings: object,
         cache: object,
         attn_mask: object,
         is_causal: object,
         absorb: object,
     ) -> None:
-        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there).
+
+        The same rules as `GroupedQueryAttention`'s: positions and RoPE tables by `rope`,
+        the cache's append by the cache itself (in its `update`).
+        """
         owner = type(self).__name__
         x = check_tokens(
             "x", x, features=self.d_model, param="d_model", owner=owner, like=self.kv_down.weight
         )
         check_bool("absorb", absorb)
         b, t = (x.shape[0], x.shape[1]) if x.ndim == 3 else (1, x.shape[0])
-        past = 0
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(
-                    f"cache must be an attnlab.kv_cache.KVCache or None, got {type(cache).__name__}"
-                )
-            past = cache.length
-            if isinstance(cache, StaticKVCache):
-                self._check_static_cache(cache, x, b, t)
+        checked = check_cache(cache)
+        past = 0 if checked is None else checked.length
         if positions is not None:
-            self._check_positions(positions, x, b, t)
+            check_positions(positions, x, low=0)
+        if position_embeddings is not None:
+            if positions is not None:
+                raise ValueError("pass either positions or position_embeddings, not both")
+            check_cos_sin(position_embeddings, x, self.qk_rope_head_dim)
         check_attn_mask("attn_mask", attn_mask, (b, self.num_heads, t, past + t), x, "x")
-        if check_bool("is_causal", is_causal) and attn_mask is not None:
-            raise ValueError("pass either attn_mask or is_causal=True, not both")
-
-    def _check_static_cache(self, cache: StaticKVCache, x: Tensor, b: int, t: int) -> None:
-        expected = (1, self.kv_lora_rank, self.qk_rope_head_dim)
-        got = (cache.num_kv_heads, cache.head_dim, cache.head_dim_v)
-        if got != expected:
+        if not check_bool("is_causal", is_causal) and self.window is not None:
             raise ValueError(
-                "cache must hold (num_kv_heads, head_dim, head_dim_v) = (1, kv_lora_rank, "
-                f"qk_rope_head_dim) = {expected} for this module, got {got}; build it with "
-                "module.new_cache(...)"
-            )
-        if cache.batch_size != b:
-            raise ValueError(
-                f"x has batch size {b} but the cache holds {cache.batch_size} sequences "
-                f"(x.shape={tuple(x.shape)}); build one cache per batch size"
-            )
-        if cache.dtype != x.dtype or cache.device != x.device:
-            raise ValueError(
-                f"x is {x.dtype} on {x.device} but the cache is {cache.dtype} on "
-                f"{cache.device}; build the cache with module.new_cache(...)"
-            )
-        if cache.length + t > cache.max_length:
-            raise ValueError(
-                f"x has t={t} new tokens but the cache has room for max_length - length = "
-                f"{cache.max_length} - {cache.length} = {cache.max_length - cache.length}; "
-                "build it with a larger max_length"
-            )
-
-    @staticmethod
-    def _check_positions(positions: object, x: Tensor, b: int, t: int) -> None:
-        if not isinstance(positions, Tensor):
-            raise TypeError(
-                f"positions must be a torch.Tensor or None, got {type(positions).__name__}"
-            )
-        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            raise TypeError(
-                f"positions must be an integer tensor, got {positions.dtype} "
-                f"(positions.shape={tuple(positions.shape)})"
-            )
-        if tuple(positions.shape) not in ((t,), (b, t)):
-            raise ValueError(
-                f"positions must have shape (t,) = ({t},) or (b, t) = ({b}, {t}) to match x, "
-                f"got positions.shape={tuple(positions.shape)}"
-            )
-        if positions.device != x.device:
-            raise ValueError(
-                f"positions is on {positions.device} but x is on {x.device}; move it with "
-                "positions.to(x.device)"
-            )
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(
-                f"positions must be non-negative, got a minimum of {int(positions.min())}"
+                f"is_causal=False with window={self.window}: a sliding window is a causal "
+                "mask; pass is_causal=True"
             )
 
     # -- computation ---------------------------------------------------------------------
 
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
+    def _rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE's cos/sin for `positions`, once per forward for queries and keys alike.
+
+        Hugging Face folds the rotary embedding's `attention_scaling` into cos and sin;
+        so does this, with `rope_scale`.
+        """
+        cos, sin = rope_cos_sin(
+            positions, self.qk_rope_head_dim, base=self.rope_base, frequencies=self.rope_frequencies
+        )  # (..., t, d_rope / 2) each
+        if self.rope_scale != 1.0:
+            cos, sin = cos * self.rope_scale, sin * self.rope_scale
+        return cos, sin
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if self.rope_interleave:
             x = _deinterleave(x)  # (..., t, qk_rope_head_dim)
-        if self.rope_frequencies is None:
-            rotated = apply_rope(x, positions, base=self.rope_base, layout="half")
-        else:
-            freqs = self.rope_frequencies.to(positions.device)
-            rotated = _rope_with_frequencies(x, positions, freqs)
-        return rotated if self.rope_scale == 1.0 else rotated * self.rope_scale
+        return rotate(x, cos, sin, layout="half")
 
-    def _queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """The no-RoPE and the rotated parts of the queries, `(b, h, t, ...)` each."""
         b, t, _ = x.shape
         if self.q_proj is not None:
@@ -448,16 +432,16 @@ class MultiHeadLatentAttention(nn.Module):
             q = self.q_up(self.q_norm(self.q_down(x)))  # (b, t, h * qk_head_dim)
         q = q.view(b, t, self.num_heads, self.qk_head_dim).transpose(1, 2)  # (b, h, t, d_qk)
         q_nope, q_rope = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], -1)
-        return q_nope, self._rope(q_rope, positions)  # (b, h, t, d_nope), (b, h, t, d_rope)
+        return q_nope, self._rope(q_rope, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
 
-    def _latents(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _latents(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """What the cache keeps: the normed latent and the rotated RoPE key, `(b, 1, t, ...)`."""
         b, t, _ = x.shape
         latent = self.kv_down(x)  # (b, t, r + d_rope)
         c_kv, k_rope = torch.split(latent, [self.kv_lora_rank, self.qk_rope_head_dim], -1)
         c_kv = self.kv_norm(c_kv).view(b, 1, t, self.kv_lora_rank)  # (b, 1, t, r)
         k_rope = k_rope.view(b, 1, t, self.qk_rope_head_dim)  # (b, 1, t, d_rope)
-        return c_kv, self._rope(k_rope, positions)
+        return c_kv, self._rope(k_rope, cos, sin)
 
     def _up_weights(self) -> tuple[Tensor, Tensor]:
         """`kv_up`'s weight split per head into W_UK `(h, d_nope, r)` and W_UV `(h, d_v, r)`."""
@@ -468,7 +452,13 @@ class MultiHeadLatentAttention(nn.Module):
         return w_uk, w_uv
 
     def _attend_naive(
-        self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor, mask: Tensor | None
+        self,
+        q_nope: Tensor,
+        q_rope: Tensor,
+        c_kv: Tensor,
+        k_rope: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
     ) -> Tensor:
         """Expand the latents into per-head keys and values; heads `(b, h, t, v_head_dim)`."""
         b, _, s, _ = c_kv.shape
@@ -478,10 +468,16 @@ class MultiHeadLatentAttention(nn.Module):
         k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], -1)  # (b,h,s,.)
         k = torch.cat([k_nope, k_rope.expand(b, h, s, self.qk_rope_head_dim)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)  # (b, h, t, qk_head_dim)
-        return self._sdpa(q, k, v, mask)  # (b, h, t, d_v)
+        return self._attend(q, k, v, mask, is_causal)  # (b, h, t, d_v)
 
     def _attend_absorbed(
-        self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor, mask: Tensor | None
+        self,
+        q_nope: Tensor,
+        q_rope: Tensor,
+        c_kv: Tensor,
+        k_rope: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
     ) -> Tensor:
         """Attend over the latents themselves; heads `(b, h, t, v_head_dim)`."""
         w_uk, w_uv = self._up_weights()
@@ -491,20 +487,31 @@ class MultiHeadLatentAttention(nn.Module):
         q = torch.cat([q_latent, q_rope], dim=-1)  # (b, h, t, r + d_rope)
         k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, s, r + d_rope): one shared head
         # Multi-query attention whose values are the latents; W_UV comes after the sum.
-        o_latent = self._sdpa(q, k, c_kv, mask, enable_gqa=True)  # (b, h, t, r)
+        o_latent = self._attend(q, k, c_kv, mask, is_causal, enable_gqa=True)  # (b, h, t, r)
         return torch.einsum("bhtr,hvr->bhtv", o_latent, w_uv)  # (b, h, t, d_v)
 
-    def _sdpa(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, enable_gqa: bool = False
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        enable_gqa: bool = False,
     ) -> Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(
+        """Both forms' attention, on the module's backend; causal in absolute positions."""
+        return attend(
+            self.backend,
             q,
             k,
             v,
             attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
             scale=self.softmax_scale,
+            window=self.window if is_causal else None,
             enable_gqa=enable_gqa,
+            align="bottom-right",  # the queries are the last t of the s cached tokens
         )
 
     def forward(
@@ -512,6 +519,7 @@ class MultiHeadLatentAttention(nn.Module):
         x: Tensor,
         *,
         positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
@@ -521,20 +529,33 @@ class MultiHeadLatentAttention(nn.Module):
 
         With a `cache`, the latents and RoPE keys of `x` are appended to it first, and
         the queries attend to all `s = cache.length` tokens it then holds (`x` last).
+        Checks run once, here: the arguments before any work, the cache's append inside
+        its `update`.
 
         Args:
             x: Tokens, `(b, t, d_model)` or `(t, d_model)`.
-            positions: Integer RoPE positions of the tokens of `x`, `(t,)` or `(b, t)`;
-                default `cache.length + arange(t)` (counted before this call), or
-                `arange(t)` without a cache.
+            positions: Integer RoPE positions of the tokens of `x`, `(t,)`, `(1, t)` or
+                `(b, t)`; default `cache.length + arange(t)` (counted before this call), or
+                `arange(t)` without a cache. The same rule as
+                [`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention]: positions
+                only rotate, so any non-negative ones are accepted (checking reads them, a
+                host sync skipped while compiling).
+            position_embeddings: RoPE's `(cos, sin)` computed once for all layers, instead
+                of `positions`: `(..., t, qk_rope_head_dim // 2)` from
+                [`rope_cos_sin`][attnlab.rope.rope_cos_sin], or Hugging Face's rotary
+                embedding output `(b, t, qk_rope_head_dim)`; taken as they are (Hugging
+                Face's already hold `attention_scaling`, this module's `rope_scale`).
             cache: A [`KVCache`][attnlab.kv_cache.KVCache] with one key/value head,
-                `head_dim = kv_lora_rank`, `head_dim_v = qk_rope_head_dim`, see
+                `head_dim = kv_lora_rank`, `v_head_dim = qk_rope_head_dim`, see
                 [`new_cache`][attnlab.mla.MultiHeadLatentAttention.new_cache]; updated in
                 place.
             attn_mask: Bool mask (True = attend) or float mask added to the scores,
-                broadcastable to `(b, num_heads, t, s)`.
-            is_causal: Hide from each query the keys after it; with a cache the mask is
-                aligned bottom-right (`x` are the last `t` of the `s` tokens).
+                broadcastable to `(b, num_heads, t, s)`; combined with the causal one when
+                `is_causal` (as in `GroupedQueryAttention`).
+            is_causal: Hide from each query the keys after it, in absolute positions: with
+                a cache the mask is aligned bottom-right (`x` are the last `t` of the `s`
+                tokens); one new token needs no mask at all. The module's `window` applies
+                with it.
             absorb: Attend over the latents directly (decode form) instead of
                 expanding them into per-head keys and values (training form).
 
@@ -546,29 +567,33 @@ class MultiHeadLatentAttention(nn.Module):
                 tensor, `cache` not a `KVCache`, the mask has a wrong dtype or a flag is
                 not a bool.
             ValueError: If the rank, feature size, dtype or device of `x` does not fit
-                the module; `positions` has the wrong shape or device or is negative;
-                a static cache has the wrong sizes, batch size, dtype or device, or no
-                room for `t` more tokens; the mask does not broadcast to
-                `(b, num_heads, t, s)`; or both `attn_mask` and `is_causal` are given.
+                the module; `positions` has the wrong shape or device or is negative, or
+                comes with `position_embeddings` (or those do not fit); the cache cannot
+                take the new latents (sizes, batch size, dtype, device, or no room for `t`
+                more tokens); the mask does not broadcast to `(b, num_heads, t, s)`; the
+                module has a window and `is_causal` is False; or `backend="flash"` gets
+                a mask or dropout.
         """
         if is_validation_enabled():
-            self._check_inputs(x, positions, cache, attn_mask, is_causal, absorb)
+            self._check_inputs(
+                x, positions, position_embeddings, cache, attn_mask, is_causal, absorb
+            )
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
         b, t, _ = x.shape
-        past = 0 if cache is None else cache.length
-        if positions is None:
-            positions = torch.arange(past, past + t, device=x.device)  # (t,)
-        q_nope, q_rope = self._queries(x, positions)
-        c_kv, k_rope = self._latents(x, positions)  # (b, 1, t, r), (b, 1, t, d_rope)
+        if position_embeddings is None:
+            if positions is None:
+                past = 0 if cache is None else cache.length
+                positions = torch.arange(past, past + t, device=x.device)  # (t,)
+            position_embeddings = self._rope_tables(positions)
+        cos, sin = position_embeddings
+        q_nope, q_rope = self._queries(x, cos, sin)
+        c_kv, k_rope = self._latents(x, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
         if cache is not None:
             c_kv, k_rope = cache.update(c_kv, k_rope)  # (b, 1, s, r), (b, 1, s, d_rope)
-        mask = attn_mask
-        if is_causal:
-            mask = masks.causal(t, c_kv.shape[2], align="bottom-right", device=x.device)
-        attend = self._attend_absorbed if absorb else self._attend_naive
-        heads = attend(q_nope, q_rope, c_kv, k_rope, mask)  # (b, h, t, d_v)
+        attend_heads = self._attend_absorbed if absorb else self._attend_naive
+        heads = attend_heads(q_nope, q_rope, c_kv, k_rope, attn_mask, is_causal)  # (b,h,t,d_v)
         concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.v_head_dim)
         out: Tensor = self.out_proj(concat)  # (b, t, d_model)
         return out[0] if unbatched else out
@@ -577,34 +602,46 @@ class MultiHeadLatentAttention(nn.Module):
 
     @classmethod
     def from_hf(cls, layer: nn.Module) -> MultiHeadLatentAttention:
-        """A `MultiHeadLatentAttention` with the weights of Hugging Face's MLA layer.
+        """A `MultiHeadLatentAttention` with the weights of a Hugging Face MLA layer.
 
-        Copies `transformers`' `DeepseekV3Attention` (see the class docstring for the
-        mapping of the weights), its softmax scale (`layer.scaling`, YaRN's correction
-        included), RoPE base and layout, RMSNorm epsilons, dropout and training mode.
-        When the config scales RoPE with fixed frequencies (`rope_type` `"yarn"`, as
-        DeepSeek-V3's checkpoints, `"linear"` or `"llama3"`), the frequencies and the
-        factor on cos/sin are taken from Hugging Face's `DeepseekV3RotaryEmbedding` built
-        from the same config, as `rope_frequencies` and `rope_scale`.
+        Accepts any layer with the structure of `transformers`' `DeepseekV3Attention`:
+        the attributes in `_HF_STRUCTURE` (sizes, `scaling`, `attention_dropout`, the
+        projections and norms of the class docstring's table, `config.rope_parameters`)
+        and either `q_proj` or `q_a_proj`/`q_a_layernorm`/`q_b_proj`. That covers
+        DeepSeek-V2/V3, the structural copies in `transformers` (e.g. GLM-4 MoE Lite's
+        `Glm4MoeLiteAttention`) and user subclasses, whatever their class name. It copies
+        the weights, the softmax scale (`layer.scaling`, YaRN's correction included), RoPE
+        base and layout (`config.rope_interleave`, default True), RMSNorm epsilons,
+        dropout and training mode. When the config scales RoPE with fixed frequencies
+        (`rope_type` `"yarn"`, as DeepSeek-V3's checkpoints, `"linear"` or `"llama3"`),
+        the frequencies and the factor on cos/sin come from `transformers`' own RoPE
+        initialisation functions (what the layer's rotary embedding calls), as
+        `rope_frequencies` and `rope_scale`.
 
         Args:
-            layer: A `transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention`.
+            layer: The Hugging Face attention layer.
 
         Returns:
             A new module on the layer's device and dtype, sharing no storage with it.
 
         Raises:
-            TypeError: If `layer` is not a `DeepseekV3Attention`.
+            TypeError: If `layer` lacks an attribute of that structure (the message lists
+                them).
             ValueError: If its RoPE frequencies change with the sequence length
                 (`rope_type` `"dynamic"` or `"longrope"`), which this module does not do.
         """
-        if type(layer).__name__ != "DeepseekV3Attention" or not hasattr(layer, "config"):
+        missing = [name for name in _HF_STRUCTURE if not hasattr(layer, name)]
+        if not (hasattr(layer, "q_proj") or all(hasattr(layer, n) for n in _HF_Q_LORA)):
+            missing.append("q_proj (or q_a_proj, q_a_layernorm, q_b_proj)")
+        if missing:
             raise TypeError(
-                f"layer must be a transformers DeepseekV3Attention, got {type(layer).__name__}"
+                f"layer must have the structure of a transformers MLA layer such as "
+                f"DeepseekV3Attention, but {type(layer).__name__} has no "
+                f"{', '.join(missing)}"
             )
         hf: Any = layer
         config = hf.config
-        rope = dict(config.rope_parameters or {})
+        rope = dict(getattr(config, "rope_parameters", None) or {})
         rope_type = rope.get("rope_type", "default")
         frequencies, rope_scale = None, 1.0
         if rope_type not in _STATIC_ROPE_TYPES:
@@ -614,10 +651,10 @@ class MultiHeadLatentAttention(nn.Module):
                 f"the sequence length; MultiHeadLatentAttention supports {static}"
             )
         if rope_type != "default":
-            # The module that defines the layer also defines its rotary embedding.
-            modeling = importlib.import_module(type(layer).__module__)
-            rotary = modeling.DeepseekV3RotaryEmbedding(config)
-            frequencies, rope_scale = rotary.inv_freq, float(rotary.attention_scaling)
+            # What every transformers rotary embedding calls for this rope_type.
+            rope_utils = importlib.import_module("transformers.modeling_rope_utils")
+            frequencies, scaling = rope_utils.ROPE_INIT_FUNCTIONS[rope_type](config)
+            rope_scale = float(scaling)
         weight = hf.kv_b_proj.weight
         mla = cls(
             hf.hidden_size,
@@ -627,20 +664,20 @@ class MultiHeadLatentAttention(nn.Module):
             qk_rope_head_dim=hf.qk_rope_head_dim,
             v_head_dim=hf.v_head_dim,
             q_lora_rank=hf.q_lora_rank,
-            rope_base=float(rope["rope_theta"]),
+            rope_base=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             rope_frequencies=frequencies,
             rope_scale=rope_scale,
-            rope_interleave=bool(config.rope_interleave),
+            rope_interleave=bool(getattr(config, "rope_interleave", True)),
             softmax_scale=float(hf.scaling),
             bias=hf.kv_a_proj_with_mqa.bias is not None,
             norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
             dropout=float(hf.attention_dropout),
         ).to(device=weight.device, dtype=weight.dtype)
         pairs: list[tuple[nn.Module | None, nn.Module | None]] = [
-            (mla.q_proj, hf.q_proj),
-            (mla.q_down, hf.q_a_proj),
-            (mla.q_norm, hf.q_a_layernorm),
-            (mla.q_up, hf.q_b_proj),
+            (mla.q_proj, getattr(hf, "q_proj", None)),
+            (mla.q_down, getattr(hf, "q_a_proj", None)),
+            (mla.q_norm, getattr(hf, "q_a_layernorm", None)),
+            (mla.q_up, getattr(hf, "q_b_proj", None)),
             (mla.kv_down, hf.kv_a_proj_with_mqa),
             (mla.kv_norm, hf.kv_a_layernorm),
             (mla.kv_up, hf.kv_b_proj),
