@@ -10,7 +10,10 @@ unchanged, and the context manager restores the setting.
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +32,9 @@ from attnlab import (
     toy,
 )
 from attnlab import functional as AF
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared registry, tests/entry_points.py
+from entry_points import ENTRIES, make_inputs, make_module, run
 
 # All sizes differ, so a check that compares the wrong two numbers cannot pass by luck.
 B, T, S, D_IN, D_CTX, D_KQ, D_V, D_OUT, HEADS = 2, 5, 7, 3, 4, 6, 8, 10, 2
@@ -142,7 +148,7 @@ CONSTRUCTOR_CASES = _cases(
     mha_backend_unknown=(
         lambda: MultiHeadAttention(D_IN, D_OUT, HEADS, backend="cuda"),  # type: ignore[arg-type]
         ValueError,
-        "backend must be one of 'torch', 'scratch', got 'cuda'",
+        "backend must be one of 'torch', 'scratch', 'flash', got 'cuda'",
     ),
     mha_from_torch_dropout_one=(
         lambda: MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, dropout=1.0)),
@@ -400,13 +406,13 @@ MHA_CASES = _cases(
 )
 
 
+# No backend axis: the checks run before the backend is chosen.
 @pytest.mark.parametrize("method", ["forward", "attention_weights"])
-@pytest.mark.parametrize("backend", ["torch", "scratch"])
 @pytest.mark.parametrize(("call", "error", "pattern"), MHA_CASES)
 def test_multihead_rejects_bad_input(
-    call: Callable[[Any], object], error: type[Exception], pattern: str, backend: str, method: str
+    call: Callable[[Any], object], error: type[Exception], pattern: str, method: str
 ) -> None:
-    module = _cross_mha(backend)
+    module = _cross_mha()
     target = module if method == "forward" else module.attention_weights
     with pytest.raises(error, match=pattern):
         call(target)
@@ -414,8 +420,100 @@ def test_multihead_rejects_bad_input(
 
 def test_multihead_backend_assignment_rejected() -> None:
     module = _mha()
-    with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', got 'flash'"):
-        module.backend = "flash"  # type: ignore[assignment]
+    pattern = "backend must be one of 'torch', 'scratch', 'flash', got 'cuda'"
+    with pytest.raises(ValueError, match=pattern):
+        module.backend = "cuda"  # type: ignore[assignment]
+    assert module.backend == "torch"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"attn_mask": torch.ones(T, S, dtype=torch.bool)}, "backend='flash' takes no attn_mask"),
+        ({"key_padding_mask": torch.zeros(B, S, dtype=torch.bool)}, "or key_padding_mask"),
+    ],
+)
+def test_multihead_flash_refuses_a_mask(kwargs: dict[str, Any], pattern: str) -> None:
+    module = _cross_mha("flash")
+    with pytest.raises(ValueError, match=pattern):
+        module(_x(B, T, D_IN), _x(B, S, D_CTX), **kwargs)
+    # The weights do not run on a backend: they take the mask.
+    out, weights = module(_x(B, T, D_IN), _x(B, S, D_CTX), need_weights=True, **kwargs)
+    assert weights.shape == (B, T, S)
+    assert torch.isfinite(out).all()
+
+
+def test_multihead_flash_refuses_dropout_in_training_only() -> None:
+    module = _mha("flash", dropout=0.1)
+    x = _x(B, T, D_IN)
+    with pytest.raises(ValueError, match=r"backend='flash' has no dropout, but dropout_p=0\.1"):
+        module(x)
+    with attnlab.validation(False), pytest.raises(ValueError, match="has no dropout"):
+        module(x)  # not a check of the input: a request flash cannot serve
+    module.eval()
+    torch.testing.assert_close(module(x), _mha_like(module, "torch")(x))
+
+
+def _mha_like(module: MultiHeadAttention, backend: str) -> MultiHeadAttention:
+    twin = _mha(backend, dropout=module.dropout)
+    twin.load_state_dict(module.state_dict())
+    return twin.train(module.training)
+
+
+def test_multihead_window_checks() -> None:
+    module = _mha()
+    with pytest.raises(ValueError, match="window must be a positive int, got 0"):
+        module(_x(B, T, D_IN), window=0)
+    with pytest.raises(ValueError, match="pass either attn_mask or window, not both"):
+        module(_x(B, T, D_IN), window=2, attn_mask=torch.ones(T, T, dtype=torch.bool))
+
+
+# -- every entry point of the shared registry -----------------------------------------------
+
+# Inputs the registry's call reads a dtype from to build something else (a mask, a cache):
+# an integer one fails there, in the test's helper, not at attnlab's boundary.
+_BUILT_FROM = {("scaled_dot_product_attention additive mask", "q"), ("StaticKVCache.update", "k")}
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [(n, k) for n, e in ENTRIES.items() for k in e.shapes if (n, k) not in _BUILT_FROM],
+)
+def test_every_entry_point_rejects_an_integer_input_by_name(name: str, key: str) -> None:
+    entry = ENTRIES[name]
+    inputs = make_inputs(entry)
+    inputs[key] = inputs[key].long()
+    argument = entry.names.get(key, key)
+    with pytest.raises(TypeError, match=rf"^{re.escape(argument)} .*torch\.int64"):
+        run(entry, inputs, make_module(entry))
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        (n, k)
+        for n, e in ENTRIES.items()
+        for k in e.shapes
+        if len(e.shapes) > 1 or e.build is not None  # something else to be on another device
+    ],
+)
+def test_every_entry_point_rejects_an_input_on_another_device(name: str, key: str) -> None:
+    entry = ENTRIES[name]
+    inputs = make_inputs(entry)
+    inputs[key] = inputs[key].to(META)
+    argument = re.escape(entry.names.get(key, key))
+    with pytest.raises(ValueError, match=rf"\b{argument}\b.* on meta|on meta.*\b{argument}\b"):
+        run(entry, inputs, make_module(entry))
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_every_entry_point_gives_the_same_result_without_validation(name: str) -> None:
+    entry = ENTRIES[name]
+    module, inputs = make_module(entry), make_inputs(entry)
+    checked = run(entry, inputs, module)
+    with attnlab.validation(False):
+        unchecked = run(entry, inputs, module)
+    torch.testing.assert_close(unchecked, checked, rtol=0, atol=0)
 
 
 # -- attnlab.functional -------------------------------------------------------------------
