@@ -122,6 +122,23 @@ def test_search_index_holds_no_tex(site: tuple[Path, str]) -> None:
     assert "\\[" not in text
     assert "α_ij" in text
     assert "1/√d_k" in text
+    # Entities in formulas survive ("j &gt; i", not "j gt; i").
+    assert re.findall(r"(?<!&)\b(?:gt|lt|amp);", text) == []
+    # Figures are not indexed: matplotlib's metadata, tick labels, heatmap buttons.
+    assert "Matplotlib v" not in text
+    assert "image/svg+xml" not in text
+    assert "head 0head 1" not in text
+
+
+def test_chapters_rank_above_api_entries(site: tuple[Path, str]) -> None:
+    # Material multiplies a page's score by its boost: every section of a chapter has one.
+    site_dir, _ = site
+    index = json.loads((site_dir / "search/search_index.json").read_text("utf-8"))
+    boost = {d["location"]: d.get("boost") for d in index["docs"]}
+    chapters = [loc for loc in boost if loc.startswith(("article/", "beyond/", "modern/"))]
+    assert len(chapters) > 100
+    assert {boost[loc] for loc in chapters} == {4.0}
+    assert {boost[loc] for loc in boost if loc.startswith("reference/")} == {None}
 
 
 def test_display_math_scrolls_inside_its_box(site: tuple[Path, str]) -> None:
@@ -190,6 +207,15 @@ def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> No
         site_dir / "notebooks/07-self-attention-class/07-self-attention-class.ipynb"
     ).read_text("utf-8")
     assert "<svg" in figure
+    # Images are embedded: the downloaded notebook shows them offline.
+    one = json.loads(
+        (
+            site_dir / "notebooks/01-introducing-self-attention/01-introducing-self-attention.ipynb"
+        ).read_text("utf-8")
+    )
+    attached = [name for c in one["cells"] for name in c.get("attachments", {})]
+    assert attached == ["self-attention-one-token.svg"]
+    assert "assets/images/" not in json.dumps(one)
     # Links point at the published site, so they work in a downloaded notebook.
     site_url = "https://attnlab.github.io/attnlab/"
     assert f"]({site_url}article/05-attention-weights/)" in figure
@@ -204,10 +230,19 @@ def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
     site_dir, log = site
     assert "Converting notebook (execute=True)" not in log  # executed once, by the hook
     pages = sorted((site_dir / "notebooks").glob("*/index.html"))
-    assert len(pages) >= 10
+    assert len(pages) >= 21  # the article's chapters, beyond/ and modern/
+    assert {p.parent.name for p in pages} >= {"beyond-ring-attention", "modern-rope"}
+    stylesheet = site_dir / "assets/stylesheets/jupyter.css"
+    assert stylesheet.stat().st_size > 100_000  # nbconvert's styles, once for all pages
     for page in pages:
         text = page.read_text("utf-8")
         name = page.parent.name
+        assert "<style" not in text, name  # not inlined in each page
+        assert 'href="../../assets/stylesheets/jupyter.css"' in text, name
+        # "Skip to content" and the contents point at headings the page has.
+        skip = re.search(r'<a href="#([^"]+)" class="md-skip">', text)
+        assert skip is not None, name
+        assert f'id="{skip[1]}"' in text, name
         assert 'class="jupyter-wrapper"' in text, name
         toc = text[text.index("md-nav--secondary") :]
         assert toc.count('class="md-nav__link"') >= 3, name  # the right-hand contents
