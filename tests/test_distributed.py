@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from attnlab.distributed import (
     RingStats,
@@ -84,11 +85,18 @@ BALANCE = [
     for i, layout in enumerate(LAYOUTS)
 ]
 LOW = [
+    # bfloat16 inputs, and float32 inputs under torch.autocast(bfloat16)
     {
         "ranks": [0, 1, 2],
         "inputs": [x.bfloat16() for x in _inputs(13, 200)],
         "kwargs": {"is_causal": True, "layout": "zigzag"},
-    }
+    },
+    {
+        "ranks": [0, 1, 2],
+        "inputs": _inputs(13, 201),
+        "kwargs": {"is_causal": True, "layout": "zigzag"},
+        "autocast": True,
+    },
 ]
 _q, _k, _v, _g = _inputs(13, 300)
 BAD = [
@@ -115,6 +123,15 @@ BAD = [
             1: (_q[:, :, 8:], _k[:, :, 8:], _v[:, :, 8:]),
         },
     },
+    # contiguous shards (16 = 8 + 8) passed as zigzag (4 + 4 each): the lengths agree
+    {
+        "ranks": [0, 1],
+        "inputs": _inputs(16, 301),
+        "shard_layout": "contiguous",
+        "kwargs": {"is_causal": True, "layout": "zigzag"},
+    },
+    # rank 1's inputs do not need gradients, rank 0's do: the backward would hang
+    {"ranks": [0, 1], "inputs": [_q, _k, _v, _g], "no_grad": [1]},
     # rank 3 never calls: rank 2 must fail after the group's timeout, not hang
     {"ranks": [2, 3], "inputs": [_q, _k, _v, _g], "skip": [3], "timeout": 3},
 ]
@@ -204,12 +221,48 @@ def test_ring_attention_backward_matches_torch(results: list[list[Any]], index: 
         torch.testing.assert_close(got, want, **TOL, msg=lambda m, n=name: f"d{n}: {m}")
 
 
+def _kv_bytes_sent(case: dict[str, Any], element_size: int) -> list[int]:
+    """Bytes each rank sends in the forward pass: every block but the last it holds."""
+    q, _, v, _ = case["inputs"]
+    n, e, e_v = q.shape[0] * q.shape[1], q.shape[-1], v.shape[-1]
+    size = len(case["ranks"])
+    ranges = shard_ranges(q.shape[-2], size, case["kwargs"].get("layout", "contiguous"))
+    length = [sum(b - a for a, b in r) for r in ranges]
+    return [
+        sum(n * length[(rank - step) % size] * (e + e_v) * element_size for step in range(size - 1))
+        for rank in range(size)
+    ]
+
+
 def test_ring_attention_bfloat16_matches_float32_reference(results: list[list[Any]]) -> None:
     index = len(RING) + len(BALANCE)
     case = CASES[index]
     out = _unshard(case, results[index], 1)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), _reference(case)[0], rtol=0, atol=2e-2)
+    for name, i in zip("qkv", (2, 3, 4), strict=True):
+        assert _unshard(case, results[index], i).dtype == torch.bfloat16, name
+    # The blocks travel as bfloat16: 2 bytes per number, not float32's 4.
+    assert [r[5]["bytes_sent"] for r in results[index]] == _kv_bytes_sent(case, 2)
+
+
+def test_ring_attention_under_autocast_returns_what_sdpa_returns(
+    results: list[list[Any]],
+) -> None:
+    index = len(RING) + len(BALANCE) + 1
+    case = CASES[index]
+    q, k, v, _ = case["inputs"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = TorchSDPA(q, k, v, is_causal=True)
+    out = _unshard(case, results[index], 1)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    # Our bfloat16 error at most twice SDPA's own, both against float64.
+    exact = TorchSDPA(q.double(), k.double(), v.double(), is_causal=True)
+    ours, theirs = ((x.double() - exact).abs().max().item() for x in (out, expected))
+    assert ours <= 2 * theirs, (ours, theirs)
+    for name, i in zip("qkv", (2, 3, 4), strict=True):  # gradients: the inputs' dtype
+        assert _unshard(case, results[index], i).dtype == torch.float32, name
+    assert [r[5]["bytes_sent"] for r in results[index]] == _kv_bytes_sent(case, 2)
 
 
 def test_zigzag_balances_causal_work(results: list[list[Any]]) -> None:
@@ -239,6 +292,8 @@ def _errors(results: list[list[Any]], i: int) -> list[tuple[str, str]]:
         (1, "ValueError", "the group has 4 ranks but the sequence only 3 positions"),
         (2, "TypeError", "on rank 0: key must have a floating-point dtype"),
         (3, "ValueError", "the shards have lengths [8, 5] but layout 'contiguous'"),
+        (4, "ValueError", "query on rank 0 holds positions [(0, 8)] of 16 (as shard_sequence"),
+        (5, "ValueError", "the inputs of ranks [0] need gradients but those of ranks [1] do not"),
     ],
 )
 def test_ring_attention_bad_input_raises_on_every_rank(
@@ -378,3 +433,82 @@ def test_bench_table_reports_memory_ratio_and_balance() -> None:
     assert lines[2].split() == [
         "2", "zigzag", "4.0", "0.50", "5.0", "0.50", "3.00", "1.0", "3.00", "2.00"
     ]  # fmt: skip
+
+
+# One rank, in this process ------------------------------------------------------------
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A process group of one rank in this process (gloo, an in-memory store)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_attention_gradcheck(one_rank: None, layout: str) -> None:
+    # The custom backward, in float64; zigzag's two chunks on one rank meet as a
+    # diagonal pair and a full one, block_size 2 cuts them into several tiles.
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(1, 2, 7, 3, dtype=torch.float64, generator=g) for _ in range(2))
+    v = torch.randn(1, 2, 7, 2, dtype=torch.float64, generator=g)
+    inputs = tuple(x.requires_grad_() for x in (q, k, v))
+
+    def ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return ring_attention(q, k, v, is_causal=True, layout=layout, block_size=2)  # type: ignore[arg-type]
+
+    assert torch.autograd.gradcheck(ring, inputs, fast_mode=True)
+
+
+def test_ring_attention_refuses_create_graph_clearly(one_rank: None) -> None:
+    q, k, v = (torch.randn(2, 5, 4, requires_grad=True) for _ in range(3))
+    out = ring_attention(q, k, v, is_causal=True, block_size=2)
+    # A clear message, not bmm()'s "functions with out=... arguments don't support
+    # automatic differentiation" from deep inside the kernel.
+    with pytest.raises(RuntimeError, match="ring_attention does not support create_graph=True"):
+        torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
+    # Without it, the same graph still gives the gradients (nothing was freed).
+    reference = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    expected = TorchSDPA(*reference, is_causal=True).square().sum()
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    for got, want in zip(grads, torch.autograd.grad(expected, reference), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_ring_attention_under_autocast_on_one_rank(one_rank: None) -> None:
+    q, k, v = _inputs(9, 400)[:3]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ring_attention(q, k, v, is_causal=True)
+        expected = TorchSDPA(q, k, v, is_causal=True)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    exact = TorchSDPA(q.double(), k.double(), v.double(), is_causal=True)
+    assert (out.double() - exact).abs().max() <= 2 * (expected.double() - exact).abs().max()
+
+
+def test_ring_attention_empty_sequence_says_so(one_rank: None) -> None:
+    q = torch.zeros(1, 2, 0, 4)
+    with pytest.raises(ValueError, match="every shard is empty") as info:
+        ring_attention(q, q, q)
+    assert "at most 0" not in str(info.value)
+
+
+def test_shard_sequence_records_the_positions_ring_attention_checks(one_rank: None) -> None:
+    x = torch.randn(1, 6, 4)
+    # One rank: contiguous and zigzag shards hold the same positions, both are fine.
+    shard = shard_sequence(x, 1, 0, layout="contiguous").requires_grad_()
+    torch.testing.assert_close(
+        ring_attention(shard, shard, shard, layout="zigzag"), TorchSDPA(x, x, x)
+    )
+    # A shard cut for two ranks does not fit a group of one, although nothing else tells.
+    half = shard_sequence(torch.randn(1, 12, 4), 2, 0)
+    with pytest.raises(ValueError, match=r"key on rank 0 holds positions \[\(0, 6\)\] of 12"):
+        ring_attention(x, half, x)
+
+
+def test_layout_is_kept_as_an_alias_of_shard_layout() -> None:
+    from attnlab.distributed import Layout, ShardLayout
+
+    assert Layout is ShardLayout

@@ -7,6 +7,7 @@ from attnlab.distributed.launch import free_port, spawn
 from attnlab.distributed.ring import (
     Layout,
     RingStats,
+    ShardLayout,
     merge_partials,
     ring_attention,
     shard_ranges,
@@ -17,6 +18,7 @@ from attnlab.distributed.ring import (
 __all__ = [
     "Layout",
     "RingStats",
+    "ShardLayout",
     "free_port",
     "merge_partials",
     "ring_attention",

@@ -12,7 +12,9 @@ the whole sequence, is ever held by one rank.
 The attention of one query block to one key block is `attnlab.flash`'s tiled kernel,
 reused as is: its forward returns the output and the log-sum-exp of each row, which is
 all the merge needs, and its backward accumulates the gradients of a block given the
-final output and log-sum-exp, which is all the ring backward needs. The chapter
+final output and log-sum-exp, which is all the ring backward needs. Precision follows
+the package's one rule (`attnlab._precision`): blocks are attended in at least float32,
+and autocast casts the inputs as it casts those of PyTorch's attention. The chapter
 "Attention across devices" explains the schedule, the merge and the causal load balancing.
 """
 
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     check_bool,
     check_choice,
@@ -38,13 +41,12 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
-from attnlab.flash import _LOW_PRECISION
-from attnlab.flash import _backward as _flash_backward
-from attnlab.flash import _forward as _flash_forward
+from attnlab.flash import flash_backward, flash_forward
 
 __all__ = [
     "Layout",
     "RingStats",
+    "ShardLayout",
     "merge_partials",
     "ring_attention",
     "shard_ranges",
@@ -52,14 +54,22 @@ __all__ = [
     "unshard_sequence",
 ]
 
-Layout = Literal["contiguous", "zigzag"]
+ShardLayout = Literal["contiguous", "zigzag"]
+"""How a sequence is split over the ranks: `"contiguous"` or `"zigzag"`."""
+Layout = ShardLayout
+"""Deprecated alias of [`ShardLayout`][attnlab.distributed.ShardLayout] (kept for old
+imports; `attnlab.rope.RopeLayout` is the other layout of the package)."""
 _LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
 _KV_TAG, _DKV_TAG = 0, 1
+# shard_sequence records on each shard the positions it holds, so that ring_attention
+# can tell a shard cut with one layout from a shard cut with another even when their
+# lengths agree: (length of the whole sequence, ((start, end), ...)).
+_POSITIONS = "_attnlab_shard_positions"
 
 
 # --8<-- [start:layout]
 def shard_ranges(
-    length: int, world_size: int, layout: Layout = "contiguous"
+    length: int, world_size: int, layout: ShardLayout = "contiguous"
 ) -> list[list[tuple[int, int]]]:
     """The positions `[start, end)` of a sequence that each rank holds, in local order.
 
@@ -114,7 +124,7 @@ def shard_ranges(
 
 
 def shard_sequence(
-    x: Tensor, world_size: int, rank: int, *, layout: Layout = "contiguous", dim: int = -2
+    x: Tensor, world_size: int, rank: int, *, layout: ShardLayout = "contiguous", dim: int = -2
 ) -> Tensor:
     """The part of `x` that `rank` holds under `layout`.
 
@@ -128,7 +138,11 @@ def shard_sequence(
         dim: The sequence dimension of `x`; default the second to last.
 
     Returns:
-        The local shard: the ranges of `rank` concatenated along `dim` (a copy).
+        The local shard: the ranges of `rank` concatenated along `dim` (a copy). When
+        `dim` is the second to last, the shard remembers which positions it holds, and
+        [`ring_attention`][attnlab.distributed.ring_attention] checks them against its
+        own `layout`. The record is lost by operations that make a new tensor
+        (`.detach()`, `.to(dtype)`); `.requires_grad_()` keeps it.
 
     Raises:
         ValueError: If `rank` is not in `[0, world_size)`, or `layout` is unknown.
@@ -141,11 +155,14 @@ def shard_sequence(
     ranges = shard_ranges(x.shape[dim], world_size, layout)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
-    return torch.cat([x.narrow(dim, start, end - start) for start, end in ranges[rank]], dim)
+    shard = torch.cat([x.narrow(dim, start, end - start) for start, end in ranges[rank]], dim)
+    if x.ndim >= 2 and dim in (-2, x.ndim - 2):
+        setattr(shard, _POSITIONS, (x.shape[dim], tuple(ranges[rank])))
+    return shard
 
 
 def unshard_sequence(
-    shards: Sequence[Tensor], *, layout: Layout = "contiguous", dim: int = -2
+    shards: Sequence[Tensor], *, layout: ShardLayout = "contiguous", dim: int = -2
 ) -> Tensor:
     """Put the shards of all ranks back into one sequence; the inverse of `shard_sequence`.
 
@@ -290,6 +307,10 @@ class _Ring:
     def kv_numel(self, rank: int) -> int:
         return self.n * self.length(rank) * (self.e + self.e_v)
 
+    def wide(self, x: Tensor) -> Tensor:
+        """A block in the dtype attention is computed in (a no-op if it is already)."""
+        return x.to(compute_dtype(x.dtype))
+
     def exchange(self, send: Tensor, recv: Tensor, tag: int) -> list[Any]:
         """Start sending `send` to the next rank and receiving `recv` from the previous."""
         ops = [
@@ -341,19 +362,23 @@ def _unpack(buf: Tensor, n: int, length: int, e: int, e_v: int) -> tuple[Tensor,
 
 # --8<-- [start:forward]
 def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Out (n, t, Ev) and log-sum-exp (n, t) of the local queries over the whole sequence."""
+    """Out (n, t, Ev) and log-sum-exp (n, t) of the local queries over the whole sequence.
+
+    Keys and values travel in their own dtype; out and lse are in the compute dtype.
+    """
     mine = ring.pieces(ring.rank)
     partial: list[tuple[Tensor, Tensor] | None] = [None] * len(mine)
+    q = ring.wide(q)
     buf = _pack(k, v)  # the block in hand: ours at step 0, then our ring neighbours'
     for step in range(ring.size):
         source = (ring.rank - step) % ring.size  # whose keys and values `buf` holds
         requests: list[Any] = []
         if step < ring.size - 1:
             # Pass the block on while we compute with it: the next one arrives meanwhile.
-            incoming = q.new_empty(ring.kv_numel((source - 1) % ring.size))
+            incoming = buf.new_empty(ring.kv_numel((source - 1) % ring.size))
             requests = ring.exchange(buf, incoming, _KV_TAG)
         start = time.perf_counter()
-        k_src, v_src = _unpack(buf, ring.n, ring.length(source), ring.e, ring.e_v)
+        k_src, v_src = _unpack(ring.wide(buf), ring.n, ring.length(source), ring.e, ring.e_v)
         for i, (q0, q1, qo) in enumerate(mine):
             for k0, k1, ko in ring.pieces(source):
                 kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal)
@@ -361,7 +386,7 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
                     continue
                 out = q.new_empty(ring.n, q1 - q0, ring.e_v)
                 lse = q.new_empty(ring.n, q1 - q0)
-                _flash_forward(
+                flash_forward(
                     q[:, qo : qo + q1 - q0],
                     k_src[:, ko : ko + k1 - k0],
                     v_src[:, ko : ko + k1 - k0],
@@ -394,8 +419,15 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
 def _ring_backward(
     ring: _Ring, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of the local shard: K/V go round again, each with its gradient."""
+    """dq, dk, dv of the local shard: K/V go round again, each with its gradient.
+
+    Keys and values travel in their own dtype, as in the forward pass; the gradients of
+    keys and values travel in the compute dtype, since every rank adds its share to a
+    block's gradient on the way, and rounding after each of P additions would add up.
+    dq, dk, dv are returned in the compute dtype.
+    """
     mine = ring.pieces(ring.rank)
+    q = ring.wide(q)
     dq = torch.zeros_like(q)
     buf = _pack(k, v)
     sending: tuple[Tensor, Tensor, list[Any]] | None = None  # dKV out, dKV in, requests
@@ -403,11 +435,11 @@ def _ring_backward(
         source = (ring.rank - step) % ring.size
         kv_requests: list[Any] = []
         if step < ring.size - 1:
-            incoming = q.new_empty(ring.kv_numel((source - 1) % ring.size))
+            incoming = buf.new_empty(ring.kv_numel((source - 1) % ring.size))
             kv_requests = ring.exchange(buf, incoming, _KV_TAG)
         start = time.perf_counter()
         length = ring.length(source)
-        k_src, v_src = _unpack(buf, ring.n, length, ring.e, ring.e_v)
+        k_src, v_src = _unpack(ring.wide(buf), ring.n, length, ring.e, ring.e_v)
         # Our queries' share of the gradient of the block of `source`.
         dkv = q.new_zeros(ring.kv_numel(source))
         dk_src, dv_src = _unpack(dkv, ring.n, length, ring.e, ring.e_v)
@@ -418,7 +450,7 @@ def _ring_backward(
                 if kind == "none":
                     continue
                 cols = slice(ko, ko + k1 - k0)
-                _flash_backward(
+                flash_backward(
                     q[:, rows],
                     k_src[:, cols],
                     v_src[:, cols],
@@ -458,6 +490,8 @@ def _ring_backward(
 
 
 class _RingAttention(torch.autograd.Function):
+    """q, k, v in their own dtype; the output in the compute dtype (at least float32)."""
+
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, ring: _Ring) -> Tensor:
         out, lse = _ring_forward(ring, q, k, v)
@@ -467,9 +501,18 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():  # create_graph=True; every rank of the ring raises
+            raise RuntimeError(
+                "ring_attention does not support create_graph=True (a derivative of its "
+                "gradients): its backward pass is computed in place, block by block, and "
+                "is not itself differentiable. For second derivatives use "
+                "torch.nn.functional.scaled_dot_product_attention on the whole sequence."
+            )
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(ctx.ring, q, k, v, out, lse, grad_out.contiguous())
-        return dq, dk, dv, None
+        with autocast_off(q.device.type):
+            grad = grad_out.to(out.dtype).contiguous()
+            dq, dk, dv = _ring_backward(ctx.ring, q, k, v, out, lse, grad)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 def ring_attention(
@@ -480,7 +523,7 @@ def ring_attention(
     group: dist.ProcessGroup | None = None,
     is_causal: bool = False,
     scale: float | None = None,
-    layout: Layout = "contiguous",
+    layout: ShardLayout = "contiguous",
     block_size: int = 256,
     stats: RingStats | None = None,
 ) -> Tensor:
@@ -498,9 +541,20 @@ def ring_attention(
     keys and values round again, each block followed by its gradient. A rank holds at most
     two blocks of keys and values at a time, never the whole sequence.
 
-    Shapes, dtypes, flags and layout are exchanged first (one `all_gather_object`), so a
-    mistake on any rank raises the same error on every rank instead of leaving the others
-    waiting. If a rank dies, the others fail after the process group's `timeout`.
+    Precision is that of [`flash_attention`][attnlab.flash.flash_attention]: float16 and
+    bfloat16 blocks are attended in float32 and the output rounded once to the input
+    dtype; inside `torch.autocast` the inputs are cast to the autocast dtype first, as
+    PyTorch's `scaled_dot_product_attention` casts them, and so is the output. Keys and
+    values travel in the input dtype (a bfloat16 block is half the bytes of a float32
+    one); their gradients travel in float32, because each rank adds its share to a
+    block's gradient on the way round. A backward pass with `create_graph=True` raises
+    an error (on every rank that asks for it, before any message): the backward pass is
+    written in place and is not itself differentiable.
+
+    Shapes, dtypes, flags, the layout, the positions each shard holds and whether it
+    needs gradients are exchanged first (one `all_gather_object`), so a mistake on any
+    rank raises the same error on every rank instead of leaving the others waiting. If a
+    rank dies, the others fail after the process group's `timeout`.
 
     Args:
         query: This rank's queries, shape `(..., t, E)`.
@@ -521,12 +575,15 @@ def ring_attention(
 
     Raises:
         RuntimeError: If `torch.distributed` is not initialised, or this process is not
-            a member of `group`.
+            a member of `group`; in the backward pass, if it is asked for a graph of the
+            gradients (`create_graph=True`).
         TypeError: If an input is not a floating-point tensor, or a flag has the wrong
             type (on every rank, naming the rank).
         ValueError: If shapes, dtypes or flags differ across ranks, the shards do not
-            follow `layout`, or the group has more ranks than the sequence has positions
-            (on every rank, naming the rank).
+            follow `layout` (their lengths, or the positions that
+            [`shard_sequence`][attnlab.distributed.shard_sequence] recorded on them),
+            some ranks' inputs need gradients and others' do not, or the group has more
+            ranks than the sequence has positions (on every rank, naming the rank).
 
     Examples:
         A process group of one rank, so that the example runs in a single process; with
@@ -551,17 +608,23 @@ def ring_attention(
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise RuntimeError("ring_attention: this process is not a member of group")
+    positions = [getattr(x, _POSITIONS, None) for x in (query, key, value)]
+    query, key, value = autocast_inputs(query, key, value)
     problem = None
     try:
         if is_validation_enabled():
             _check_local(query, key, value, is_causal, scale, layout, block_size)
     except (TypeError, ValueError) as error:
         problem = (type(error).__name__, str(error))
+    tensors = [x for x in (query, key, value) if isinstance(x, Tensor)]
     mine = {
         "problem": problem,
         "shapes": [tuple(getattr(x, "shape", ())) for x in (query, key, value)],
         "dtype": str(getattr(query, "dtype", None)),
         "flags": (is_causal, scale, layout),
+        "positions": positions,
+        # autograd records the call (and every rank must then run the backward) iff:
+        "grad": torch.is_grad_enabled() and any(x.requires_grad for x in tensors),
     }
     every: list[dict[str, Any]] = [{}] * size
     dist.all_gather_object(every, mine, group=group)
@@ -572,10 +635,6 @@ def ring_attention(
     ranges = shard_ranges(sum(lengths), size, layout)
     *batch, _, _ = query.shape
     n = math.prod(batch)
-    dtype = query.dtype
-    q, k, v = query, key, value
-    if dtype in _LOW_PRECISION:
-        q, k, v = q.float(), k.float(), v.float()
     ring = _Ring(
         group=group,
         rank=rank,
@@ -590,13 +649,14 @@ def ring_attention(
         block_k=block_size,
         stats=RingStats() if stats is None else stats,
     )
-    out: Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
-        q.reshape(n, t_q, e).contiguous(),  # (n, t, E), n = prod(batch)
-        k.reshape(n, t_q, e).contiguous(),  # (n, t, E)
-        v.reshape(n, t_q, e_v).contiguous(),  # (n, t, Ev)
-        ring,
-    )
-    return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., t, Ev)
+    with autocast_off(query.device.type):
+        out: Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
+            query.reshape(n, t_q, e).contiguous(),  # (n, t, E), n = prod(batch)
+            key.reshape(n, t_q, e).contiguous(),  # (n, t, E)
+            value.reshape(n, t_q, e_v).contiguous(),  # (n, t, Ev)
+            ring,
+        )
+    return out.reshape(*batch, t_q, e_v).to(query.dtype)  # (..., t, Ev)
 
 
 def _check_local(
@@ -628,6 +688,17 @@ def _check_local(
     check_positive_int("block_size", block_size)
 
 
+def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges with neighbours joined: (0, 3), (3, 6) holds what (0, 6) holds."""
+    out: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], end)
+        elif end > start:
+            out.append((start, end))
+    return out
+
+
 def _check_across_ranks(every: list[dict[str, Any]]) -> None:
     """Raise the same error on every rank if any rank's input is wrong or differs."""
     for rank, info in enumerate(every):
@@ -657,15 +728,38 @@ def _check_across_ranks(every: list[dict[str, Any]]) -> None:
     size = len(every)
     lengths = [info["shapes"][0][-2] for info in every]
     total, layout = sum(lengths), first["flags"][2]
+    if total == 0:
+        raise ValueError(
+            f"ring_attention: every shard is empty (the sequence has no positions); the "
+            f"ring needs at least one position on each of its {size} ranks"
+        )
     if total < size:
         raise ValueError(
             f"ring_attention: the group has {size} ranks but the sequence only {total} "
             f"positions (shards of lengths {lengths}); use at most {total} ranks"
         )
-    expected = [sum(end - start for start, end in r) for r in shard_ranges(total, size, layout)]
+    ranges = shard_ranges(total, size, layout)
+    expected = [sum(end - start for start, end in r) for r in ranges]
     if lengths != expected:
         raise ValueError(
             f"ring_attention: the shards have lengths {lengths} but layout {layout!r} of "
             f"{total} positions over {size} ranks gives {expected}; split the sequence "
             f"with attnlab.distributed.shard_sequence"
+        )
+    for rank, info in enumerate(every):
+        for name, held in zip(names, info["positions"], strict=True):
+            if held is not None and (held[0], _merged(held[1])) != (total, _merged(ranges[rank])):
+                raise ValueError(
+                    f"ring_attention: {name} on rank {rank} holds positions "
+                    f"{list(held[1])} of {held[0]} (as shard_sequence cut it), but layout "
+                    f"{layout!r} of {total} positions over {size} ranks gives rank {rank} "
+                    f"{ranges[rank]}; shard with the layout you pass to ring_attention"
+                )
+    grads = [info["grad"] for info in every]
+    if any(grads) and not all(grads):
+        needs = [rank for rank, grad in enumerate(grads) if grad]
+        raise ValueError(
+            f"ring_attention: the inputs of ranks {needs} need gradients but those of "
+            f"ranks {[r for r in range(size) if r not in needs]} do not; the backward "
+            f"pass is a ring too, so every rank must take part in it, or none"
         )
