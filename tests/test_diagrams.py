@@ -27,7 +27,10 @@ DIAGRAMS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(DIAGRAMS))
+ALL = sorted(path.name for path in IMAGES.glob("*.svg"))
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_diagram_is_self_contained_svg_on_a_white_card(name: str) -> None:
     text = (IMAGES / name).read_text(encoding="utf-8")
     root = ET.fromstring(text)  # well-formed XML
@@ -85,7 +88,7 @@ def _font_sizes(element: ET.Element, inherited: float) -> list[tuple[float, str]
     return found
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in IMAGES.glob("*.svg")))
+@pytest.mark.parametrize("name", ALL)
 def test_diagram_text_is_at_least_11px_at_its_own_size(name: str) -> None:
     root = ET.parse(IMAGES / name).getroot()
     # Shown at its own size, one viewBox unit is one CSS pixel.
@@ -96,3 +99,13 @@ def test_diagram_text_is_at_least_11px_at_its_own_size(name: str) -> None:
     assert sizes, "a diagram without text?"
     small = [(size, text) for size, text in sizes if size < SMALLEST_TEXT_PX]
     assert not small, f"text below {SMALLEST_TEXT_PX} px: {small[:5]}"
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n.endswith("-narrow.svg")])
+def test_narrow_redraw_fits_a_phone_column_and_replaces_its_diagram(name: str) -> None:
+    # The stylesheet swaps it in on phones, whose column is 358 px at 390 px.
+    root = ET.parse(IMAGES / name).getroot()
+    assert float(root.get("width", 0)) <= 350
+    assert (IMAGES / name.replace("-narrow", "")).exists()
+    css = (ROOT / "docs/assets/stylesheets/extra.css").read_text(encoding="utf-8")
+    assert f'url("../images/{name}")' in css
