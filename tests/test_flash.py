@@ -478,3 +478,52 @@ def test_tile_map_rejects_bad_input_naming_it(
     args.update(kwargs)
     with pytest.raises(error, match=match):
         tile_map(**args)
+
+
+# -- the kernel with the queries at the end of the keys (bottom-right, after a cache) -------
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+@pytest.mark.parametrize("block", [(3, 5), (5, 3), 128])
+@pytest.mark.parametrize(("t_q", "t_k"), LENGTHS)
+def test_flash_kernel_bottom_right_matches_torch_forward_and_backward(
+    t_q: int, t_k: int, block: int | tuple[int, int], window: int | None
+) -> None:
+    from attnlab.flash import flash_attention_impl
+
+    q, k, v = _inputs(t_q, t_k, 2, 3, grad=True)
+    mask = (
+        attnlab.masks.causal(t_q, t_k, align="bottom-right")
+        if window is None
+        else sliding_window(t_q, t_k, window=window, align="bottom-right")
+    )
+    block_q, block_k = block if isinstance(block, tuple) else (block, block)
+    out = flash_attention_impl(
+        q,
+        k,
+        v,
+        is_causal=True,
+        window=window,
+        block_q=block_q,
+        block_k=block_k,
+        offset=t_k - t_q,
+    )
+    expected = TorchSDPA(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, **TOL)
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    want = torch.autograd.grad(expected, (q, k, v), grad_out)
+    for a, b in zip(got, want, strict=True):
+        # A query that sees one key only has a gradient dS = P (dP - D) that is 0 exactly
+        # in exact arithmetic: both sides round it, to a few 1e-6.
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # Queries with no key in their past (t_q > t_k) get zeros, as in PyTorch.
+    assert torch.isfinite(out).all()
+
+
+def test_flash_kernel_old_private_names_still_work() -> None:
+    from attnlab import flash
+
+    assert flash._forward is flash.flash_forward
+    assert flash._backward is flash.flash_backward
+    assert (torch.float16, torch.bfloat16) == flash._LOW_PRECISION

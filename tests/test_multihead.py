@@ -955,3 +955,84 @@ def test_causal_bias_mask_equals_explicit_mask(backend: str) -> None:
         mha.attention_weights(x, context, attn_mask=causal_lower_right(T, S)),
         mha.attention_weights(x, context, attn_mask=allowed),
     )
+
+
+# -- every backend of the registry, and the sliding window ------------------------------
+
+
+@pytest.mark.parametrize("unbatched", [False, True])
+@pytest.mark.parametrize(
+    ("cross", "kwargs"),
+    [
+        (False, {}),
+        (False, {"is_causal": True}),
+        (False, {"window": 2}),
+        (True, {}),
+        (True, {"is_causal": True}),  # t != s: top-left, as PyTorch's is_causal
+        (True, {"window": 3}),
+    ],
+)
+def test_flash_backend_equals_torch_forward_and_backward(
+    cross: bool, kwargs: dict[str, object], unbatched: bool
+) -> None:
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS, d_context=D_CONTEXT if cross else None)
+    flash = MultiHeadAttention(
+        D_IN, D_OUT, NUM_HEADS, d_context=D_CONTEXT if cross else None, backend="flash"
+    )
+    flash.load_state_dict(ref.state_dict())
+    x = torch.randn(B, T, D_IN, requires_grad=True)
+    context = torch.randn(B, S, D_CONTEXT, requires_grad=True) if cross else None
+    if unbatched:
+        x = x[0].detach().requires_grad_()
+        context = None if context is None else context[0].detach().requires_grad_()
+    args = (x,) if context is None else (x, context)
+    out, expected = flash(*args, **kwargs), ref(*args, **kwargs)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    leaves = [t for t in (x, context, *flash.parameters()) if t is not None]
+    ref_leaves = [t for t in (x, context, *ref.parameters()) if t is not None]
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    want = torch.autograd.grad(expected, ref_leaves, grad_out)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch", "flash"])
+@pytest.mark.parametrize(("t", "s", "window"), [(T, T, 2), (T, S, 3), (S, T, 1), (T, T, 99)])
+def test_window_equals_the_sliding_window_mask(backend: str, t: int, s: int, window: int) -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS, d_context=D_CONTEXT).eval()
+    x, context = torch.randn(B, t, D_IN), torch.randn(B, s, D_CONTEXT)
+    mask = masks.sliding_window(t, s, window=window)
+    expected = mha(x, context, attn_mask=mask)  # the "torch" backend with an explicit mask
+    mha.backend = backend  # type: ignore[assignment]
+    torch.testing.assert_close(mha(x, context, window=window), expected, rtol=1e-5, atol=1e-6)
+    weights = mha.attention_weights(x, context, window=window)
+    torch.testing.assert_close(weights, mha.attention_weights(x, context, attn_mask=mask))
+    # Each query sees at most `window` keys, itself included.
+    assert int((weights > 0).sum(-1).max()) <= window
+    if window >= max(t, s):  # a window covering everything is the causal mask
+        torch.testing.assert_close(mha(x, context, window=window), mha(x, context, is_causal=True))
+
+
+def test_window_combines_with_the_key_padding_mask() -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS).eval()
+    x = torch.randn(B, T, D_IN)
+    padding = ~masks.padding([T, 3, 1], max_len=T)  # True = padding
+    allowed = masks.sliding_window(T, window=2) & ~padding[:, None, None, :]
+    expected = mha(x, attn_mask=allowed)
+    for backend in ("torch", "scratch"):
+        mha.backend = backend  # type: ignore[assignment]
+        got = mha(x, window=2, key_padding_mask=padding)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_need_weights_overloads_give_a_tensor_or_a_pair() -> None:
+    mha = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS).eval()
+    x = torch.randn(B, T, D_IN)
+    out: Tensor = mha(x)
+    pair: tuple[Tensor, Tensor] = mha(x, need_weights=True)
+    torch.testing.assert_close(pair[0], out)
+    torch.testing.assert_close(pair[1], mha.attention_weights(x).mean(dim=1))
