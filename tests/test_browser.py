@@ -336,7 +336,7 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         encoding="utf-8",
     )
     (docs / "text.md").write_text(
-        "# Grouped-query and multi-query attention\n\n"
+        "# Grouped-query and multi-query attention\n\nThe scale is $1/\\sqrt{d_k}$.\n\n"
         "```python\nx = 1\n```\n\n"
         '??? success "Solution"\n\n    ```python\n    y = 2\n    ```\n\n'
         '!!! note "Note"\n\n    ```python\n    z = 3\n    ```\n',
@@ -345,11 +345,11 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "mkdocs.yml").write_text(
         "site_name: offline\n"
         "use_directory_urls: false\n"
-        "theme:\n  name: material\n  font: false\n"
+        f"theme:\n  name: material\n  font: false\n  custom_dir: {ROOT / 'docs' / 'overrides'}\n"
         "  features: [navigation.instant]\n"
         "plugins: []\n"
         "markdown_extensions: [admonition, attr_list, md_in_html, pymdownx.details,"
-        " pymdownx.superfences, {toc: {permalink: true}}]\n"
+        " pymdownx.superfences, {toc: {permalink: true}}, {pymdownx.arithmatex: {generic: true}}]\n"
         "extra_css: [assets/stylesheets/extra.css]\n"
         "extra_javascript: [assets/javascripts/attention-heatmap.js]\n"
         "nav: [index.md, diagrams.md, text.md]\n",
@@ -515,3 +515,10 @@ def test_browser_solution_code_and_permalinks(offline_site: Path, tmp_path: Path
     assert result["solution"] == result["code"], "code in a solution is smaller"
     assert result["note"] == result["code"]
     assert result["alone"] == [], "widths at which the permalink wraps alone"
+
+
+def test_noscript_line_on_pages_with_formulas_only(offline_site: Path) -> None:
+    # Without JavaScript, KaTeX does not run and formulas show as TeX: the page says so.
+    line = '<noscript><p class="attn-noscript">'
+    assert line in (offline_site / "text.html").read_text(encoding="utf-8")
+    assert line not in (offline_site / "diagrams.html").read_text(encoding="utf-8")
