@@ -494,6 +494,27 @@ def test_mla_backends_agree(absorb: bool) -> None:
         torch.testing.assert_close(torch.cat(steps, 1), expected, atol=ATOL, rtol=0, msg=backend)
 
 
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_mla_decode_step_runs_without_a_mask(absorb: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One new token sees every cached key: no `(1, s)` mask is built (masks.decode_mask)."""
+    mla = _mla()
+    x = torch.randn(B, T, D_MODEL)
+    cache = mla.new_cache(B, max_length=T)
+    mla(x[:, :-1], cache=cache, is_causal=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen: list[object] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Tensor:
+        seen.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    step = mla(x[:, -1:], cache=cache, is_causal=True, absorb=absorb)
+    assert seen == [None]
+    monkeypatch.undo()
+    torch.testing.assert_close(step, mla(x, is_causal=True)[:, -1:], atol=ATOL, rtol=0)
+
+
 # -- bad input -------------------------------------------------------------------------
 
 

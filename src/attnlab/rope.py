@@ -15,8 +15,8 @@ rotated by $n\theta$ depends on $m - n$ only: attention scores see relative posi
 
 Which features form pair $i$ is a convention, and models differ:
 
-- `"half"`: feature $i$ pairs with feature $i + d/2$ (GPT-NeoX, Llama and every
-  Hugging Face `rotate_half` model);
+- `"half"`: feature $i$ pairs with feature $i + d/2$ (GPT-NeoX and the Llama family:
+  Hugging Face's `rotate_half`);
 - `"interleaved"`: feature $2i$ pairs with feature $2i + 1$ (the paper, GPT-J, Meta's
   original Llama code, DeepSeek's decoupled key).
 
@@ -469,8 +469,8 @@ def apply_rope(
             sequence, applied to every head; `b = 1` broadcasts); default
             `0, 1, ..., t - 1`.
         base: See [`rope_frequencies`][attnlab.rope.rope_frequencies].
-        layout: `"half"` (Llama / Hugging Face `rotate_half`) or `"interleaved"` (pairs of
-            neighbours, as in the paper).
+        layout: `"half"` (the Llama family, Hugging Face's `rotate_half`) or
+            `"interleaved"` (pairs of neighbours, as in the paper).
 
     Returns:
         The rotated tensor, same shape and dtype as `x`.
