@@ -108,6 +108,16 @@ def test_committed_result_matches_the_module() -> None:
     # The page reads this file: it must have every layer and the default shape.
     path = Path(__file__).parents[1] / "docs/assets/bench/decode_heads.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert data["shape"]["num_heads"] == DecodeShape().num_heads
+    shape = DecodeShape()
+    assert data["shape"]["num_heads"] == shape.num_heads
     for row in data["decode"].values():
         assert list(row) == list(IMPLS)
+    f32 = torch.float32
+    gqa = {"MHA": shape.num_heads, "GQA": shape.gqa_kv_heads, "MQA": 1}
+    for name, kv_heads in gqa.items():  # the bytes the pages print beside the times
+        expected = kv_cache_bytes_per_token(
+            num_layers=1, num_kv_heads=kv_heads, head_dim=shape.head_dim, dtype=f32
+        )
+        assert data["cache_bytes_per_token"][name] == expected
+    latent = (shape.kv_lora_rank + shape.qk_rope_head_dim) * 4
+    assert data["cache_bytes_per_token"]["MLA absorbed"] == latent
