@@ -314,6 +314,20 @@ def _min_font_px(svg: Path) -> tuple[float, float]:
     return smallest, float((root.get("viewBox") or "").split()[2])
 
 
+def _figures() -> list[str]:
+    """Matplotlib figures as the chapters make them: a heatmap, and a wide line plot."""
+    from matplotlib.figure import Figure
+
+    from attnlab.plotting import figure_to_svg, heatmap
+
+    weights = torch.softmax(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)), -1)
+    words = ["Life", "is", "short", "eat", "dessert", "first"]
+    wide = Figure(figsize=(8, 3.4), layout="constrained")
+    wide.add_subplot().plot([0, 1, 2], [1, 0, 2], label="a line")
+    wide.axes[0].set_title("a wide figure, as on the GQA page")
+    return [figure_to_svg(heatmap(weights, words, words, title="weights")), figure_to_svg(wide)]
+
+
 @pytest.fixture(scope="module")
 def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A two-page site built with the real theme, scripts and stylesheet, as on the site."""
@@ -332,7 +346,9 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         encoding="utf-8",
     )
     (docs / "diagrams.md").write_text(
-        "# Diagrams\n\n" + "".join(f"![{name}](assets/images/{name})\n\n" for name in names),
+        "# Diagrams\n\n"
+        + "".join(f"![{name}](assets/images/{name})\n\n" for name in names)
+        + "".join(f'<div class="attn-figure">{svg}</div>\n\n' for svg in _figures()),
         encoding="utf-8",
     )
     (docs / "text.md").write_text(
@@ -446,6 +462,16 @@ window.addEventListener("load", function () { setTimeout(function () {
       hint: getComputedStyle(box, "::after").content,
     };
   });
+  result.figures = Array.from(document.querySelectorAll(".attn-figure")).map(function (box) {
+    var svg = box.querySelector("svg");
+    var scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    var sizes = Array.from(svg.querySelectorAll("text")).map(function (t) {
+      return parseFloat(getComputedStyle(t).fontSize) * scale;
+    });
+    return {smallest: Math.min.apply(null, sizes),
+            scrolls: box.scrollWidth > box.clientWidth,
+            hint: getComputedStyle(box, "::after").content};
+  });
   parent.postMessage(JSON.stringify(result), "*");
 }, 300); });
 """
@@ -475,6 +501,14 @@ def test_browser_every_diagram_shows_11px_text_on_a_phone(
             assert "scroll sideways" in shown["hint"]
         else:
             assert shown["hint"] == "none", f"{name} fits but says it scrolls"
+    # Matplotlib figures keep the width at which their smallest text is 11 px, and scroll.
+    figures = result["figures"]
+    assert isinstance(figures, list)
+    assert len(figures) == 2
+    for figure in figures:
+        assert figure["smallest"] >= 11 - 0.05  # the width is rounded to whole pixels
+        assert figure["scrolls"]
+        assert "scroll sideways" in figure["hint"]
 
 
 # Code in a collapsed solution or an admonition has the size of code elsewhere; a

@@ -103,6 +103,33 @@ def test_figure_to_svg_valid_and_deterministic() -> None:
     assert svg == figure_to_svg(heatmap(weights, WORDS, cols, title="cross"))
 
 
+def test_figure_to_svg_carries_the_width_for_11px_text() -> None:
+    from matplotlib.figure import Figure
+
+    svg = figure_to_svg(heatmap(torch.eye(6), WORDS, WORDS))
+    root = ET.fromstring(svg)
+    width = float(root.get("viewBox", "").split()[2])
+    # The cell numbers are the smallest text: 8 units of the viewBox (matplotlib's points).
+    smallest = min(float(s) for s in re.findall(r"font-size: ([\d.]+)px", svg))
+    assert smallest == 8
+    found = re.fullmatch(r"--attn-min-width: (\d+)px", root.get("style", ""))
+    assert found
+    min_width = int(found.group(1))
+    assert smallest * min_width / width == pytest.approx(11, abs=0.05)
+    # Wider than a phone's column (358 px at 390), so the page says it scrolls.
+    assert min_width > 358
+    assert root.get("data-attn-wide") == ""
+
+    small = Figure(figsize=(1.5, 1))
+    small.add_subplot().set_title("t", fontsize=14)
+    tiny = ET.fromstring(figure_to_svg(small))
+    assert "data-attn-wide" not in tiny.attrib  # fits a phone: no hint
+    assert tiny.get("style", "").startswith("--attn-min-width:")
+    bare = Figure(figsize=(1, 1))
+    bare.add_subplot().set_axis_off()
+    assert ET.fromstring(figure_to_svg(bare)).get("style") is None  # no text, no width
+
+
 def test_figure_to_svg_leaves_global_settings_alone() -> None:
     import matplotlib as mpl
 

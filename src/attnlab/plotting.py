@@ -19,6 +19,7 @@ backend is needed and no global state changes.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -214,6 +215,12 @@ def figure_to_svg(fig: Figure) -> str:
     fonts, and the output is deterministic (fixed hash salt, no date), so rebuilding a
     page does not change it. The settings apply only while the figure is saved.
 
+    The `<svg>` carries the width at which its smallest text is 11 CSS pixels, as the
+    custom property `--attn-min-width`: the site's stylesheet keeps a figure at least that
+    wide on a phone, where it scrolls sideways in its `attn-figure` box instead of
+    shrinking its labels to 6 px, and says so (`data-attn-wide`) when that width is more
+    than a phone's column (358 px at a 390 px screen).
+
     Args:
         fig: The figure to render, e.g. from [`heatmap`][attnlab.plotting.heatmap].
 
@@ -242,7 +249,25 @@ def figure_to_svg(fig: Figure) -> str:
     with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "attnlab"}):
         fig.savefig(buffer, format="svg", metadata={"Date": None}, facecolor="white")
     text = buffer.getvalue()
-    return text[text.index("<svg") :]
+    svg = text[text.index("<svg ") :]
+    attributes = _min_width_attributes(svg)
+    return f"<svg {attributes} {svg[5:]}" if attributes else svg
+
+
+_SMALLEST_TEXT_PX = 11.0  # the least a reader gets on a phone
+_PHONE_COLUMN_PX = 358.0  # the column of a page at a 390 px screen
+
+
+def _min_width_attributes(svg: str) -> str:
+    """`style` (and `data-attn-wide`) for an SVG, so that its smallest text reaches 11 px."""
+    view = re.search(r'viewBox="[\d.]+ [\d.]+ ([\d.]+) [\d.]+"', svg)
+    sizes = [float(size) for size in re.findall(r"font-size: ?([\d.]+)px", svg)]
+    if view is None or not sizes:
+        return ""
+    # Font sizes are in viewBox units: shown `w` px wide, text of size s is s * w / width.
+    width = round(_SMALLEST_TEXT_PX * float(view.group(1)) / min(sizes))
+    wide = ' data-attn-wide=""' if width > _PHONE_COLUMN_PX else ""
+    return f'style="--attn-min-width: {width}px"{wide}'
 
 
 # Interactive heatmaps -------------------------------------------------------------------
