@@ -469,7 +469,7 @@ def test_rope_tables_are_built_once_per_forward(monkeypatch: pytest.MonkeyPatch)
         return real_check(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(gqa_module, "rope_cos_sin", tables)
-    monkeypatch.setattr(gqa_module, "check_positions", check)
+    monkeypatch.setattr(rope_module, "check_positions", check)
     module = _module()
     cache = _prefilled(DynamicKVCache(), module)
     calls.update(tables=0, checks=0)

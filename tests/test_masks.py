@@ -146,6 +146,8 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         (lambda: masks.additive_to_allowed(torch.ones(2, dtype=torch.bool)), TypeError, "float"),
         (lambda: masks.additive_to_allowed(torch.tensor([0.0, -2.5])), ValueError, "bias"),
         (lambda: masks.decode_mask(-1, 3), ValueError, "t_q must be a non-negative int"),
+        (lambda: masks.check_causal_window(False, 4), ValueError, "is_causal=False with window=4"),
+        (lambda: masks.check_causal_window(1, None), TypeError, "is_causal must be a bool"),
         (lambda: masks.decode_mask(2, 3, window=0), ValueError, "window must be a positive"),
         (lambda: masks.combine(None, [True]), TypeError, r"masks\[1\] must be None or a bool"),
         (lambda: masks.combine(torch.ones(2, dtype=torch.long)), TypeError, "masks\\[0\\]"),

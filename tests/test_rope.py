@@ -219,6 +219,13 @@ def test_cache_refuses_positions_past_its_end() -> None:
             r"cos of shape \(b, t\)=\(2, 3\) need x batched",
         ),
         (lambda: rope.check_cos_sin(torch.ones(3, 4), torch.ones(3, 8), 8), TypeError, "a pair"),
+        (
+            lambda: rope.check_rope_inputs(
+                torch.arange(3), rope.rope_cos_sin(torch.arange(3), 8), torch.ones(3, 8), 8
+            ),
+            ValueError,
+            "pass either positions or position_embeddings, not both",
+        ),
         (lambda: RopeCache(8, 0), ValueError, "max_positions must be a positive int, got 0"),
     ],
 )

@@ -37,13 +37,13 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import KVCache, check_cache
+from attnlab.masks import check_causal_window
 from attnlab.rope import (
     RopeLayout,
     check_base,
-    check_cos_sin,
     check_head_dim,
     check_layout,
-    check_positions,
+    check_rope_inputs,
     rope_cos_sin,
     rotate,
 )
@@ -209,21 +209,12 @@ class GroupedQueryAttention(nn.Module):
         b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
         checked = check_cache(cache)
         past = 0 if checked is None else checked.length
-        if positions is not None:
-            check_positions(positions, x, low=0)
-        if position_embeddings is not None:
-            if not self.rope:
-                raise ValueError("position_embeddings needs a module built with rope=True")
-            if positions is not None:
-                raise ValueError("pass either positions or position_embeddings, not both")
-            check_cos_sin(position_embeddings, x, self.head_dim)
+        if position_embeddings is not None and not self.rope:
+            raise ValueError("position_embeddings needs a module built with rope=True")
+        check_rope_inputs(positions, position_embeddings, x, self.head_dim)
         target = (b, self.num_heads, t, past + t)  # (b, h, t_q, t_k)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
-        if not check_bool("is_causal", is_causal) and self.window is not None:
-            raise ValueError(
-                f"is_causal=False with window={self.window}: a sliding window is a causal "
-                "mask; build the module with window=None for bidirectional attention"
-            )
+        check_causal_window(is_causal, self.window)
 
     # -- computation ---------------------------------------------------------------------
 

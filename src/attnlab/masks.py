@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab._validation import (
+    check_bool,
     check_choice,
     check_device,
     check_nonnegative_int,
@@ -41,6 +42,7 @@ __all__ = [
     "allowed_to_blocked",
     "blocked_to_allowed",
     "causal",
+    "check_causal_window",
     "combine",
     "decode_mask",
     "key_padding",
@@ -165,6 +167,28 @@ def sliding_window(
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
     return _band(t_q, t_k, align, window, device)
+
+
+def check_causal_window(is_causal: object, window: int | None) -> bool:
+    """Return `is_causal` if it is a bool that fits `window`: a sliding window is causal.
+
+    Every attention module with a `window` checks its `is_causal` with this one rule.
+
+    Raises:
+        TypeError: If `is_causal` is not a bool.
+        ValueError: If it is False while a `window` is set.
+
+    Examples:
+        >>> check_causal_window(True, 4)
+        True
+    """
+    causal = check_bool("is_causal", is_causal)
+    if not causal and window is not None:
+        raise ValueError(
+            f"is_causal=False with window={window}: a sliding window is a causal mask; pass "
+            "is_causal=True, or build the module with window=None for attention to every key"
+        )
+    return causal
 
 
 def decode_mask(

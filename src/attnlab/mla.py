@@ -49,11 +49,11 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import KVCache, StaticKVCache, check_cache
+from attnlab.masks import check_causal_window
 from attnlab.rope import (
     check_base,
-    check_cos_sin,
     check_head_dim,
-    check_positions,
+    check_rope_inputs,
     rope_cos_sin,
     rotate,
 )
@@ -387,18 +387,9 @@ class MultiHeadLatentAttention(nn.Module):
         b, t = (x.shape[0], x.shape[1]) if x.ndim == 3 else (1, x.shape[0])
         checked = check_cache(cache)
         past = 0 if checked is None else checked.length
-        if positions is not None:
-            check_positions(positions, x, low=0)
-        if position_embeddings is not None:
-            if positions is not None:
-                raise ValueError("pass either positions or position_embeddings, not both")
-            check_cos_sin(position_embeddings, x, self.qk_rope_head_dim)
+        check_rope_inputs(positions, position_embeddings, x, self.qk_rope_head_dim)
         check_attn_mask("attn_mask", attn_mask, (b, self.num_heads, t, past + t), x, "x")
-        if not check_bool("is_causal", is_causal) and self.window is not None:
-            raise ValueError(
-                f"is_causal=False with window={self.window}: a sliding window is a causal "
-                "mask; pass is_causal=True"
-            )
+        check_causal_window(is_causal, self.window)
 
     # -- computation ---------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ __all__ = [
     "check_head_dim",
     "check_layout",
     "check_positions",
+    "check_rope_inputs",
     "rope_angles",
     "rope_cos_sin",
     "rope_frequencies",
@@ -272,6 +273,31 @@ def check_cos_sin(cos_sin: object, x: Tensor, head_dim: int, *, x_name: str = "x
         raise ValueError(
             f"cos and sin are on {cos.device} and {sin.device} but {x_name} is on {x.device}"
         )
+
+
+def check_rope_inputs(
+    positions: object, position_embeddings: object, x: Tensor, head_dim: int
+) -> None:
+    """The RoPE arguments of a layer's `forward`: positions, or precomputed tables, or none.
+
+    `positions` follow [`check_positions`][attnlab.rope.check_positions] with `low=0` (a
+    position counts tokens: a host sync, skipped while compiling); `position_embeddings`
+    follow [`check_cos_sin`][attnlab.rope.check_cos_sin]; giving both is ambiguous. Every
+    attention layer with RoPE checks its call with this one rule.
+
+    Raises:
+        TypeError: As `check_positions` and `check_cos_sin`.
+        ValueError: As those, or if both are given.
+
+    Examples:
+        >>> check_rope_inputs(torch.arange(3), None, torch.randn(2, 3, 16), head_dim=8)
+    """
+    if positions is not None:
+        if position_embeddings is not None:
+            raise ValueError("pass either positions or position_embeddings, not both")
+        check_positions(positions, x, low=0)
+    elif position_embeddings is not None:
+        check_cos_sin(position_embeddings, x, head_dim)
 
 
 # -- the computation ---------------------------------------------------------------------
