@@ -94,8 +94,8 @@ def spawn(
     """Run `fn(rank, world_size, *args)` in `world_size` new processes forming one group.
 
     The parent serves the rendezvous store on 127.0.0.1 only; each process sets
-    `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` (the store's), `RANK`, `WORLD_SIZE` and
-    `GLOO_SOCKET_IFNAME` (the loopback interface), calls
+    `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` (the store's), `RANK`, `WORLD_SIZE`, and
+    `GLOO_SOCKET_IFNAME` and `NCCL_SOCKET_IFNAME` (the loopback interface), calls
     `torch.distributed.init_process_group(backend, store=..., timeout=timeout)` with a
     client of that store, runs `fn`, and destroys the group, also when `fn` raises.
     Like `torchrun`, it divides the CPU cores between the processes
@@ -203,8 +203,9 @@ def _run_rank(
         WORLD_SIZE=str(world_size),
     )
     loopback = _loopback_interface()
-    if loopback is not None:  # gloo's sockets: on loopback, not on the host's address
+    if loopback is not None:  # gloo's (and NCCL's bootstrap) sockets: on loopback
         os.environ["GLOO_SOCKET_IFNAME"] = loopback
+        os.environ["NCCL_SOCKET_IFNAME"] = loopback
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     result: tuple[str, Any]
     try:
