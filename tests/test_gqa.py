@@ -506,6 +506,15 @@ def test_flash_backend_equals_torch(name: str) -> None:
         flash(x, attn_mask=masks.key_padding([T, 5], max_len=T))
 
 
+def test_exports_with_validation_on() -> None:
+    """The positions' value check (a host sync) is skipped while exporting, not in eager."""
+    module = _module(window=WINDOW)
+    x, positions = torch.randn(B, T, D_MODEL), torch.arange(T) + 5
+    exported = torch.export.export(module, (x,), kwargs={"positions": positions})
+    expected = module(x, positions=positions)
+    torch.testing.assert_close(exported.module()(x, positions=positions), expected)
+
+
 def test_not_causal_attends_to_every_key() -> None:
     module = _module(rope=False)
     x = torch.randn(B, T, D_MODEL)

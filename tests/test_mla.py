@@ -515,6 +515,14 @@ def test_mla_decode_step_runs_without_a_mask(absorb: bool, monkeypatch: pytest.M
     torch.testing.assert_close(step, mla(x, is_causal=True)[:, -1:], atol=ATOL, rtol=0)
 
 
+def test_mla_exports_with_validation_on() -> None:
+    mla = _mla()
+    x, positions = torch.randn(B, T, D_MODEL), torch.arange(T)[None] + 3
+    kwargs = {"positions": positions, "is_causal": True, "absorb": True}
+    exported = torch.export.export(mla, (x,), kwargs=kwargs)
+    torch.testing.assert_close(exported.module()(x, **kwargs), mla(x, **kwargs))
+
+
 # -- bad input -------------------------------------------------------------------------
 
 

@@ -330,6 +330,11 @@ def padding(
     with SDPA or [`MultiHeadAttention`][attnlab.MultiHeadAttention], it must hide *keys*,
     which is [`key_padding`][attnlab.masks.key_padding].
 
+    Checking a tensor of lengths reads its values, a host sync on an accelerator; the
+    checks are skipped while compiling or exporting (`torch.compiler.is_compiling()`).
+    Without `max_len` the longest length must be read to size the mask: pass `max_len`
+    where that matters.
+
     Args:
         lengths: Real length of each sequence, `(b,)` ints.
         max_len: Padded length `s`; defaults to `max(lengths)`.
@@ -348,12 +353,15 @@ def padding(
                 [ True, False, False, False]])
     """
     n = _lengths_tensor(lengths, device)
-    if n.numel() and int(n.min()) < 0:
+    checked = n.numel() > 0 and not torch.compiler.is_compiling()  # the checks read values
+    if checked and int(n.min()) < 0:
         raise ValueError(f"lengths must be non-negative, got {n.tolist()}")
-    longest = int(n.max()) if n.numel() else 0
-    s = longest if max_len is None else check_nonnegative_int("max_len", max_len)
-    if longest > s:
-        raise ValueError(f"lengths must be at most max_len={s}, got {n.tolist()}")
+    if max_len is None:
+        s = int(n.max()) if n.numel() else 0  # the mask's size: read even while compiling
+    else:
+        s = check_nonnegative_int("max_len", max_len)
+        if checked and int(n.max()) > s:
+            raise ValueError(f"lengths must be at most max_len={s}, got {n.tolist()}")
     positions = torch.arange(s, device=n.device)  # (s,)
     return positions < n[:, None]  # (b, s)
 
@@ -481,7 +489,9 @@ def additive_to_allowed(mask: Tensor) -> Tensor:
     r"""Convert an additive mask of 0 and $-\infty$ back to an allowed bool mask.
 
     Values at or below the dtype's lowest finite number (some libraries use
-    `torch.finfo(dtype).min` instead of $-\infty$) also count as hidden.
+    `torch.finfo(dtype).min` instead of $-\infty$) also count as hidden. Checking that
+    there are no other values reads the mask (a host sync), so it is skipped while
+    compiling or exporting.
 
     Args:
         mask: Float mask whose entries are 0 (attend) or $-\infty$ (hide).
@@ -502,7 +512,7 @@ def additive_to_allowed(mask: Tensor) -> Tensor:
         got = f"a {mask.dtype} tensor" if isinstance(mask, Tensor) else type(mask).__name__
         raise TypeError(f"mask must be a floating-point (additive) tensor, got {got}")
     hidden = mask <= torch.finfo(mask.dtype).min
-    if not bool(((mask == 0) | hidden).all()):
+    if not torch.compiler.is_compiling() and not bool(((mask == 0) | hidden).all()):
         others = sorted(set(mask[(mask != 0) & ~hidden].tolist()))[:5]
         raise ValueError(
             f"mask must hold only 0 and -inf to convert to bool, got other values such as "
