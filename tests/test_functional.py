@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import CausalBias, CausalVariant, causal_lower_right
 
 import attnlab.functional as AF
-from attnlab import masks, validation
+from attnlab import _backends, masks, validation
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None)
@@ -525,3 +525,60 @@ def test_sdpa_permuting_keys_and_values_changes_nothing(
     expected = AF.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     got = AF.scaled_dot_product_attention(q, k[:, perm], v[:, perm], attn_mask=mask[..., perm])
     torch.testing.assert_close(got, expected)
+
+
+# -- the backend registry every module runs through ------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch", "flash"])
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize(("t_q", "t_k"), [(3, 7), (7, 3), (5, 5), (1, 6)])
+def test_backend_registry_causal_rule_equals_the_explicit_mask(
+    backend: str, align: str, window: int | None, t_q: int, t_k: int
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, t_q, 8, generator=gen)
+    k, v = torch.randn(2, 2, t_k, 8, generator=gen), torch.randn(2, 2, t_k, 5, generator=gen)
+    mask = (
+        masks.causal(t_q, t_k, align=align)  # type: ignore[arg-type]
+        if window is None
+        else masks.sliding_window(t_q, t_k, window=window, align=align)  # type: ignore[arg-type]
+    )
+    expected = TorchSDPA(q, k, v, attn_mask=mask, enable_gqa=True)
+    out = _backends.attend(
+        backend,  # type: ignore[arg-type]
+        q,
+        k,
+        v,
+        is_causal=True,
+        window=window,
+        enable_gqa=True,
+        align=align,  # type: ignore[arg-type]
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    weights = _backends.attention_weights(
+        q,
+        k,
+        is_causal=True,
+        window=window,
+        enable_gqa=True,
+        align=align,  # type: ignore[arg-type]
+    )
+    torch.testing.assert_close(weights, AF.attention_weights(q, k, mask, enable_gqa=True))
+
+
+def test_backend_registry_combines_a_mask_with_the_causal_rule() -> None:
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
+    padding = masks.key_padding([6, 4], max_len=6)  # (b, 1, 1, s)
+    allowed = masks.causal(4, 6, align="bottom-right") & padding
+    expected = TorchSDPA(q, k, v, attn_mask=allowed)
+    for backend in ("torch", "scratch"):
+        out = _backends.attend(
+            backend, q, k, v, attn_mask=padding, is_causal=True, align="bottom-right"
+        )
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="backend='flash' takes no attn_mask"):
+        _backends.attend("flash", q, k, v, attn_mask=padding, is_causal=True)
+    with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', 'flash'"):
+        _backends.check_backend("cuda")

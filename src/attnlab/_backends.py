@@ -219,50 +219,65 @@ def _positional_mask(
     return masks.combine(band, attn_mask), False
 
 
-def _torch(
+class _SDPAKernel(Protocol):
+    """An SDPA-style kernel: `(query, key, value, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa)`, with PyTorch's top-left `is_causal`."""
+
+    def __call__(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | Tensor | None,
+        enable_gqa: bool,
+    ) -> Tensor: ...
+
+
+def _with_positional_mask(kernel: _SDPAKernel) -> AttentionFunction:
+    """The registry's signature for an SDPA-style kernel: causality and window as a mask."""
+
+    def run(
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | Tensor | None,
+        window: int | None,
+        enable_gqa: bool,
+        align: Alignment,
+    ) -> Tensor:
+        t_q, t_k = query.shape[-2], key.shape[-2]
+        mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
+        return kernel(query, key, value, mask, dropout_p, causal, scale, enable_gqa)
+
+    return run
+
+
+def _torch_sdpa(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    *,
     attn_mask: Tensor | None,
     dropout_p: float,
     is_causal: bool,
     scale: float | Tensor | None,
-    window: int | None,
     enable_gqa: bool,
-    align: Alignment,
 ) -> Tensor:
-    t_q, t_k = query.shape[-2], key.shape[-2]
-    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
     return torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
         value,
-        attn_mask=mask,
+        attn_mask=attn_mask,
         dropout_p=dropout_p,
-        is_causal=causal,
+        is_causal=is_causal,
         scale=None if scale is None else float(scale),
         enable_gqa=enable_gqa,
-    )
-
-
-def _scratch(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float | Tensor | None,
-    window: int | None,
-    enable_gqa: bool,
-    align: Alignment,
-) -> Tensor:
-    t_q, t_k = query.shape[-2], key.shape[-2]
-    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
-    return F.scaled_dot_product_attention_impl(
-        query, key, value, mask, dropout_p, causal, scale, enable_gqa
     )
 
 
@@ -309,7 +324,11 @@ def _flash(
 
 
 BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
-    {"torch": _torch, "scratch": _scratch, "flash": _flash}
+    {
+        "torch": _with_positional_mask(_torch_sdpa),
+        "scratch": _with_positional_mask(F.scaled_dot_product_attention_impl),
+        "flash": _flash,
+    }
 )
 """Backend name -> attention function (unvalidated), the signature of `attend`."""
 

@@ -40,9 +40,6 @@ from attnlab._validation import (
 
 __all__ = ["Backend", "MultiHeadAttention"]
 
-# The names GroupedQueryAttention checked against before attnlab._backends existed.
-_BACKENDS: tuple[Backend, ...] = ("torch", "scratch")
-
 
 class MultiHeadAttention(nn.Module):
     r"""Batch-first multi-head self- and cross-attention with fused projections.
