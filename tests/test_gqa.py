@@ -129,8 +129,10 @@ def test_group_size_and_repr() -> None:
 
 
 def test_default_head_dim_and_mha() -> None:
-    module = GroupedQueryAttention(24, 4)
+    module = GroupedQueryAttention(24, 4).eval()
     assert (module.head_dim, module.num_kv_heads, module.k_proj.out_features) == (6, 4, 24)
+    x = torch.randn(B, T, 24)
+    torch.testing.assert_close(module(x), reference(module, x).float(), atol=1e-5, rtol=1e-5)
 
 
 # -- properties ---------------------------------------------------------------------------
