@@ -229,22 +229,18 @@ def code_blocks(markdown: str | Page, *, exec_blocks: bool = False) -> list[Bloc
     is shown by markdown-exec, not in an output fence.
     """
     page = read(markdown) if isinstance(markdown, str) else markdown
+    lines = page.text.split("\n")
     blocks = []
     for k, fence in enumerate(page.fences):
         if not fence.runs or (fence.is_exec and not exec_blocks):
             continue
         block = Block(code=fence.content, line=fence.line, fence=fence)
         nxt = page.fences[k + 1] if k + 1 < len(page.fences) else None
-        if nxt is not None and nxt.is_output and _adjacent(page, fence, nxt):
+        # Only blank lines between the two fences: the output belongs to that code.
+        if nxt is not None and nxt.is_output and not "".join(lines[fence.end : nxt.start]).strip():
             block.output = nxt.content
             block.output_line = nxt.line
             block.output_span = (nxt.start + 1, nxt.end - 1)
             block.output_indent = nxt.indent
         blocks.append(block)
     return blocks
-
-
-def _adjacent(page: Page, code: Fence, output: Fence) -> bool:
-    """Only blank lines between the two fences (the output belongs to that code)."""
-    between = page.text.split("\n")[code.end : output.start]
-    return not any(line.strip() for line in between)

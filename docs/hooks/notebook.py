@@ -326,8 +326,11 @@ def _outputs(cell: Any, fence: blocks.Fence, result: outputs.Result | None, coun
     if _is_figure(fence):
         cell["source"], mime = _figure_source(cell["source"])
         if mime == "image/svg+xml":
+            from IPython.display import SVG
+
             start, end = printed.index("<svg"), printed.rindex("</svg>") + len("</svg>")
-            data = {mime: printed[start:end], "text/plain": "<SVG figure>"}
+            # As the cell's SVG(...) shows it in a kernel (IPython re-serialises the XML).
+            data = {mime: SVG(printed[start:end]).data, "text/plain": "<SVG figure>"}
         else:
             data = {mime: printed.strip(), "text/plain": "<HTML figure>"}
         cell["outputs"] = [
@@ -723,7 +726,7 @@ def on_post_page(html: str, page: Any, config: Any) -> str:
         html = resolve_page_placeholders(html, page.url, _site_url(config), _resolver(config))
         href = get_relative_url(notebook_uri(chapter), page.url)
         return _after_title(html, _button(href))
-    if src_uri not in chapters(Path(config["docs_dir"])):
+    if src_uri not in pages.values():  # the chapters of this build, found in on_files
         return html
     return _after_title(html, _button(get_relative_url(notebook_uri(src_uri), page.url)))
 
