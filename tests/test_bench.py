@@ -537,3 +537,29 @@ def test_read_provenance_renames_the_old_keys() -> None:
         14.7,
     )
     assert "config" not in prov
+
+
+def test_only_command_line_entry_points_read_sys_argv() -> None:
+    """Library functions take the command line as an argument (run_bench used to read it)."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "attnlab"
+    readers = []
+    for path in sorted(src.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        allowed: set[int] = set()  # ids of nodes inside main() or the __main__ guard
+        for node in ast.walk(tree):
+            is_main = isinstance(node, ast.FunctionDef) and node.name == "main"
+            is_guard = isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+            if is_main or is_guard:
+                allowed.update(id(inner) for inner in ast.walk(node))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "argv"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+                and id(node) not in allowed
+            ):
+                readers.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert readers == []
