@@ -539,7 +539,8 @@ def ring_attention(
     overlapping the computation on the block before it; partial results are merged with
     [`merge_partials`][attnlab.distributed.merge_partials]. The backward pass sends the
     keys and values round again, each block followed by its gradient. A rank holds at most
-    two blocks of keys and values at a time, never the whole sequence.
+    two blocks of keys and values at a time (with 16-bit inputs, also a float32 copy of
+    the one it computes with), never the whole sequence.
 
     Precision is that of [`flash_attention`][attnlab.flash.flash_attention]: float16 and
     bfloat16 blocks are attended in float32 and the output rounded once to the input
