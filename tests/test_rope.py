@@ -127,6 +127,19 @@ def test_rotate_takes_hf_position_embeddings() -> None:
     assert_close(rope.rotate(x, cos, sin), expected, **_EXACT)
 
 
+def test_rope_cache_rows_feed_a_layer() -> None:
+    """A model's table, looked up once per forward, as a layer's position_embeddings."""
+    from attnlab import GroupedQueryAttention
+
+    layer = GroupedQueryAttention(16, 4, 2, head_dim=6).eval()
+    table = RopeCache(6, max_positions=32)
+    x, positions = torch.randn(2, 5, 16), torch.arange(5)[None] + 20
+    expected = layer(x, positions=positions)
+    assert_close(layer(x, position_embeddings=table.cos_sin(positions)), expected, **_EXACT)
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, 32\).*from 30 to 34"):
+        table.cos_sin(positions + 10)
+
+
 def test_layout_alias_is_rope_layout() -> None:
     assert rope.Layout is rope.RopeLayout
 

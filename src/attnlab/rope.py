@@ -574,6 +574,35 @@ class RopeCache:
             f"base={self.base})"
         )
 
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows of the table for `positions`: `(cos, sin)`, each `positions.shape + (d/2,)`.
+
+        What a model computes once per forward and hands to every layer, as
+        `position_embeddings` of [`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention]
+        or [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention]. Checking that
+        the positions lie in the table reads them, a host sync (skipped while compiling).
+
+        Raises:
+            TypeError: If `positions` is not an integer tensor.
+            ValueError: If it is not `(t,)` or `(b, t)`, or a position is negative or not
+                below `max_positions`.
+
+        Examples:
+            >>> cache = RopeCache(head_dim=8, max_positions=16)
+            >>> positions = torch.tensor([[3, 4, 5]])
+            >>> cos, sin = cache.cos_sin(positions)
+            >>> tuple(cos.shape), torch.equal(cos, rope_cos_sin(positions, 8)[0])
+            ((1, 3, 4), True)
+        """
+        if is_validation_enabled():
+            _check_integer_tensor(positions)
+            if positions.numel() and not torch.compiler.is_compiling():
+                _check_range(positions, 0, self.max_positions)
+        return self._rows(positions, positions.device)
+
+    def _rows(self, positions: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
+        return self.cos.to(device)[positions], self.sin.to(device)[positions]  # (..., t, d/2)
+
     def apply(
         self, x: Tensor, positions: Tensor | None = None, *, layout: RopeLayout = "half"
     ) -> Tensor:
@@ -598,6 +627,5 @@ class RopeCache:
                 check_positions(positions, x, low=0, high=self.max_positions)
         if positions is None:
             positions = torch.arange(x.shape[-2], device=x.device)
-        cos = self.cos.to(x.device)[positions]  # (..., t, d/2)
-        sin = self.sin.to(x.device)[positions]
+        cos, sin = self._rows(positions, x.device)
         return rotate(x, cos, sin, layout=layout)
