@@ -16,6 +16,7 @@ Skipped when no Chromium is installed; install it with `apt-get install -y chrom
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -284,33 +285,19 @@ def test_browser_keyboard_moves_between_cells_and_reads_positions(tmp_path: Path
 
 
 def _min_font_px(svg: Path) -> tuple[float, float]:
-    """Smallest font size of any text in `svg` (viewBox units) and the viewBox width."""
+    """Smallest font size of any text in `svg` (viewBox units) and the viewBox width.
 
-    def size(value: str | None, parent: float) -> float:
-        if value is None:
-            return parent
-        value = value.strip()
-        if value.endswith("%"):
-            return parent * float(value[:-1]) / 100
-        if value.endswith("em"):
-            return parent * float(value[:-2])
-        return float(value.removesuffix("px"))
-
-    smallest = float("inf")
-
-    def walk(element: ET.Element, parent: float) -> None:
-        nonlocal smallest
-        own = size(element.get("font-size"), parent)
-        if (
-            element.tag.rsplit("}", 1)[-1] in ("text", "tspan")
-            and "".join(element.itertext()).strip()
-        ):
-            smallest = min(smallest, own)
-        for child in element:
-            walk(child, own)
-
+    The sizes are read by tests/test_diagrams.py's `_font_sizes`, the one reader of them.
+    """
+    spec = importlib.util.spec_from_file_location(
+        "diagram_fonts", ROOT / "tests" / "test_diagrams.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     root = ET.parse(svg).getroot()
-    walk(root, 16.0)
+    smallest = min(size for size, _ in module._font_sizes(root, 16.0))
     return smallest, float((root.get("viewBox") or "").split()[2])
 
 
