@@ -1,8 +1,9 @@
-"""TinyTransformer exports to ONNX with validation on, and the graph computes the same logits.
+"""Models trace with validation on: ONNX export of TinyTransformer, and torch.compile.
 
 The checks that read tensor values (the token ids' range) are host syncs that
-`torch.export` cannot trace; they are skipped while exporting, so the export works
-without switching validation off, and they still run in eager mode.
+`torch.export` cannot trace; they are skipped while exporting or compiling, so both work
+without switching validation off, and the checks still run in eager mode. The other
+checks read attributes only, which Dynamo traces without a graph break.
 """
 
 from __future__ import annotations
@@ -13,14 +14,41 @@ import torch
 import attnlab
 from attnlab.model import ModelConfig, TinyTransformer
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxscript")
-ort = pytest.importorskip("onnxruntime")
+
+def test_tiny_transformer_compiles_in_one_graph_with_validation_on() -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer(ModelConfig(vocab_size=13, max_len=10, d_model=12, num_heads=3))
+    tokens = torch.randint(0, 13, (2, 10))
+    compiled = torch.compile(model.eval(), backend="eager", fullgraph=True)  # no graph break
+    torch.testing.assert_close(compiled(tokens), model(tokens), rtol=0, atol=0)
+
+
+# Dynamo, tracing flash's autograd.Function, warns about its own use of the class.
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
+@pytest.mark.parametrize("backend", ["torch", "scratch", "flash"])
+def test_multihead_compiles_in_one_graph_with_validation_on(backend: str) -> None:
+    torch.manual_seed(0)
+    mha = attnlab.MultiHeadAttention(8, 16, 4, d_context=6, backend=backend).eval()  # type: ignore[arg-type]
+    x, context = torch.randn(2, 5, 8), torch.randn(2, 7, 6)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1, 4:] = True
+    kwargs: dict[str, object] = (
+        {"window": 2} if backend == "flash" else {"key_padding_mask": padding, "is_causal": True}
+    )
+
+    def call(x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return mha(x, context, **kwargs)  # type: ignore[arg-type]
+
+    compiled = torch.compile(call, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, context), call(x, context), rtol=0, atol=0)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch's exporter, not attnlab
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_tiny_transformer_onnx_export_with_validation_on_equals_eager() -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=13, max_len=10, d_model=12, num_heads=3, mlp=True)
     model = TinyTransformer(config).eval()
