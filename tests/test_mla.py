@@ -453,6 +453,28 @@ def test_mla_from_hf_accepts_subclasses_and_structural_copies() -> None:
         torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
 
 
+def test_mla_from_hf_refuses_layers_with_parts_it_does_not_compute() -> None:
+    """Structural look-alikes that compute more (or no RoPE) are refused, not half-copied."""
+    from transformers import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
+
+    gated = _hf_layer(_config())
+    gated.g_proj = nn.Linear(D_MODEL, HEADS)  # an output gate, as some copies add
+    with pytest.raises(TypeError, match="parts MultiHeadLatentAttention does not compute: g_proj"):
+        MultiHeadLatentAttention.from_hf(gated)
+    sinks = _hf_layer(_config())
+    sinks.sinks = nn.Parameter(torch.zeros(HEADS))
+    with pytest.raises(TypeError, match="does not compute: sinks"):
+        MultiHeadLatentAttention.from_hf(sinks)
+    config = KimiLinearConfig(
+        hidden_size=D_MODEL, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V,
+    )  # fmt: skip
+    kimi = KimiLinearAttention(config, layer_idx=0)
+    with pytest.raises(TypeError, match=r"no position_embeddings argument .* applies no RoPE"):
+        MultiHeadLatentAttention.from_hf(kimi)
+
+
 def test_mla_window_is_the_sliding_window_mask() -> None:
     plain, windowed = _mla(), _mla()
     windowed.window = 3
@@ -674,6 +696,6 @@ def test_mla_from_hf_rejects_other_modules() -> None:
     with pytest.raises(
         TypeError,
         match="layer must have the structure of a transformers MLA layer such as "
-        "DeepseekV3Attention, but Linear has no config, hidden_size, ",
+        "DeepseekV3Attention, but Linear has no config; no hidden_size; ",
     ):
         MultiHeadLatentAttention.from_hf(nn.Linear(2, 3))

@@ -31,6 +31,7 @@ both forms; they are equal.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from typing import Any
 
@@ -126,6 +127,28 @@ _HF_STRUCTURE = (
 """What `from_hf` reads from a Hugging Face MLA layer (besides its query projection)."""
 
 _HF_Q_LORA = ("q_a_proj", "q_a_layernorm", "q_b_proj")
+
+_HF_MODULES = frozenset(
+    ("q_proj", *_HF_Q_LORA, "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+)
+"""The submodules an MLA layer may have for `from_hf` to copy all it computes."""
+
+
+def _hf_structure_problems(layer: nn.Module) -> list[str]:
+    """What keeps `layer` from being a copy of DeepSeek's MLA layer, in words (or [])."""
+    problems = [f"no {name}" for name in _HF_STRUCTURE if not hasattr(layer, name)]
+    if not (hasattr(layer, "q_proj") or all(hasattr(layer, n) for n in _HF_Q_LORA)):
+        problems.append("no q_proj (or q_a_proj, q_a_layernorm, q_b_proj)")
+    # Parts this module does not compute (a sparse-attention indexer, output gates,
+    # attention sinks): copying the rest would give other outputs without a word.
+    extra = [n for n, _ in layer.named_children() if n not in _HF_MODULES]
+    extra += [n for n, _ in layer.named_parameters(recurse=False)]
+    if extra:
+        problems.append(f"parts MultiHeadLatentAttention does not compute: {', '.join(extra)}")
+    # A layer that takes no position embeddings applies no RoPE (e.g. Kimi Linear's MLA).
+    if "position_embeddings" not in inspect.signature(type(layer).forward).parameters:
+        problems.append("no position_embeddings argument in forward (it applies no RoPE)")
+    return problems
 
 
 def _deinterleave(x: Tensor) -> Tensor:
@@ -595,12 +618,15 @@ class MultiHeadLatentAttention(nn.Module):
     def from_hf(cls, layer: nn.Module) -> MultiHeadLatentAttention:
         """A `MultiHeadLatentAttention` with the weights of a Hugging Face MLA layer.
 
-        Accepts any layer with the structure of `transformers`' `DeepseekV3Attention`:
-        the attributes in `_HF_STRUCTURE` (sizes, `scaling`, `attention_dropout`, the
-        projections and norms of the class docstring's table, `config.rope_parameters`)
-        and either `q_proj` or `q_a_proj`/`q_a_layernorm`/`q_b_proj`. That covers
-        DeepSeek-V2/V3, the structural copies in `transformers` (e.g. GLM-4 MoE Lite's
-        `Glm4MoeLiteAttention`) and user subclasses, whatever their class name. It copies
+        Accepts any layer with the structure of `transformers`' `DeepseekV3Attention`,
+        whatever its class name: the sizes, `scaling`, `attention_dropout` and `config`
+        it reads, the projections and norms of the class docstring's table (`q_proj`, or
+        `q_a_proj`/`q_a_layernorm`/`q_b_proj`) and no other submodule or parameter, and a
+        `forward` that takes `position_embeddings` (it applies RoPE). That covers
+        DeepSeek-V2/V3, structural copies in `transformers` (e.g. GLM-4 MoE Lite's
+        `Glm4MoeLiteAttention`) and user subclasses; it refuses layers that add parts
+        this module does not compute (DeepSeek-V3.2's sparse-attention `indexer`, output
+        gates, attention sinks) or apply no RoPE (Kimi Linear's MLA). It copies
         the weights, the softmax scale (`layer.scaling`, YaRN's correction included), RoPE
         base and layout (`config.rope_interleave`, default True), RMSNorm epsilons,
         dropout and training mode. When the config scales RoPE with fixed frequencies
@@ -616,19 +642,16 @@ class MultiHeadLatentAttention(nn.Module):
             A new module on the layer's device and dtype, sharing no storage with it.
 
         Raises:
-            TypeError: If `layer` lacks an attribute of that structure (the message lists
-                them).
+            TypeError: If `layer` does not have that structure (the message says how it
+                differs).
             ValueError: If its RoPE frequencies change with the sequence length
                 (`rope_type` `"dynamic"` or `"longrope"`), which this module does not do.
         """
-        missing = [name for name in _HF_STRUCTURE if not hasattr(layer, name)]
-        if not (hasattr(layer, "q_proj") or all(hasattr(layer, n) for n in _HF_Q_LORA)):
-            missing.append("q_proj (or q_a_proj, q_a_layernorm, q_b_proj)")
-        if missing:
+        problems = _hf_structure_problems(layer)
+        if problems:
             raise TypeError(
                 f"layer must have the structure of a transformers MLA layer such as "
-                f"DeepseekV3Attention, but {type(layer).__name__} has no "
-                f"{', '.join(missing)}"
+                f"DeepseekV3Attention, but {type(layer).__name__} has {'; '.join(problems)}"
             )
         hf: Any = layer
         config = hf.config
