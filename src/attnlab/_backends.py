@@ -67,6 +67,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 from attnlab import functional as F
 from attnlab import masks
 from attnlab.flash import flash_attention_impl
+from attnlab.masks import Alignment
 
 __all__ = [
     "BACKENDS",
@@ -90,8 +91,6 @@ Backend = Literal["torch", "scratch", "flash"]
 `"flash"` is attnlab's [`flash_attention`][attnlab.flash.flash_attention] (no `attn_mask`,
 no dropout).
 """
-
-Alignment = Literal["top-left", "bottom-right"]
 
 BACKEND_NAMES: tuple[Backend, ...] = ("torch", "scratch", "flash")
 
