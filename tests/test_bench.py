@@ -46,7 +46,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 @pytest.fixture(scope="module")
 def modern_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The suites of issue 8 on tiny sizes, through the per-suite options of the CLI."""
+    """The modern suites (window, decode, kv_memory) on tiny sizes, through the CLI."""
     pytest.importorskip("attnlab.gqa")
     pytest.importorskip("attnlab.mla")
     out = tmp_path_factory.mktemp("bench-modern")
