@@ -62,7 +62,7 @@ from typing import Literal, Protocol, overload
 
 import torch
 from torch import Tensor
-from torch.nn.attention.bias import CausalBias, CausalVariant
+from torch.nn.attention.bias import CausalBias
 
 from attnlab import functional as F
 from attnlab import masks
@@ -174,11 +174,6 @@ def check_backend_call(backend: Backend, *, attn_mask: object, dropout_p: float)
         )
 
 
-def _causal_bias(bias: CausalBias) -> tuple[bool, Alignment]:
-    """PyTorch's `causal_upper_left` / `causal_lower_right` as `(is_causal, align)`."""
-    return True, "top-left" if bias.variant == CausalVariant.UPPER_LEFT else "bottom-right"
-
-
 def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None:
     """`attn_mask` as a tensor: PyTorch's `CausalBias` becomes its bool mask `(L, S)`.
 
@@ -186,8 +181,7 @@ def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None
     """
     if not isinstance(attn_mask, CausalBias):
         return attn_mask
-    _, align = _causal_bias(attn_mask)
-    return masks.causal(attn_mask.seq_len_q, attn_mask.seq_len_kv, align=align, device=device)
+    return F.causal_bias_mask(attn_mask, device)  # (L, S)
 
 
 def _positional_mask(
@@ -295,7 +289,7 @@ def _flash(
 ) -> Tensor:
     check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
     if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
-        is_causal, align = _causal_bias(attn_mask)  # a positional mask flash knows
+        is_causal, align = True, F.causal_bias_alignment(attn_mask)  # flash knows these
     elif isinstance(attn_mask, CausalBias):
         raise ValueError(
             "backend='flash' cannot combine a CausalBias attn_mask with is_causal or a "

@@ -27,16 +27,15 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
+from attnlab import masks
 from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     broadcast_shape,
     check_attn_mask,
     check_bool,
     check_broadcast,
-    check_device,
     check_features,
     check_min_rank,
-    check_nonnegative_int,
     check_positive_int,
     check_probability,
     check_same_dtype_device,
@@ -44,6 +43,7 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
+from attnlab.masks import Alignment
 
 __all__ = [
     "attention_scores",
@@ -249,10 +249,7 @@ def causal_mask(
                 [ True,  True, False],
                 [ True,  True,  True]])
     """
-    check_nonnegative_int("t_q", t_q)
-    t_k = t_q if t_k is None else check_nonnegative_int("t_k", t_k)
-    check_device("device", device)
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
+    return masks.causal(t_q, t_k, device=device)  # the one builder, top-left by default
 
 
 def _softmax_or_zeros(logits: Tensor) -> Tensor:
@@ -272,13 +269,19 @@ def _repeat_heads(x: Tensor, num_heads: int) -> Tensor:
     return x.repeat_interleave(num_heads // x.size(-3), dim=-3)  # (..., num_heads, s, e)
 
 
-def _causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
+def causal_bias_alignment(bias: CausalBias) -> Alignment:
+    """Where PyTorch's `CausalBias` puts its diagonal, in `attnlab.masks`' terms.
+
+    Upper left: query i sees keys 0..i. Lower right: the queries are the last `L`
+    positions of the keys' sequence, so the diagonal moves right by `S - L`.
+    """
+    return "top-left" if bias.variant == CausalVariant.UPPER_LEFT else "bottom-right"
+
+
+def causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
     """The bool mask (True = attend) of PyTorch's `causal_upper_left` / `causal_lower_right`."""
-    t_q, t_k = bias.seq_len_q, bias.seq_len_kv
-    # Upper left: query i sees keys 0..i. Lower right: the queries are the last t_q
-    # positions of the keys' sequence, so the diagonal moves right by t_k - t_q.
-    diagonal = 0 if bias.variant == CausalVariant.UPPER_LEFT else t_k - t_q
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal)  # (L, S)
+    align = causal_bias_alignment(bias)
+    return masks.causal(bias.seq_len_q, bias.seq_len_kv, align=align, device=device)  # (L, S)
 
 
 def _check_attention_args(
@@ -398,7 +401,7 @@ def _attend(
     query, key = autocast_inputs(query, key)
     value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
     if isinstance(attn_mask, CausalBias):
-        attn_mask = _causal_bias_mask(attn_mask, query.device)  # (L, S)
+        attn_mask = causal_bias_mask(attn_mask, query.device)  # (L, S)
     dtype = query.dtype
     with autocast_off(query.device.type):
         wide = compute_dtype(dtype)  # float16/bfloat16 are attended in float32
