@@ -296,9 +296,8 @@ def _flash(
             "window; pass one of them"
         )
     if enable_gqa:  # FlashAttention here needs one key/value head per query head
-        repeats = query.size(-3) // key.size(-3)
-        key = key.repeat_interleave(repeats, dim=-3)  # (..., Hq, S, E)
-        value = value.repeat_interleave(repeats, dim=-3)  # (..., Hq, S, Ev)
+        key = F.repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
+        value = F.repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
     batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
         query.shape[:-2], key.shape[:-2], value.shape[:-2]
     )

@@ -263,7 +263,7 @@ def _softmax_or_zeros(logits: Tensor) -> Tensor:
     return weights.masked_fill(blocked, 0.0)
 
 
-def _repeat_heads(x: Tensor, num_heads: int) -> Tensor:
+def repeat_heads(x: Tensor, num_heads: int) -> Tensor:
     """Repeat each key/value head so that `num_heads` query heads share it (GQA)."""
     # Head g of x serves query heads g * r ... g * r + r - 1, as in PyTorch's reference.
     return x.repeat_interleave(num_heads // x.size(-3), dim=-3)  # (..., num_heads, s, e)
@@ -364,7 +364,7 @@ def _weights(
     enable_gqa: bool,
 ) -> Tensor:
     if enable_gqa:
-        key = _repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
+        key = repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
     # max(E, 1): with E = 0 features every score is 0 whatever the scale (PyTorch then
     # averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
     s = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else float(scale)
@@ -411,7 +411,7 @@ def _attend(
         if value is None:
             return weights.to(dtype)  # (..., L, S)
         if enable_gqa:
-            value = _repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
+            value = repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
         return context_vectors_impl(weights, value).to(dtype)  # (..., L, Ev)
 
 
