@@ -17,6 +17,13 @@ grouped-query attention), and
 [`attention_weights`][attnlab.functional.attention_weights] returns the weights it uses.
 
 Shapes follow PyTorch: any leading batch dimensions, then sequence, then features.
+
+Each public function that checks its arguments is the check followed by an unvalidated
+twin with the same arguments, named with an `_impl` suffix
+(`scaled_dot_product_attention_impl`, `attention_weights_impl`, `attention_scores_impl`,
+`scaled_softmax_impl`, `context_vectors_impl`); code inside attnlab that has checked its
+own inputs calls the twin, so that the arguments of a call are checked once, at the
+outermost public boundary. They are not in `__all__`.
 """
 
 from __future__ import annotations
