@@ -519,11 +519,3 @@ def test_flash_kernel_bottom_right_matches_torch_forward_and_backward(
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # Queries with no key in their past (t_q > t_k) get zeros, as in PyTorch.
     assert torch.isfinite(out).all()
-
-
-def test_flash_kernel_old_private_names_still_work() -> None:
-    from attnlab import flash
-
-    assert flash._forward is flash.flash_forward
-    assert flash._backward is flash.flash_backward
-    assert (torch.float16, torch.bfloat16) == flash._LOW_PRECISION

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab._precision import LOW_PRECISION, autocast_inputs, autocast_off, compute_dtype
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     check_bool,
     check_features,
@@ -52,8 +52,6 @@ from attnlab._validation import (
 )
 
 __all__ = ["flash_attention", "tile_map"]
-
-_LOW_PRECISION = LOW_PRECISION  # the old private name, kept for importers outside
 _LOG2_E = math.log2(math.e)
 _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
@@ -587,7 +585,3 @@ def flash_backward(
 
 
 # --8<-- [end:backward]
-
-# The kernel's old private names, kept for importers written against them.
-_forward = flash_forward
-_backward = flash_backward
