@@ -1036,3 +1036,18 @@ def test_need_weights_overloads_give_a_tensor_or_a_pair() -> None:
     pair: tuple[Tensor, Tensor] = mha(x, need_weights=True)
     torch.testing.assert_close(pair[0], out)
     torch.testing.assert_close(pair[1], mha.attention_weights(x).mean(dim=1))
+
+
+@pytest.mark.parametrize("t", [T, S])  # (PyTorch warns about lower-right with t > S)
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+def test_flash_takes_pytorch_causal_bias_as_a_positional_mask(variant: str, t: int) -> None:
+    from torch.nn.attention import bias
+
+    make = bias.causal_upper_left if variant == "upper_left" else bias.causal_lower_right
+    align = "top-left" if variant == "upper_left" else "bottom-right"
+    mha = _module(backend="flash").eval()
+    x, context = torch.randn(B, t, D_IN), torch.randn(B, S, D_CONTEXT)
+    out = mha(x, context, attn_mask=make(t, S))
+    mha.backend = "torch"
+    expected = mha(x, context, attn_mask=masks.causal(t, S, align=align))  # type: ignore[arg-type]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
