@@ -1149,3 +1149,32 @@ def test_overhead_command_prints_medians_and_ratio(capsys: pytest.CaptureFixture
     assert result["checks_us"] > 0
     assert result["config"]["heads"] == 2
     assert attnlab.is_validation_enabled()
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_multihead_checks_its_arguments_once_per_call(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 14: the scratch path ran check_tensor 8 times and check_attn_mask twice, as
+    # internal code called the public, validating functions. Now the module checks at its
+    # boundary and calls the unvalidated _impl functions.
+    import attnlab._validation as V
+    import attnlab.flash
+    import attnlab.multihead
+
+    calls: dict[str, int] = {}
+    for name in ("check_tensor", "check_attn_mask"):
+        original = getattr(V, name)
+
+        def counted(*args: Any, _f: Any = original, _n: str = name, **kwargs: Any) -> Any:
+            calls[_n] = calls.get(_n, 0) + 1
+            return _f(*args, **kwargs)
+
+        for module in (V, AF, attnlab.flash, attnlab.multihead):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, counted)
+    mha = _cross_mha(backend)
+    padding = torch.zeros(B, S, dtype=torch.bool)
+    padding[1, 4:] = True
+    mha(_x(B, T, D_IN), _x(B, S, D_CTX), is_causal=True, key_padding_mask=padding)
+    assert calls == {"check_tensor": 2, "check_attn_mask": 1}  # x and context; the mask
