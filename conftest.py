@@ -96,7 +96,8 @@ def pytest_markdown_docs_markdown_it() -> Any:
 # prepends them, quadratic in a chapter's length) nor capture what a fence prints (it
 # turns pytest's capture off around the fence). So the one use of its private API is
 # here: a default runner that hands the fence to the page's session, which runs it once
-# and keeps what it printed for the fence's ShownOutputItem.
+# and keeps what it printed for the fence's ShownOutputItem. (The session ignores the
+# `fixture:` and globals options, which no page uses; fences in docstrings run as before.)
 from pytest_markdown_docs._runners import DefaultRunner, register_runner  # noqa: E402
 
 

@@ -11,11 +11,13 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hooks import blocks  # docs/hooks/blocks.py, via pythonpath in pyproject.toml
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
@@ -141,6 +143,66 @@ def test_chapters_rank_above_api_entries(site: tuple[Path, str]) -> None:
     assert {boost[loc] for loc in boost if loc.startswith("reference/")} == {None}
 
 
+# Material's own search worker (lunr and its scoring), run in node on the built index.
+SEARCH_DRIVER = r"""
+const fs = require("fs"), vm = require("vm");
+const [site, ...queries] = process.argv.slice(1);
+const dir = site + "/assets/javascripts/workers/";
+const worker = fs.readdirSync(dir).find(f => /^search\..*\.js$/.test(f));
+const index = JSON.parse(fs.readFileSync(site + "/search/search_index.json", "utf8"));
+let handler = null;
+const replies = [];
+const ctx = { addEventListener: (_, fn) => { handler = fn; }, postMessage: m => replies.push(m),
+  importScripts: () => {}, console, setTimeout, clearTimeout };
+ctx.self = ctx;
+vm.createContext(ctx);
+vm.runInContext(fs.readFileSync(dir + worker, "utf8"), ctx);
+(async () => {
+  const send = async m => {
+    await handler({ data: m });
+    await new Promise(r => setTimeout(r, 20));
+  };
+  await send({ type: 0, data: { ...index, options: { suggest: false } } });
+  const ranked = {};
+  for (const q of queries) {
+    replies.length = 0;
+    await send({ type: 2, data: q });
+    ranked[q] = replies.find(m => m.type === 3).data.items.map(group => group[0].location);
+  }
+  console.log(JSON.stringify(ranked));
+})();
+"""
+
+
+def test_search_ranks_chapters_first(site: tuple[Path, str]) -> None:
+    # Before chapters were boosted, "ring attention" found five API entries before its
+    # chapter, and "rope" four.
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node on PATH (install it with: apt-get install -y nodejs)")
+    site_dir, _ = site
+    queries = {
+        "ring attention": "beyond/ring-attention/",
+        "kv cache": "modern/kv-cache/",
+        "flash attention": "beyond/flash-attention/",
+        "grouped query": "modern/gqa/",
+        "rope": None,  # a chapter first (modern/mla's RoPE section, for now)
+    }
+    proc = subprocess.run(
+        [node, "-e", SEARCH_DRIVER, str(site_dir), *queries],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    ranked = json.loads(proc.stdout)
+    for query, page in queries.items():
+        first = ranked[query][0]
+        assert first.startswith(("article/", "beyond/", "modern/")), (query, ranked[query][:5])
+        if page is not None:
+            assert first.split("#")[0] == page, (query, ranked[query][:5])
+
+
 def test_display_math_scrolls_inside_its_box(site: tuple[Path, str]) -> None:
     # On a phone a wide equation must not widen the page (checked in a 390 px browser).
     site_dir, _ = site
@@ -248,14 +310,20 @@ def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
         assert toc.count('class="md-nav__link"') >= 3, name  # the right-hand contents
         assert "__autoref__" not in text, name
         assert "alert-block" not in text, name
-        assert 'class="admonition' in text, name  # pitfalls and solutions as boxes
+        # Pitfalls and solutions as the site's boxes (solutions closed): as many as the
+        # chapter has, or more (a solution's code cell gets a box of its own).
+        chapter = ROOT / "docs" / _chapter_of(name)
+        fences = blocks.read(chapter.read_text("utf-8")).fences
+        boxes = {c.line for f in fences for c in f.containers if c.marker != "==="}
+        shown = text.count('class="admonition') + text.count("<details class=")
+        assert shown >= len(boxes), name
         assert "https://attnlab.github.io/attnlab/" not in text.replace(
             'rel="canonical" href="https://attnlab.github.io/attnlab/', ""
         ), name  # links into the site are relative: they work on any host
         download = re.findall(r'<a class="md-button" href="([^"]+\.ipynb)" download', text)
         assert download == [f"{name}.ipynb"], name
         assert (page.parent / download[0]).is_file()
-        assert "/edit/main/docs/article/" in text, name  # edits go to the chapter
+        assert f"/edit/main/docs/{_chapter_of(name)}" in text, name  # edits go to the chapter
     search = json.loads((site_dir / "search/search_index.json").read_text("utf-8"))
     assert not [d for d in search["docs"] if d["location"].startswith("notebooks/")]
     seven = (site_dir / "notebooks/07-self-attention-class/index.html").read_text("utf-8")
@@ -263,6 +331,14 @@ def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
     assert "<svg" in notebook  # a stored figure
     assert "0.5313" in notebook  # a stored output
     assert 'href="../../reference/' in notebook  # an API link, resolved
+
+
+def _chapter_of(notebook: str) -> str:
+    """``beyond-masks`` -> ``beyond/masks.md``; ``07-x`` -> ``article/07-x.md``."""
+    section, _, stem = notebook.partition("-")
+    if section in ("beyond", "modern"):
+        return f"{section}/{stem}.md"
+    return f"article/{notebook}.md"
 
 
 SOURCES = {
