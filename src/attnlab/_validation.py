@@ -44,6 +44,7 @@ __all__ = [
     "check_nonnegative_int",
     "check_positive_int",
     "check_probability",
+    "check_qkv",
     "check_rank",
     "check_same_dtype_device",
     "check_scale",
@@ -339,6 +340,33 @@ def check_tokens(
             f"move one of them (e.g. module.to({name}.device))"
         )
     return x
+
+
+def check_qkv(
+    query: object, key: object, value: object | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Check attention's `query (..., L, E)`, `key (..., S, E)` and `value (..., S, Ev)`.
+
+    Floating-point tensors of at least 2 dimensions, one dtype and device, the same `E`
+    in query and key, the same `S` in key and value; `value` None means there are no
+    values to check (the weights alone). Returns the three, typed. The batch dimensions
+    are the caller's: some kernels broadcast them, others do not.
+    """
+    q = check_tensor("query", query)
+    k = check_tensor("key", key)
+    v = None if value is None else check_tensor("value", value)
+    check_min_rank("query", q, 2, "(..., L, E)")
+    check_min_rank("key", k, 2, "(..., S, E)")
+    if v is not None:
+        check_min_rank("value", v, 2, "(..., S, Ev)")
+    check_same_dtype_device("query", q, key=k, value=v)
+    check_features("key", k, q.shape[-1], "query", "E")
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same number of positions S, got "
+            f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
+        )
+    return q, k, v
 
 
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:

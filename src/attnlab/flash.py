@@ -41,11 +41,9 @@ from torch import Tensor
 from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     check_bool,
-    check_features,
-    check_min_rank,
     check_nonnegative_int,
     check_positive_int,
-    check_same_dtype_device,
+    check_qkv,
     check_scale,
     check_tensor,
     is_validation_enabled,
@@ -205,19 +203,8 @@ def flash_attention_impl(
 
 
 def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Tensor, Tensor]:
-    q = check_tensor("query", query)
-    k = check_tensor("key", key)
-    v = check_tensor("value", value)
-    check_min_rank("query", q, 2, "(..., L, E)")
-    check_min_rank("key", k, 2, "(..., S, E)")
-    check_min_rank("value", v, 2, "(..., S, Ev)")
-    check_same_dtype_device("query", q, key=k, value=v)
-    check_features("key", k, q.shape[-1], "query", "E")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same number of positions S, got "
-            f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
-        )
+    q, k, checked = check_qkv(query, key, value)
+    v = check_tensor("value", checked)  # flash needs values: None is refused here
     if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         raise ValueError(
             f"flash_attention needs the same batch (and head) dimensions in query, key and "

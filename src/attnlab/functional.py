@@ -41,10 +41,10 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_broadcast,
-    check_features,
     check_min_rank,
     check_positive_int,
     check_probability,
+    check_qkv,
     check_same_dtype_device,
     check_scale,
     check_tensor,
@@ -305,20 +305,7 @@ def _check_attention_args(
 
     `attn_mask` may still be a `CausalBias` here (it is materialized after the checks).
     """
-    q = check_tensor("query", query)
-    k = check_tensor("key", key)
-    v = None if value is None else check_tensor("value", value)
-    check_min_rank("query", q, 2, "(..., L, E)")
-    check_min_rank("key", k, 2, "(..., S, E)")
-    if v is not None:
-        check_min_rank("value", v, 2, "(..., S, Ev)")
-    check_same_dtype_device("query", q, key=k, value=v)
-    check_features("key", k, q.shape[-1], "query", "E")
-    if v is not None and v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same number of positions S, got key.shape="
-            f"{tuple(k.shape)} and value.shape={tuple(v.shape)}"
-        )
+    q, k, v = check_qkv(query, key, value)
     check_probability("dropout_p", dropout_p)
     check_scale("scale", scale)
     check_bool("is_causal", is_causal)
