@@ -46,6 +46,7 @@ __all__ = [
     "check_probability",
     "check_qkv",
     "check_rank",
+    "check_same_batch",
     "check_same_dtype_device",
     "check_scale",
     "check_tensor",
@@ -340,6 +341,15 @@ def check_tokens(
             f"move one of them (e.g. module.to({name}.device))"
         )
     return x
+
+
+def check_same_batch(name: str, x: Tensor, other: Tensor) -> None:
+    """Raise unless `x` and `other` are both unbatched `(t, d)` or share their batch size."""
+    if x.ndim != other.ndim or (x.ndim == 3 and x.shape[0] != other.shape[0]):
+        raise ValueError(
+            f"x and {name} must both be unbatched or have the same batch size, got "
+            f"x.shape={_shape(x)} and {name}.shape={_shape(other)}"
+        )
 
 
 def check_qkv(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from attnlab._validation import is_validation_enabled
+from attnlab._validation import check_same_batch, is_validation_enabled
 from attnlab.self_attention import SelfAttention
 
 __all__ = ["CrossAttention"]
@@ -51,13 +51,7 @@ class CrossAttention(SelfAttention):
     def _check_pair(self, x: Tensor, context: Tensor) -> None:
         if not is_validation_enabled():
             return
-        self._check("x", x)
-        self._check("context", context)
-        if x.ndim != context.ndim or (x.ndim == 3 and x.shape[0] != context.shape[0]):
-            raise ValueError(
-                "x and context must both be unbatched or have the same batch size, got "
-                f"x.shape={tuple(x.shape)} and context.shape={tuple(context.shape)}"
-            )
+        check_same_batch("context", self._check("x", x), self._check("context", context))
 
     def attention_weights(self, x: Tensor, context: Tensor) -> Tensor:  # type: ignore[override]
         """Weights of each token of `x` over the tokens of `context`.

@@ -34,6 +34,7 @@ from attnlab._validation import (
     check_bool,
     check_positive_int,
     check_probability,
+    check_same_batch,
     check_tokens,
     is_validation_enabled,
 )
@@ -185,7 +186,7 @@ class MultiHeadAttention(nn.Module):
                 owner=owner,
                 like=like,
             )
-            self._check_batch("context", x, context)
+            check_same_batch("context", x, context)
         if value is None:
             if needs_values and self.d_value != self.d_context:
                 raise ValueError(
@@ -196,7 +197,7 @@ class MultiHeadAttention(nn.Module):
             value = check_tokens(
                 "value", value, features=self.d_value, param="d_value", owner=owner, like=like
             )
-            self._check_batch("value", x, value)
+            check_same_batch("value", x, value)
             if value.shape[-2] != context.shape[-2]:
                 keys = "context" if context is not x else "x (the keys' tokens)"
                 raise ValueError(
@@ -213,14 +214,6 @@ class MultiHeadAttention(nn.Module):
             if attn_mask is not None:
                 raise ValueError("pass either attn_mask or window, not both")
         self._check_key_padding_mask(key_padding_mask, x, b, s)
-
-    @staticmethod
-    def _check_batch(name: str, x: Tensor, other: Tensor) -> None:
-        if x.ndim != other.ndim or (x.ndim == 3 and x.shape[0] != other.shape[0]):
-            raise ValueError(
-                f"x and {name} must both be unbatched or have the same batch size, got "
-                f"x.shape={tuple(x.shape)} and {name}.shape={tuple(other.shape)}"
-            )
 
     @staticmethod
     def _check_key_padding_mask(mask: object, x: Tensor, b: int, s: int) -> None:
