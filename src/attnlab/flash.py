@@ -139,7 +139,9 @@ def flash_attention(
         True
     """
     if is_validation_enabled():
-        _check_inputs(*autocast_inputs(query, key, value))
+        # Checked as autocast casts them; flash_attention_impl then finds them cast.
+        query, key, value = autocast_inputs(query, key, value)
+        _check_inputs(query, key, value)
         check_bool("is_causal", is_causal)
         if window is not None:
             check_positive_int("window", window)

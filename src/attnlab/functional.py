@@ -410,19 +410,27 @@ def _attend(
 
 
 def _check_public(
-    query: object,
-    key: object,
-    value: object | None,
-    attn_mask: object,
-    dropout_p: object,
-    is_causal: object,
-    scale: object,
-    enable_gqa: object,
-) -> None:
-    """The checks of the two public functions, on the inputs as autocast casts them."""
-    if is_validation_enabled():
-        query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)
-        _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    query: Tensor,
+    key: Tensor,
+    value: Tensor | None,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    enable_gqa: bool,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The checks of the two public functions, on the inputs as autocast casts them.
+
+    Returns the inputs so cast (as they came with validation off), so that `_attend`
+    does not convert them a second time.
+    """
+    if not is_validation_enabled():
+        return query, key, value, attn_mask
+    if isinstance(query, Tensor):  # else the checks name what query is instead
+        query, key = autocast_inputs(query, key)
+        value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
+    _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return query, key, value, attn_mask
 
 
 def attention_weights(
@@ -482,8 +490,8 @@ def attention_weights(
         tensor([[0.6728, 0.1636, 0.1636],
                 [0.0000, 0.0000, 0.0000]])
     """
-    _check_public(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _attend(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    args = _check_public(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _attend(*args, dropout_p, is_causal, scale, enable_gqa)
 
 
 def attention_weights_impl(
@@ -589,8 +597,8 @@ def scaled_dot_product_attention(
         ...     scaled_dot_product_attention(q, k, v, scale=torch.tensor(0.5)).dtype
         torch.bfloat16
     """
-    _check_public(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    args = _check_public(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _attend(*args, dropout_p, is_causal, scale, enable_gqa)
 
 
 def scaled_dot_product_attention_impl(
