@@ -251,12 +251,12 @@ class _FlashAttention(torch.autograd.Function):
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
         args = (is_causal, scale, block_q, block_k)
+        w, o = window, offset
         for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, window=window, offset=offset)
+            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, window=w, offset=o)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = args
-        ctx.window = window
-        ctx.offset = offset
+        ctx.window, ctx.offset = window, offset
         return out
 
     @staticmethod
@@ -269,11 +269,10 @@ class _FlashAttention(torch.autograd.Function):
             n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
             is_causal, scale, block_q, block_k = ctx.args
             args = (is_causal, scale, block_q, block_k)
+            w, o = ctx.window, ctx.offset
             for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
                 inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
-                flash_backward(
-                    *inputs, dq[h], dk[h], dv[h], *args, window=ctx.window, offset=ctx.offset
-                )
+                flash_backward(*inputs, dq[h], dk[h], dv[h], *args, window=w, offset=o)
         if torch.is_grad_enabled():  # create_graph=True: refuse the second derivative
             dq, dk, dv = _no_second_derivative(dq, dk, dv, q, k, v, grad_out)
         return dq, dk, dv, None, None, None, None, None, None
@@ -550,7 +549,8 @@ def flash_backward(
         k_j, v_j = k[:, j0:j1], v[:, j0:j1]  # (n, cols, E), (n, cols, Ev)
         # Only the query tiles that see one of these keys: the same tiles as
         # the forward's.
-        for i0 in _query_starts(j0 - offset, j1 - offset, t_q, is_causal, window, block_q):
+        lo, hi = j0 - offset, j1 - offset  # the keys in the queries' frame
+        for i0 in _query_starts(lo, hi, t_q, is_causal, window, block_q):
             i1 = min(i0 + block_q, t_q)
             a0, a1 = i0 + offset, i1 + offset  # the queries' positions among the keys
             rows, cols = i1 - i0, j1 - j0
