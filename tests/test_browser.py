@@ -34,6 +34,8 @@ from attnlab.plotting import interactive_heatmap
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "attention-heatmap.js"
 STYLESHEET = ROOT / "docs" / "assets" / "stylesheets" / "extra.css"
+KATEX_INIT = ROOT / "docs" / "assets" / "javascripts" / "katex-init.js"
+KATEX = ROOT / "docs" / "assets" / "katex"
 IMAGES = ROOT / "docs" / "assets" / "images"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((path for name in BROWSERS if (path := shutil.which(name))), None)
@@ -323,6 +325,8 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for sub in ("images", "javascripts", "stylesheets"):
         (docs / "assets" / sub).mkdir(parents=True)
     shutil.copy(SCRIPT, docs / "assets" / "javascripts")
+    shutil.copy(KATEX_INIT, docs / "assets" / "javascripts")
+    shutil.copytree(KATEX, docs / "assets" / "katex")
     shutil.copy(STYLESHEET, docs / "assets" / "stylesheets")
     for path in IMAGES.glob("*.svg"):
         shutil.copy(path, docs / "assets" / "images")
@@ -353,8 +357,9 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "plugins: []\n"
         "markdown_extensions: [admonition, attr_list, md_in_html, pymdownx.details,"
         " pymdownx.superfences, {toc: {permalink: true}}, {pymdownx.arithmatex: {generic: true}}]\n"
-        "extra_css: [assets/stylesheets/extra.css]\n"
-        "extra_javascript: [assets/javascripts/attention-heatmap.js]\n"
+        "extra_css: [assets/katex/katex.min.css, assets/stylesheets/extra.css]\n"
+        "extra_javascript: [assets/katex/katex.min.js, assets/katex/contrib/auto-render.min.js,"
+        " assets/javascripts/katex-init.js, assets/javascripts/attention-heatmap.js]\n"
         "nav: [index.md, diagrams.md, text.md]\n",
         encoding="utf-8",
     )
@@ -462,6 +467,28 @@ window.addEventListener("load", function () { setTimeout(function () {
   parent.postMessage(JSON.stringify(result), "*");
 }, 300); });
 """
+
+
+MATH = """
+window.addEventListener("load", function () { setTimeout(function () {
+  var out = document.createElement("pre");
+  out.id = "result";
+  out.textContent = JSON.stringify({
+    rendered: document.querySelectorAll("article .katex").length,
+    errors: document.querySelectorAll("article .katex-error").length,
+  });
+  document.body.appendChild(out);
+}, 300); });
+"""
+
+
+def test_browser_math_renders_in_a_page_opened_from_file(
+    offline_site: Path, tmp_path: Path
+) -> None:
+    # katex-init.js waited for Material's document$ alone, which never emits from file://:
+    # an offline copy of the site showed every formula as TeX source.
+    page = _with_driver(offline_site, "text.html", MATH)
+    assert _result(_dump_dom(page, tmp_path)) == {"rendered": 1, "errors": 0}
 
 
 def test_browser_every_diagram_shows_11px_text_on_a_phone(

@@ -113,6 +113,20 @@ def test_each_returns_table_is_one_row(site: tuple[Path, str]) -> None:
     assert {name: rows for name, rows in tables.items() if rows != 1} == {}
 
 
+def test_no_paragraph_holds_a_figure(site: tuple[Path, str]) -> None:
+    # markdown-exec's placeholder paragraph used to wrap a tab's figure (`<p><figure>`),
+    # invalid nesting that browsers repair into an empty paragraph with stray margins;
+    # docs/hooks/figures.py removes it.
+    site_dir, _ = site
+    wrapped = re.compile(r"<p>\s*<(figure|div|svg|table)\b")
+    found = {
+        str(page.relative_to(site_dir)): len(wrapped.findall(page.read_text("utf-8")))
+        for page in _pages(site_dir)
+        if "notebooks" not in page.parts
+    }
+    assert {name: n for name, n in found.items() if n} == {}
+
+
 def test_search_index_holds_no_tex(site: tuple[Path, str]) -> None:
     # Result snippets are shown as text: "\\(\\alpha_{ij}\\)" must read "α_ij".
     site_dir, _ = site
