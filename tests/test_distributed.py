@@ -507,9 +507,3 @@ def test_shard_sequence_records_the_positions_ring_attention_checks(one_rank: No
     half = shard_sequence(torch.randn(1, 12, 4), 2, 0)
     with pytest.raises(ValueError, match=r"key on rank 0 holds positions \[\(0, 6\)\] of 12"):
         ring_attention(x, half, x)
-
-
-def test_layout_is_kept_as_an_alias_of_shard_layout() -> None:
-    from attnlab.distributed import Layout, ShardLayout
-
-    assert Layout is ShardLayout

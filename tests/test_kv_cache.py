@@ -58,9 +58,10 @@ def test_bytes_per_token_separate_value_size() -> None:
         num_layers=3, num_kv_heads=2, head_dim=5, v_head_dim=7, dtype=torch.float16
     )
     assert got == 3 * 2 * (5 + 7) * 2
-    old_name = kv_cache_bytes_per_token(
-        num_layers=3, num_kv_heads=2, head_dim=5, head_dim_v=7, dtype=torch.float16
-    )
+    with pytest.warns(DeprecationWarning, match="use v_head_dim"):
+        old_name = kv_cache_bytes_per_token(
+            num_layers=3, num_kv_heads=2, head_dim=5, head_dim_v=7, dtype=torch.float16
+        )
     assert old_name == got  # head_dim_v: the deprecated spelling
 
 
@@ -184,13 +185,31 @@ def test_layout_is_a_named_tuple_of_what_the_cache_holds(kind: str) -> None:
 
 
 def test_head_dim_v_is_a_deprecated_alias() -> None:
-    old = StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V)
+    with pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"):
+        old = StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V)
     new = StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V)
-    assert old.v_head_dim == old.head_dim_v == HD_V
+    with pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"):
+        assert old.v_head_dim == old.head_dim_v == HD_V
     assert old.layout == new.layout
     assert old.nbytes == new.nbytes
-    with pytest.raises(ValueError, match="pass v_head_dim only"):
+    with (
+        pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"),
+        pytest.raises(ValueError, match="pass v_head_dim only"),
+    ):
         StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V, head_dim_v=HD)
+
+
+def test_old_layout_names_warn_and_still_work() -> None:
+    from attnlab import distributed, rope
+    from attnlab.distributed import ring
+
+    with pytest.warns(DeprecationWarning, match="use attnlab.rope.RopeLayout"):
+        assert rope.Layout is rope.RopeLayout
+    for module in (ring, distributed):
+        with pytest.warns(DeprecationWarning, match="use attnlab.distributed.ShardLayout"):
+            assert module.Layout is distributed.ShardLayout
+    with pytest.raises(AttributeError, match="no attribute 'Layouts'"):
+        _ = rope.Layouts
 
 
 # -- bad input ---------------------------------------------------------------------------
@@ -299,7 +318,6 @@ def test_validation_off_skips_the_checks_but_gives_the_same_values() -> None:
         ({"batch_size": 0}, ValueError, "batch_size must be a positive int, got 0"),
         ({"max_length": 2.5}, TypeError, r"max_length must be a positive int, got 2.5 \(float\)"),
         ({"v_head_dim": -1}, ValueError, "v_head_dim must be a positive int, got -1"),
-        ({"head_dim_v": -1}, ValueError, "head_dim_v must be a positive int, got -1"),
         (
             {"dtype": torch.int32},
             TypeError,
@@ -320,3 +338,11 @@ def test_static_cache_rejects_bad_configuration(
     args.update(kwargs)
     with pytest.raises(error, match=message):
         StaticKVCache(**args)  # type: ignore[arg-type]
+
+
+def test_static_cache_rejects_a_bad_deprecated_value_size() -> None:
+    with (
+        pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"),
+        pytest.raises(ValueError, match="head_dim_v must be a positive int, got -1"),
+    ):
+        StaticKVCache(B, MAX, H_KV, HD, head_dim_v=-1)

@@ -55,7 +55,7 @@ def test_frequencies_are_the_geometric_sequence() -> None:
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_scores_depend_only_on_the_offset(layout: rope.Layout) -> None:
+def test_scores_depend_only_on_the_offset(layout: rope.RopeLayout) -> None:
     q, k = torch.randn(4, 12), torch.randn(4, 12)
 
     def score(m: int, n: int) -> torch.Tensor:
@@ -69,7 +69,7 @@ def test_scores_depend_only_on_the_offset(layout: rope.Layout) -> None:
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_rotation_keeps_norms(layout: rope.Layout) -> None:
+def test_rotation_keeps_norms(layout: rope.RopeLayout) -> None:
     x = torch.randn(2, 9, 10)
     out = apply_rope(x, torch.arange(9) * 17, layout=layout)
     assert_close(out.norm(dim=-1), x.norm(dim=-1))
@@ -138,10 +138,6 @@ def test_rope_cache_rows_feed_a_layer() -> None:
     assert_close(layer(x, position_embeddings=table.cos_sin(positions)), expected, **_EXACT)
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 32\).*from 30 to 34"):
         table.cos_sin(positions + 10)
-
-
-def test_layout_alias_is_rope_layout() -> None:
-    assert rope.Layout is rope.RopeLayout
 
 
 def test_low_precision_is_rotated_in_float32() -> None:

@@ -24,6 +24,7 @@ each key/value head among several query heads.
 from __future__ import annotations
 
 import abc
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -67,9 +68,13 @@ class CacheLayout(NamedTuple):
     device: torch.device
 
 
+_HEAD_DIM_V = "head_dim_v is deprecated: use v_head_dim (the spelling MLA uses too)"
+
+
 def _v_head_dim(head_dim: int, v_head_dim: int | None, head_dim_v: int | None) -> int:
     """The value size from `v_head_dim` or its deprecated spelling `head_dim_v`."""
     if head_dim_v is not None:
+        warnings.warn(_HEAD_DIM_V, DeprecationWarning, stacklevel=3)
         if v_head_dim is not None and v_head_dim != head_dim_v:
             raise ValueError(
                 f"pass v_head_dim only (head_dim_v is its deprecated name), got "
@@ -413,6 +418,7 @@ class StaticKVCache(KVCache):
     @property
     def head_dim_v(self) -> int:
         """Deprecated name of `v_head_dim`."""
+        warnings.warn(_HEAD_DIM_V, DeprecationWarning, stacklevel=2)
         return self.v_head_dim
 
     @property

@@ -34,6 +34,7 @@ forward, as Hugging Face passes `position_embeddings` to every layer.
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import torch
@@ -48,7 +49,6 @@ from attnlab._validation import (
 )
 
 __all__ = [
-    "Layout",
     "RopeCache",
     "RopeLayout",
     "apply_rope",
@@ -67,8 +67,19 @@ __all__ = [
 RopeLayout = Literal["half", "interleaved"]
 """Which features of a head are rotated together: see the module docstring."""
 
-Layout = RopeLayout
-"""Deprecated alias of [`RopeLayout`][attnlab.rope.RopeLayout] (kept for old imports)."""
+
+def __getattr__(name: str) -> object:
+    # `Layout`, the name of `RopeLayout` before the ring's shard layout took a name too:
+    # old imports keep working, with a DeprecationWarning.
+    if name == "Layout":
+        warnings.warn(
+            "attnlab.rope.Layout is deprecated: use attnlab.rope.RopeLayout",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return RopeLayout
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
 

@@ -121,7 +121,7 @@ def _filled_cache(layer: nn.Module, shape: DecodeShape, context: int) -> StaticK
         assert isinstance(layer, GroupedQueryAttention)
         cache = StaticKVCache(b, room, layer.num_kv_heads, layer.head_dim)
     keys = torch.randn(b, cache.num_kv_heads, context, cache.head_dim)
-    values = torch.randn(b, cache.num_kv_heads, context, cache.head_dim_v)
+    values = torch.randn(b, cache.num_kv_heads, context, cache.v_head_dim)
     cache.update(keys, values)
     return cache
 

@@ -5,7 +5,6 @@ See the chapter "Attention across devices".
 
 from attnlab.distributed.launch import free_port, spawn
 from attnlab.distributed.ring import (
-    Layout,
     RingStats,
     ShardLayout,
     merge_partials,
@@ -16,7 +15,6 @@ from attnlab.distributed.ring import (
 )
 
 __all__ = [
-    "Layout",
     "RingStats",
     "ShardLayout",
     "free_port",
@@ -27,3 +25,11 @@ __all__ = [
     "spawn",
     "unshard_sequence",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Layout":  # deprecated: attnlab.distributed.ring warns and returns ShardLayout
+        from attnlab.distributed import ring
+
+        return ring.Layout
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from attnlab._provenance import begin, command_line, provenance
 from attnlab.bench.measure import peak_extra_bytes
 from attnlab.distributed.launch import spawn
-from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_sequence
+from attnlab.distributed.ring import RingStats, ShardLayout, ring_attention, shard_sequence
 
 __all__ = ["bench_rank", "format_results", "main", "run_bench"]
 
@@ -57,7 +57,7 @@ def bench_rank(
     length: int,
     heads: int,
     head_dim: int,
-    layout: Layout,
+    layout: ShardLayout,
     is_causal: bool = True,
 ) -> dict[str, Any]:
     """One rank of the benchmark (the group is initialised); returns its measurements."""
@@ -121,7 +121,7 @@ def run_bench(
     length: int = 8192,
     heads: int = 8,
     head_dim: int = 64,
-    layouts: Sequence[Layout] = ("contiguous", "zigzag"),
+    layouts: Sequence[ShardLayout] = ("contiguous", "zigzag"),
     timeout: float = 600.0,
     command: str = "",
 ) -> dict[str, Any]:

@@ -30,7 +30,13 @@ import torch.distributed as dist
 
 from attnlab._provenance import begin, command_line, provenance
 from attnlab.distributed.launch import spawn
-from attnlab.distributed.ring import Layout, RingStats, ring_attention, shard_ranges, shard_sequence
+from attnlab.distributed.ring import (
+    RingStats,
+    ShardLayout,
+    ring_attention,
+    shard_ranges,
+    shard_sequence,
+)
 
 __all__ = ["demo_rank", "format_rows", "hello", "main", "run_demo", "torch_context_parallel"]
 
@@ -47,7 +53,7 @@ def demo_rank(
     heads: int = 4,
     head_dim: int = 16,
     is_causal: bool = True,
-    layout: Layout = "zigzag",
+    layout: ShardLayout = "zigzag",
     seed: int = 0,
 ) -> dict[str, Any]:
     """One rank of the demo (the process group is already initialised); returns its row."""

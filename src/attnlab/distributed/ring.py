@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -44,7 +45,6 @@ from attnlab._validation import (
 from attnlab.flash import flash_backward, flash_forward
 
 __all__ = [
-    "Layout",
     "RingStats",
     "ShardLayout",
     "merge_partials",
@@ -56,10 +56,22 @@ __all__ = [
 
 ShardLayout = Literal["contiguous", "zigzag"]
 """How a sequence is split over the ranks: `"contiguous"` or `"zigzag"`."""
-Layout = ShardLayout
-"""Deprecated alias of [`ShardLayout`][attnlab.distributed.ShardLayout] (kept for old
-imports; `attnlab.rope.RopeLayout` is the other layout of the package)."""
 _LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
+
+
+def __getattr__(name: str) -> object:
+    # `Layout`, the old name of `ShardLayout` (`attnlab.rope.RopeLayout` is the package's
+    # other layout): old imports keep working, with a DeprecationWarning.
+    if name == "Layout":
+        warnings.warn(
+            f"{__name__}.Layout is deprecated: use attnlab.distributed.ShardLayout",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ShardLayout
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _KV_TAG, _DKV_TAG = 0, 1
 # shard_sequence records on each shard the positions it holds, so that ring_attention
 # can tell a shard cut with one layout from a shard cut with another even when their
