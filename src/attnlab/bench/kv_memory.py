@@ -74,7 +74,7 @@ def _layers(shape: KVShape) -> Iterator[tuple[str, nn.Module, dict[str, Any]]]:
     sizes = {
         "num_kv_heads": 1,
         "head_dim": shape.kv_lora_rank,
-        "head_dim_v": shape.qk_rope_head_dim,
+        "v_head_dim": shape.qk_rope_head_dim,
     }
     yield "MLA", mla, sizes
 
@@ -120,7 +120,7 @@ def measure_kv_memory(shape: KVShape = KV_FULL, *, seed: int = 0) -> dict[str, A
                 "variant": name,
                 "num_kv_heads": sizes["num_kv_heads"],
                 "features_per_token_per_layer": sizes["num_kv_heads"]
-                * (sizes["head_dim"] + sizes.get("head_dim_v", sizes["head_dim"])),
+                * (sizes["head_dim"] + sizes.get("v_head_dim", sizes["head_dim"])),
                 "bytes_per_token_per_layer": per_layer,
                 "bytes_per_token": per_layer * shape.num_layers,
                 "formula_bytes_per_token": formula,
