@@ -82,6 +82,7 @@ from attnlab.bench.report import (
     decode_slopes_markdown,
     goals_markdown,
     kv_memory_markdown,
+    peak_exceeded,
     provenance_markdown,
     results_markdown,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "measure_kv_memory",
     "measure_matmul_peak",
     "naive_attention",
+    "peak_exceeded",
     "peak_extra_bytes",
     "provenance_markdown",
     "read_provenance",
