@@ -527,12 +527,16 @@ def test_mla_decode_step_runs_without_a_mask(absorb: bool, monkeypatch: pytest.M
     seen: list[object] = []
 
     def recording(*args: Any, **kwargs: Any) -> Tensor:
-        seen.append(kwargs.get("attn_mask"))
+        q, k = args[0], args[1]
+        seen.append((kwargs.get("attn_mask"), q.shape[-3:-1], k.shape[-3], kwargs["enable_gqa"]))
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     step = mla(x[:, -1:], cache=cache, is_causal=True, absorb=absorb)
-    assert seen == [None]
+    # Absorbed, the heads are folded into the query length: one "head" of num_heads rows
+    # over the one latent head (enable_gqa would copy that head num_heads times on CPU).
+    heads = (1, mla.num_heads) if absorb else (mla.num_heads, 1)
+    assert seen == [(None, heads, 1 if absorb else mla.num_heads, False)]
     monkeypatch.undo()
     torch.testing.assert_close(step, mla(x, is_causal=True)[:, -1:], atol=ATOL, rtol=0)
 

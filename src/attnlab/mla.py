@@ -501,7 +501,15 @@ class MultiHeadLatentAttention(nn.Module):
         q = torch.cat([q_latent, q_rope], dim=-1)  # (b, h, t, r + d_rope)
         k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, s, r + d_rope): one shared head
         # Multi-query attention whose values are the latents; W_UV comes after the sum.
-        o_latent = self._attend(q, k, c_kv, mask, is_causal, enable_gqa=True)  # (b, h, t, r)
+        b, h, t, _ = q.shape
+        if mask is None and not (is_causal and (t > 1 or self.window is not None)):
+            # Every query sees every key (a decode step, or no mask at all): fold the heads
+            # into the query length, one "head" of h * t rows over the one latent head
+            # (FlashMLA's layout). enable_gqa would copy the shared head h times on CPU.
+            q = q.reshape(b, 1, h * t, q.shape[-1])  # (b, 1, h * t, r + d_rope)
+            o_latent = self._attend(q, k, c_kv, None, False).view(b, h, t, -1)  # (b,h,t,r)
+        else:
+            o_latent = self._attend(q, k, c_kv, mask, is_causal, enable_gqa=True)  # (b,h,t,r)
         return torch.einsum("bhtr,hvr->bhtv", o_latent, w_uv)  # (b, h, t, d_v)
 
     def _attend(
@@ -571,7 +579,10 @@ class MultiHeadLatentAttention(nn.Module):
                 tokens); one new token needs no mask at all. The module's `window` applies
                 with it.
             absorb: Attend over the latents directly (decode form) instead of
-                expanding them into per-head keys and values (training form).
+                expanding them into per-head keys and values (training form). When
+                every query sees every key (one new token, or no mask), the heads are
+                folded into the query length: one attention of `num_heads * t` rows
+                over the single latent head, FlashMLA's layout.
 
         Returns:
             `(b, t, d_model)` or `(t, d_model)`.

@@ -17,9 +17,10 @@ measurement). Rounds are interleaved: each round runs every layer once, in a shu
 order, on a freshly filled cache. Two smaller tables follow: MLA's two forms on a prompt
 (no cache), where the naive form is the cheaper one; and the attention kernel of the
 absorbed decode step alone, `scaled_dot_product_attention` of all query heads against the
-one shared latent head, called as the module calls it (`enable_gqa=True`) and with the
-heads folded into the query length (one query "head" of `num_heads` rows, the layout of
-DeepSeek's FlashMLA), which gives the same numbers.
+one shared latent head, called with `enable_gqa=True` (as the module did until it folded
+its heads) and with the heads folded into the query length (one query "head" of
+`num_heads` rows, the layout of DeepSeek's FlashMLA, and the module's decode step now),
+which gives the same numbers.
 
 Times on a shared CPU vary from run to run; compare the layers by their ratios within
 one run. Ratios are taken between the fastest of the rounds of each layer, the least
