@@ -554,3 +554,17 @@ def test_validation_off_gives_the_same_outputs() -> None:
     with validation(False):
         got = _decode(module, x, [4, 1, 2], StaticKVCache(B, 8, 3, HD))
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["mask", "dropout"])
+def test_flash_refusal_leaves_the_cache_as_it_was(dropout: float) -> None:
+    """A call the flash backend cannot serve is refused before the cache is appended to."""
+    module = _module(backend="flash", dropout=dropout).train(dropout > 0)
+    cache = DynamicKVCache()
+    x = torch.randn(B, T, D_MODEL)
+    module.eval()(x[:, :3], cache=cache)
+    nbytes = cache.nbytes
+    mask = None if dropout else torch.ones(1, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="backend='flash'"):
+        module.train(dropout > 0)(x[:, 3:4], cache=cache, attn_mask=mask)
+    assert (cache.length, cache.nbytes) == (3, nbytes)

@@ -703,3 +703,15 @@ def test_mla_from_hf_rejects_other_modules() -> None:
         "DeepseekV3Attention, but Linear has no config; no hidden_size; ",
     ):
         MultiHeadLatentAttention.from_hf(nn.Linear(2, 3))
+
+
+def test_mla_flash_refusal_leaves_the_cache_as_it_was() -> None:
+    """A mask on the flash backend is refused before the latents are appended."""
+    mla = _mla().eval()
+    mla.backend = "flash"
+    x = torch.randn(B, T, D_MODEL)
+    cache = DynamicKVCache()
+    mla(x[:, :3], cache=cache, is_causal=True)
+    with pytest.raises(ValueError, match="backend='flash'"):
+        mla(x[:, 3:4], cache=cache, attn_mask=torch.ones(1, 4, dtype=torch.bool))
+    assert cache.length == 3

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._backends import Backend, BackendProperty, attend
+from attnlab._backends import Backend, BackendProperty, attend, check_backend_call
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
@@ -271,6 +271,10 @@ class GroupedQueryAttention(nn.Module):
         """
         if is_validation_enabled():
             self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
+        # Before the projections and the cache's append: a call flash cannot serve leaves
+        # the cache as it was.
+        dropout_p = self.dropout if self.training else 0.0
+        check_backend_call(self.backend, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
