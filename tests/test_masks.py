@@ -260,3 +260,26 @@ def test_combine_gives_the_attention_of_each_mask_applied() -> None:
     expected_mixed = TorchSDPA(q, k, v, attn_mask=bias.masked_fill(~(causal & pad), float("-inf")))
     torch.testing.assert_close(TorchSDPA(q, k, v, attn_mask=both_bool), expected_bool)
     torch.testing.assert_close(TorchSDPA(q, k, v, attn_mask=mixed), expected_mixed)
+
+
+def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Modules check once at their boundary, then call the builders' unvalidated `_impl`s."""
+    from attnlab.gqa import GroupedQueryAttention
+    from attnlab.kv_cache import DynamicKVCache
+
+    def checked(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a module called a validating mask builder")
+
+    torch.manual_seed(0)
+    gqa = GroupedQueryAttention(12, 3, 1, window=3).eval()
+    mha = MultiHeadAttention(12, 12, 3, backend="scratch").eval()
+    x, padding = torch.randn(2, 5, 12), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    expected = (gqa(x), mha(x, key_padding_mask=padding, is_causal=True))
+    monkeypatch.setattr(masks, "_check_sizes", checked)
+    monkeypatch.setattr(masks, "is_validation_enabled", checked)
+    cache = DynamicKVCache()
+    steps = torch.cat([gqa(x[:, :3], cache=cache), gqa(x[:, 3:4], cache=cache)], dim=1)
+    steps = torch.cat([steps, gqa(x[:, 4:], cache=cache)], dim=1)
+    torch.testing.assert_close(steps, expected[0])
+    got = mha(x, key_padding_mask=padding, is_causal=True)
+    torch.testing.assert_close(got, expected[1])

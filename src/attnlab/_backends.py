@@ -203,13 +203,12 @@ def _positional_mask(
     if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
         return None, True  # PyTorch's own top-left is_causal: the fused path
     attn_mask = materialize(attn_mask, device)  # combined with another causal rule
+    # The caller checked sizes, window and mask at its boundary: the unvalidated builders.
     if align == "bottom-right":
-        band = masks.decode_mask(t_q, t_k, window=window, device=device)  # None: all visible
-    elif window is None:
-        band = masks.causal(t_q, t_k, device=device)  # (L, S)
+        band = masks.decode_mask_impl(t_q, t_k, window=window, device=device)  # None: all seen
     else:
-        band = masks.sliding_window(t_q, t_k, window=window, device=device)  # (L, S)
-    return masks.combine(band, attn_mask), False
+        band = masks.band_impl(t_q, t_k, "top-left", window, device)  # (L, S)
+    return masks.combine_impl(band, attn_mask), False
 
 
 class _SDPAKernel(Protocol):

@@ -43,7 +43,7 @@ class CausalSelfAttention(SelfAttention):
 
     def _mask(self, x: Tensor) -> Tensor:
         t = x.shape[-2]
-        return masks.causal(t, device=x.device)  # (t, t), broadcasts over the batch
+        return masks.band_impl(t, t, "top-left", None, x.device)  # (t, t), over the batch
 
     def attention_weights(self, x: Tensor) -> Tensor:
         """Causal attention weights of `x`; zero above the diagonal.

@@ -288,7 +288,7 @@ def causal_bias_alignment(bias: CausalBias) -> Alignment:
 def causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
     """The bool mask (True = attend) of PyTorch's `causal_upper_left` / `causal_lower_right`."""
     align = causal_bias_alignment(bias)
-    return masks.causal(bias.seq_len_q, bias.seq_len_kv, align=align, device=device)  # (L, S)
+    return masks.band_impl(bias.seq_len_q, bias.seq_len_kv, align, None, device)  # (L, S)
 
 
 def _check_attention_args(

@@ -40,11 +40,14 @@ __all__ = [
     "additive_to_allowed",
     "allowed_to_additive",
     "allowed_to_blocked",
+    "band_impl",
     "blocked_to_allowed",
     "causal",
     "check_causal_window",
     "combine",
+    "combine_impl",
     "decode_mask",
+    "decode_mask_impl",
     "key_padding",
     "padding",
     "sliding_window",
@@ -56,10 +59,14 @@ Alignment = Literal["top-left", "bottom-right"]
 _ALIGNMENTS: tuple[Alignment, ...] = ("top-left", "bottom-right")
 
 
-def _band(
+def band_impl(
     t_q: int, t_k: int, align: str, window: int | None, device: torch.device | str | None
 ) -> Tensor:
     """Allowed mask `(t_q, t_k)`: query i sees key j if i + offset - window < j <= i + offset.
+
+    The unvalidated builder behind [`causal`][attnlab.masks.causal] and
+    [`sliding_window`][attnlab.masks.sliding_window] (`window=None`: causal only), for
+    callers that checked their arguments at their own boundary.
 
     Query i sits at key position `i + offset`: `offset = 0` when the queries are the first
     `t_q` tokens (top-left), `t_k - t_q` when they are the last ones (bottom-right, as
@@ -125,7 +132,7 @@ def causal(
                 [ True,  True,  True,  True]])
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
-    return _band(t_q, t_k, align, None, device)
+    return band_impl(t_q, t_k, align, None, device)
 
 
 def sliding_window(
@@ -166,7 +173,7 @@ def sliding_window(
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
-    return _band(t_q, t_k, align, window, device)
+    return band_impl(t_q, t_k, align, window, device)
 
 
 def check_causal_window(is_causal: object, window: int | None) -> bool:
@@ -236,9 +243,16 @@ def decode_mask(
         t_q, t_k = _check_sizes(t_q, t_k, "bottom-right", device)
         if window is not None:
             check_positive_int("window", window)
+    return decode_mask_impl(t_q, t_k, window=window, device=device)
+
+
+def decode_mask_impl(
+    t_q: int, t_k: int, *, window: int | None = None, device: torch.device | str | None = None
+) -> Tensor | None:
+    """[`decode_mask`][attnlab.masks.decode_mask] without its checks (callers checked)."""
     if t_q <= 1 and (window is None or window >= t_k):
         return None
-    return _band(t_q, t_k, "bottom-right", window, device)  # (t_q, t_k)
+    return band_impl(t_q, t_k, "bottom-right", window, device)  # (t_q, t_k)
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:
@@ -287,6 +301,12 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         except RuntimeError:
             shapes = ", ".join(str(tuple(m.shape)) for m in given)
             raise ValueError(f"masks must broadcast together, got shapes {shapes}") from None
+    return combine_impl(*given)
+
+
+def combine_impl(*masks: Tensor | None) -> Tensor | None:
+    """[`combine`][attnlab.masks.combine] without its checks (callers checked the masks)."""
+    given = [m for m in masks if m is not None]
     if len(given) <= 1:
         return given[0] if given else None
     floats = [m.dtype for m in given if m.dtype != torch.bool]

@@ -263,9 +263,10 @@ class MultiHeadAttention(nn.Module):
         if unbatched:
             key_padding_mask = key_padding_mask.unsqueeze(0)  # (1, s)
         if key_padding_mask.dtype == torch.bool:  # True = padding, nn.MultiheadAttention's
-            key_padding_mask = masks.blocked_to_allowed(key_padding_mask)
+            key_padding_mask = ~key_padding_mask  # allowed convention (checked in forward)
         padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
-        return masks.combine(materialize(attn_mask, padding.device), padding)  # (b, h|1, t, s)
+        merged = masks.combine_impl(materialize(attn_mask, padding.device), padding)
+        return merged  # (b, h|1, t, s)
 
     def _split(self, linear: nn.Linear, tokens: Tensor) -> Tensor:
         """Project `(b, n, d)` tokens for all heads with one matmul, then split the heads."""
