@@ -484,7 +484,9 @@ def test_float64_gradcheck_with_rope() -> None:
     module = _module(window=WINDOW).double()
     x = torch.randn(1, 5, D_MODEL, dtype=torch.float64, requires_grad=True)
     positions = torch.tensor([0, 1, 2, 40, 41])
-    assert torch.autograd.gradcheck(lambda t: module(t, positions=positions), (x,))
+    # The one gradcheck of a layer without a custom backward: issue 19 found that it
+    # failed while RoPE rotated float64 input in float32.
+    assert torch.autograd.gradcheck(lambda t: module(t, positions=positions), (x,), fast_mode=True)
 
 
 @pytest.mark.parametrize("name", ["gqa", "gqa-window", "mqa-window-interleaved"])

@@ -384,7 +384,7 @@ def test_mla_takes_hf_position_embeddings() -> None:
     torch.testing.assert_close(ours(x, positions=positions, is_causal=True), got)
 
 
-def test_mla_float64_equals_hf_float64_and_gradchecks() -> None:
+def test_mla_float64_equals_hf_float64() -> None:
     """RoPE rotates in float64 for float64 input (it used to round to float32).
 
     HF's RMSNorm and eager softmax compute in float32 whatever the input; the comparison
@@ -408,10 +408,6 @@ def test_mla_float64_equals_hf_float64_and_gradchecks() -> None:
     for absorb in (False, True):
         got = ours(x, positions=positions, is_causal=True, absorb=absorb)
         torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
-    small = x[:1, :3].clone().requires_grad_()
-    assert torch.autograd.gradcheck(
-        lambda t: ours(t, positions=positions[:3], is_causal=True), (small,)
-    )
 
 
 def test_mla_from_hf_accepts_subclasses_and_structural_copies() -> None:

@@ -144,6 +144,11 @@ def test_search_index_holds_no_tex(site: tuple[Path, str]) -> None:
     assert "Matplotlib v" not in text
     assert "image/svg+xml" not in text
     assert "head 0head 1" not in text
+    # Nor the heatmap's words for readers: the no-JavaScript line, the scroll hint and the
+    # read-out's prompt (the API pages' source listings show them as code).
+    pages = " ".join(d["text"] for d in index["docs"] if not d["location"].startswith("ref"))
+    for words in ("need JavaScript to be shown", "scroll sideways", "Point at a cell, tap it"):
+        assert words not in pages, words
 
 
 def test_chapters_rank_above_api_entries(site: tuple[Path, str]) -> None:
@@ -200,7 +205,7 @@ def test_search_ranks_chapters_first(site: tuple[Path, str]) -> None:
         "kv cache": "modern/kv-cache/",
         "flash attention": "beyond/flash-attention/",
         "grouped query": "modern/gqa/",
-        "rope": None,  # a chapter first (modern/mla's RoPE section, for now)
+        "rope": "modern/rope/",  # its title names the abbreviation
     }
     proc = subprocess.run(
         [node, "-e", SEARCH_DRIVER, str(site_dir), *queries],

@@ -540,7 +540,8 @@ def interactive_heatmap(
             )
         out.append("</div>")
         out.append(
-            '<noscript><p class="attn-heatmap-noscript" style="font-size:.8em;margin:0 0 .5em">'
+            '<noscript><p class="attn-heatmap-noscript" data-search-exclude '
+            'style="font-size:.8em;margin:0 0 .5em">'
             f"Showing {escape(names[0])}, the first of {len(names)} panels; the others ("
             + escape(", ".join(names[1:]))
             + ") need JavaScript to be shown.</p></noscript>"
@@ -568,11 +569,12 @@ def interactive_heatmap(
     out.append("</div>")
     # Shown by the script while the drawing is wider than its box (a phone's column).
     out.append(
-        '<p class="attn-heatmap-hint" hidden style="font-size:.75em;margin:.1em 0 0">'
+        '<p class="attn-heatmap-hint" hidden data-search-exclude '
+        'style="font-size:.75em;margin:.1em 0 0">'
         "Wider than the screen: scroll sideways to see every column.</p>"
     )
     out.append(
-        '<output class="attn-heatmap-readout" aria-live="polite" hidden '
+        '<output class="attn-heatmap-readout" aria-live="polite" hidden data-search-exclude '
         'style="min-height:1.6em;font-size:.8em;margin:.2em 0 0">'
         "Point at a cell, tap it, or focus it (Tab, then the arrow keys) to read its "
         "weight.</output>"
