@@ -53,6 +53,7 @@ __all__ = [
     "check_tokens",
     "is_validation_enabled",
     "set_validation",
+    "tracing",
     "validation",
     "value_checks_enabled",
 ]
@@ -116,7 +117,16 @@ def value_checks_enabled() -> bool:
     dynamo=True)`) cannot trace it (`GuardOnDataDependentSymNode`). The checks of shapes,
     dtypes and devices still run while tracing.
     """
-    return _enabled and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    return _enabled and not tracing()
+
+
+def tracing() -> bool:
+    """Whether `torch.compile` or `torch.export` is tracing this call: no value reads then.
+
+    The one test of that, for every check that reads values (and for conversions such as
+    a 0-d tensor scale's `.item()`, which would break the graph).
+    """
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 @contextlib.contextmanager
@@ -271,7 +281,7 @@ def check_scale(name: str, value: object) -> float | None:
                 f"{name} must be a float, a 0-d real tensor or None, got a tensor of dtype "
                 f"{value.dtype} and shape {_shape(value)}"
             )
-        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        if tracing():
             return value  # type: ignore[return-value]
         value = value.item()
     elif isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -33,6 +33,7 @@ from attnlab._validation import (
     check_nonnegative_int,
     check_positive_int,
     is_validation_enabled,
+    tracing,
 )
 
 __all__ = [
@@ -351,7 +352,7 @@ def padding(
     which is [`key_padding`][attnlab.masks.key_padding].
 
     Checking a tensor of lengths reads its values, a host sync on an accelerator; the
-    checks are skipped while compiling or exporting (`torch.compiler.is_compiling()`).
+    checks are skipped while compiling or exporting (`_validation.tracing()`).
     Without `max_len` the longest length must be read to size the mask: pass `max_len`
     where that matters.
 
@@ -373,7 +374,7 @@ def padding(
                 [ True, False, False, False]])
     """
     n = _lengths_tensor(lengths, device)
-    checked = n.numel() > 0 and not torch.compiler.is_compiling()  # the checks read values
+    checked = n.numel() > 0 and not tracing()  # the checks read values
     if checked and int(n.min()) < 0:
         raise ValueError(f"lengths must be non-negative, got {n.tolist()}")
     if max_len is None:
@@ -532,7 +533,7 @@ def additive_to_allowed(mask: Tensor) -> Tensor:
         got = f"a {mask.dtype} tensor" if isinstance(mask, Tensor) else type(mask).__name__
         raise TypeError(f"mask must be a floating-point (additive) tensor, got {got}")
     hidden = mask <= torch.finfo(mask.dtype).min
-    if not torch.compiler.is_compiling() and not bool(((mask == 0) | hidden).all()):
+    if not tracing() and not bool(((mask == 0) | hidden).all()):
         others = sorted(set(mask[(mask != 0) & ~hidden].tolist()))[:5]
         raise ValueError(
             f"mask must hold only 0 and -inf to convert to bool, got other values such as "

@@ -46,6 +46,7 @@ from attnlab._validation import (
     check_positive_int,
     check_tensor,
     is_validation_enabled,
+    tracing,
 )
 
 __all__ = [
@@ -167,7 +168,7 @@ def check_positions(
     `low=0` (a position counts tokens), a `RopeCache` its table's size. Reading values
     is a **host sync** (the device waits for the host to get the minimum and maximum),
     so it is skipped while `torch.compile` traces or `torch.export` exports
-    (`torch.compiler.is_compiling()`), where it would also break the graph.
+    (`_validation.tracing()`: compiling or exporting), where it would also break the graph.
 
     Args:
         positions: The positions to check.
@@ -196,7 +197,7 @@ def check_positions(
             "they must be on the same device"
         )
     bounded = low is not None or high is not None
-    if bounded and positions.numel() and not torch.compiler.is_compiling():
+    if bounded and positions.numel() and not tracing():
         _check_range(positions, low, high)
     return positions
 
@@ -607,7 +608,7 @@ class RopeCache:
         """
         if is_validation_enabled():
             _check_integer_tensor(positions)
-            if positions.numel() and not torch.compiler.is_compiling():
+            if positions.numel() and not tracing():
                 _check_range(positions, 0, self.max_positions)
         return self._rows(positions, positions.device)
 
