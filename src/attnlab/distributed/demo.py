@@ -148,17 +148,17 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
         >>> row = {"rank": 0, "ranges": [(0, 3), (5, 8)], "score_entries": 21,
         ...        "bytes_sent": 4096, "max_error_out": 1e-7, "max_error_grad": 2e-7}
         >>> print(format_rows([row]))
-        rank  positions          work (scores)  sent (KiB)  max |out - sdpa|  max |grad - sdpa|
-           0  0:3 5:8                       21         4.0           1.0e-07            2.0e-07
+        rank  positions          fwd scores  fwd sent KiB  max |out - sdpa|  max |grad - sdpa|
+           0  0:3 5:8                    21           4.0           1.0e-07            2.0e-07
     """
     lines = [
-        "rank  positions          work (scores)  sent (KiB)  max |out - sdpa|  max |grad - sdpa|"
+        "rank  positions          fwd scores  fwd sent KiB  max |out - sdpa|  max |grad - sdpa|"
     ]
     for row in rows:
         where = " ".join(f"{a}:{b}" for a, b in row["ranges"])
         lines.append(
-            f"{row['rank']:>4}  {where:<17} {row['score_entries']:>14,} "
-            f"{row['bytes_sent'] / 1024:>11.1f} {row['max_error_out']:>17.1e} "
+            f"{row['rank']:>4}  {where:<17} {row['score_entries']:>11,} "
+            f"{row['bytes_sent'] / 1024:>13.1f} {row['max_error_out']:>17.1e} "
             f"{row['max_error_grad']:>18.1e}"
         )
     return "\n".join(lines)
