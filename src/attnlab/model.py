@@ -156,7 +156,14 @@ class TinyTransformer(nn.Module):
         return x  # (b, t, d_model)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Next-token logits `(b, t, vocab_size)` for integer `tokens` `(b, t)`."""
+        """Next-token logits `(b, t, vocab_size)` for integer `tokens` `(b, t)`.
+
+        Raises:
+            TypeError: If `tokens` is not a 2-d integer tensor.
+            ValueError: If it has more positions than `max_len`, or an id outside
+                `[0, vocab_size)`. That range check reads the ids, a **host sync**,
+                and is skipped while `torch.compile` traces or `torch.export` exports.
+        """
         x = self._embed(tokens)
         for block in self.blocks:
             x = block(x)
