@@ -93,6 +93,26 @@ def test_future_tokens_do_not_change_earlier_logits() -> None:
     assert not torch.allclose(model(a)[:, 6:], model(b)[:, 6:])
 
 
+def test_forward_validates_once_at_the_models_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model checks its tokens; its MultiHeadAttention layers do not check again."""
+    from attnlab import validation
+    from attnlab.multihead import MultiHeadAttention
+
+    torch.manual_seed(0)
+    model = TinyTransformer(SMALL).eval()
+    tokens = torch.randint(0, 11, (2, 10))
+    with validation(False):
+        expected = model(tokens)
+    calls: list[int] = []
+    monkeypatch.setattr(
+        MultiHeadAttention, "_check_inputs", lambda *a, **k: calls.append(1), raising=True
+    )
+    assert_close(model(tokens), expected, rtol=0, atol=0)
+    assert calls == []
+    with pytest.raises(ValueError, match="tokens must lie in"):
+        model(tokens + 100)
+
+
 def test_untrained_loss_is_chance() -> None:
     torch.manual_seed(0)
     model = TinyTransformer(ModelConfig(vocab_size=64, max_len=48))

@@ -90,7 +90,10 @@ class _Block(nn.Module):
             self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.norm_attn(x), is_causal=True)  # (b, t, d_model)
+        # The model checked its tokens once at its boundary: the layer's unvalidated path.
+        attended = self.attn.forward_impl(self.norm_attn(x), is_causal=True)
+        assert isinstance(attended, Tensor)  # need_weights=False: the output alone
+        x = x + attended  # (b, t, d_model)
         if self.mlp is not None:
             x = x + self.mlp(self.norm_mlp(x))
         return x

@@ -389,6 +389,38 @@ class MultiHeadAttention(nn.Module):
             )
             check_bool("need_weights", need_weights)
             check_bool("average_attn_weights", average_attn_weights)
+        return self.forward_impl(
+            x,
+            context,
+            value,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            window=window,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            average_attn_weights=average_attn_weights,
+        )
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """[`forward`][attnlab.MultiHeadAttention.forward] without its checks.
+
+        For callers that validated at their own boundary, such as a model whose blocks
+        are MultiHeadAttention layers: its forward checks the tokens once, and each layer
+        then runs this instead of checking its input again. A call the backend cannot
+        serve (flash with a mask or dropout) is still refused.
+        """
         dropout_p = self.dropout if self.training else 0.0
         x, context, value, unbatched = self._batched(x, context, value)
         mask = self._mask(attn_mask, key_padding_mask, unbatched)
