@@ -582,3 +582,30 @@ def test_backend_registry_combines_a_mask_with_the_causal_rule() -> None:
         _backends.attend("flash", q, k, v, attn_mask=padding, is_causal=True)
     with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', 'flash'"):
         _backends.check_backend("cuda")
+
+
+@pytest.mark.parametrize(("t_q", "t_k", "window"), [(7, 7, 3), (4, 9, 2), (9, 4, 1)])
+def test_sdpa_window_equals_the_sliding_window_mask_and_flash(
+    t_q: int, t_k: int, window: int
+) -> None:
+    """`window` (implies causal) is the top-left sliding-window mask, as flash takes it."""
+    from attnlab import masks
+    from attnlab.flash import flash_attention
+
+    gen = torch.Generator().manual_seed(11)
+    q, k = torch.randn(2, 3, t_q, 5, generator=gen), torch.randn(2, 3, t_k, 5, generator=gen)
+    v = torch.randn(2, 3, t_k, 6, generator=gen)
+    got = AF.scaled_dot_product_attention(q, k, v, window=window)
+    mask = masks.sliding_window(t_q, t_k, window=window)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, flash_attention(q, k, v, window=window, block_size=2))
+    assert torch.equal(got, AF.scaled_dot_product_attention(q, k, v, is_causal=True, window=window))
+
+
+def test_sdpa_window_is_checked() -> None:
+    q = torch.randn(4, 5)
+    with pytest.raises(ValueError, match="window must be a positive int, got 0"):
+        AF.scaled_dot_product_attention(q, q, q, window=0)
+    with pytest.raises(ValueError, match="pass either attn_mask or window, not both"):
+        AF.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4).bool(), window=2)

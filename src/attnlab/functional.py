@@ -519,6 +519,8 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | Tensor | None = None,
     enable_gqa: bool = False,
+    *,
+    window: int | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention from scratch, with the semantics of PyTorch's.
 
@@ -563,6 +565,11 @@ def scaled_dot_product_attention(
         scale: Factor $s$ applied to the scores, a finite number (Python or NumPy) or a
             0-d tensor; default $1 / \sqrt{E}$.
         enable_gqa: Let `H` key/value heads serve `Hq` query heads (`H` must divide `Hq`).
+        window: Sliding-window attention, attnlab's one addition to PyTorch's arguments:
+            also hide key $j$ from query $i$ when $j \le i - w$, so each query sees its
+            last `window` keys, itself included. A window is causal, so it implies
+            `is_causal` (top-left, as [`flash_attention`][attnlab.flash.flash_attention]
+            and every module take it); not together with `attn_mask`.
 
     Returns:
         The context vectors, shape `(..., L, Ev)`, in the query's dtype (the autocast dtype
@@ -574,7 +581,8 @@ def scaled_dot_product_attention(
         ValueError: If shapes disagree (feature size of query and key, positions of key and
             value, batch or head dimensions), dtypes or devices differ, the mask does not
             broadcast (or a `CausalBias` has other lengths), `dropout_p` is not in [0, 1),
-            `scale` is not finite, or both `attn_mask` and `is_causal` are given.
+            `scale` is not finite, both `attn_mask` and `is_causal` (or `window`) are
+            given, or `window` is not a positive int.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -598,7 +606,15 @@ def scaled_dot_product_attention(
         torch.bfloat16
     """
     args = _check_public(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _attend(*args, dropout_p, is_causal, scale, enable_gqa)
+    if window is None:
+        return _attend(*args, dropout_p, is_causal, scale, enable_gqa)
+    if is_validation_enabled():
+        check_positive_int("window", window)
+        if attn_mask is not None:
+            raise ValueError("pass either attn_mask or window, not both")
+    q, k, v, _ = args
+    band = masks.band_impl(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
+    return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa)
 
 
 def scaled_dot_product_attention_impl(
