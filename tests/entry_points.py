@@ -7,7 +7,12 @@ RoPE, the KV caches), each with the float inputs it takes and how to call it;
 point gets every check by being added here. Tensors on the `meta` device (shapes and
 dtypes without data) stand in for a second device.
 
-Ring attention is not listed: it needs a process group per call (`test_distributed.py`).
+Ring attention is listed with both shard layouts, on a process group of one rank in this
+process (`_process_group.one_rank_group`, made for the call and gone after it: a group of
+one rank sends no message, so the custom backward runs fine later); its runs across
+ranks are in `test_distributed.py`. Where a property cannot apply to an entry, a field
+says so: `query=None` where the queries cannot be empty on their own (ring attention's
+queries, keys and values are one shard of one sequence, of one length).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from _process_group import one_rank_group
 from attnlab import (
     CausalSelfAttention,
     CrossAttention,
@@ -33,6 +39,7 @@ from attnlab import (
     rope,
 )
 from attnlab import functional as AF
+from attnlab.distributed import ShardLayout, ring_attention
 
 # All sizes differ (a swapped pair of axes cannot pass by luck), and they are small: the
 # finite differences of gradcheck cost two forward passes per input element and parameter.
@@ -145,6 +152,17 @@ def _two_updates(cache: Any, inputs: dict[str, Tensor]) -> Tensor:
     return torch.cat([keys, values], dim=-1)  # (b, h, 2t, e + ev)
 
 
+def _ring(
+    layout: ShardLayout, **kwargs: Any
+) -> Callable[[nn.Module | None, dict[str, Tensor]], Tensor]:
+    def call(module: nn.Module | None, inputs: dict[str, Tensor]) -> Tensor:
+        with one_rank_group():
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            return ring_attention(q, k, v, layout=layout, block_size=3, **kwargs)
+
+    return call
+
+
 X = {"x": (B, T, D_IN)}
 X_GQA = {"x": (B, T, D_MODEL)}
 KV = {"k": (B, KV_HEADS, T, D_KQ), "v": (B, KV_HEADS, T, D_V)}
@@ -152,6 +170,15 @@ XC = {"x": (B, T, D_IN), "context": (B, S, D_IN)}
 XC_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX)}
 XCV_MHA = {"x": (B, T, D_IN), "context": (B, S, D_CTX), "value": (B, S, D_V)}
 QKV = {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ), "v": (B, HEADS, S, D_V)}
+# Ring attention: one sequence, so queries and keys have one length; 10 positions make
+# zigzag's two chunks on one rank (0:5 and 5:10) each span two tiles of 3.
+T_RING = 10
+RING_QKV = {
+    "q": (B, HEADS, T_RING, D_KQ),
+    "k": (B, HEADS, T_RING, D_KQ),
+    "v": (B, HEADS, T_RING, D_V),
+}
+RING: dict[str, Any] = {"custom_backward": True, "names": QKV_NAMES["names"], "query": None}
 
 ENTRIES: dict[str, Entry] = {
     "SelfAttention": Entry(X, lambda m, i: _m(m)(i["x"]), lambda: SelfAttention(D_IN, D_KQ, D_V)),
@@ -319,6 +346,11 @@ ENTRIES: dict[str, Entry] = {
     "rope.apply_rope": Entry(
         {"x": (B, HEADS, T, D_KQ)}, lambda m, i: rope.apply_rope(i["x"]), query=None
     ),
+    "ring_attention[contiguous]": Entry(RING_QKV, _ring("contiguous"), **RING),
+    "ring_attention[zigzag] causal": Entry(RING_QKV, _ring("zigzag", is_causal=True), **RING),
+    "ring_attention[contiguous] window": Entry(RING_QKV, _ring("contiguous", window=4), **RING),
+    # the window's edge crosses the pair (queries 5:10, keys 0:5): a masked block
+    "ring_attention[zigzag] window": Entry(RING_QKV, _ring("zigzag", window=4), **RING),
     "DynamicKVCache.update": Entry(KV, lambda m, i: _two_updates(DynamicKVCache(), i), **KV_NAMES),
     "StaticKVCache.update": Entry(KV, lambda m, i: _two_updates(_static(i), i), **KV_NAMES),
 }

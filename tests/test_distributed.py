@@ -7,8 +7,11 @@ real processes (gloo over TCP on 127.0.0.1). Starting a process costs seconds (i
 imports torch), so one spawn of 4 ranks runs every case, each on a subgroup of 1, 2, 3
 or 4 ranks, and then lists the sockets the world listens on; the lengths (13 and 11)
 are divisible neither by the group sizes nor by the zigzag's 2P chunks, and batch 2,
-heads 3, E 8, Ev 5 all differ. What one process can check (a group of one rank, made
-in this process) is checked without spawning.
+heads 3, E 8, Ev 5 all differ. Sliding windows run in the same world, with windows
+narrower than a shard (so that the ring stops early and the gradients take the shortcut
+home) and wider than one (a window edge inside a zigzag pair of chunks). What one process
+can check (a group of one rank, made in this process by `_process_group.one_rank_group`,
+the helper the shared registry of entry points uses too) is checked without spawning.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +39,10 @@ from attnlab.distributed import (
     spawn,
     unshard_sequence,
 )
+from attnlab.masks import sliding_window
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared helper, tests/_process_group.py
+from _process_group import one_rank_group
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -65,6 +73,16 @@ def _ring_cases() -> list[dict[str, Any]]:
     return cases
 
 
+# Sliding windows: (ranks, layout, window, T). 13 positions over 4 contiguous ranks are
+# shards of 4, 3, 3, 3: a window of 3 needs only the previous rank's block (2 of 4 steps),
+# a window of 5 over 3 ranks (5, 4, 4) too; zigzag's second chunk always needs the next
+# rank's block, the last of the ring, so zigzag keeps every step.
+WINDOWS = [
+    ([0, 1, 2, 3], "contiguous", 3, 13),
+    ([0, 1, 2], "contiguous", 5, 13),
+    ([0, 1, 2, 3], "zigzag", 3, 11),
+    ([1, 3], "zigzag", 6, 13),
+]
 RING = [
     *_ring_cases(),
     # the default group (group=None) of all 4 ranks
@@ -74,6 +92,15 @@ RING = [
         "inputs": _inputs(13, 50),
         "kwargs": {"is_causal": True, "layout": "zigzag", "block_size": 4},
     },
+    *(
+        {
+            "ranks": ranks,
+            "inputs": _inputs(t, 60 + i),
+            # a window implies is_causal: the first case leaves it at its default, False
+            "kwargs": {"is_causal": i > 0, "window": w, "layout": layout, "block_size": 2},
+        }
+        for i, (ranks, layout, w, t) in enumerate(WINDOWS)
+    ),
 ]
 # Work per rank: causal, T = 32 over 4 ranks, so that every zigzag chunk has 4 positions.
 BALANCE = [
@@ -195,13 +222,19 @@ def _unshard(case: dict[str, Any], got: list[Any], index: int) -> torch.Tensor:
 def _reference(case: dict[str, Any]) -> list[torch.Tensor]:
     q, k, v, grad_out = (x.float() for x in case["inputs"])
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
-    out = TorchSDPA(q, k, v, is_causal=case["kwargs"].get("is_causal", False))
+    window = case["kwargs"].get("window")
+    if window is None:
+        out = TorchSDPA(q, k, v, is_causal=case["kwargs"].get("is_causal", False))
+    else:
+        out = TorchSDPA(q, k, v, attn_mask=sliding_window(q.shape[-2], window=window))
     return [out.detach(), *torch.autograd.grad(out, (q, k, v), grad_out)]
 
 
 def _name(case: dict[str, Any]) -> str:
     kw = case["kwargs"]
     causal = "causal" if kw["is_causal"] else "full"
+    if kw.get("window") is not None:
+        causal = f"window{kw['window']}"
     world = "-world" if case.get("default_group") else ""
     return f"ranks{''.join(map(str, case['ranks']))}{world}-{causal}-{kw['layout']}"
 
@@ -232,6 +265,30 @@ def _kv_bytes_sent(case: dict[str, Any], element_size: int) -> list[int]:
         sum(n * length[(rank - step) % size] * (e + e_v) * element_size for step in range(size - 1))
         for rank in range(size)
     ]
+
+
+def test_a_narrow_window_stops_the_ring_early(results: list[list[Any]]) -> None:
+    # The two contiguous window cases need 2 steps of the ring: every rank sends its own
+    # block once and receives its neighbour's, instead of P - 1 blocks.
+    start = len(RING) - len(WINDOWS)
+    for i, (ranks, _, _, _) in enumerate(WINDOWS[:2]):
+        case, got = RING[start + i], results[start + i]
+        q, _, v, _ = case["inputs"]
+        n, e, e_v = q.shape[0] * q.shape[1], q.shape[-1], v.shape[-1]
+        lengths = [b - a for [(a, b)] in shard_ranges(q.shape[-2], len(ranks))]
+        assert [r[5]["bytes_sent"] for r in got] == [n * t * (e + e_v) * 4 for t in lengths]
+    # zigzag goes all the way round: P - 1 blocks, as without a window
+    zigzag = RING[start + 2]
+    assert [r[5]["bytes_sent"] for r in results[start + 2]] == _kv_bytes_sent(zigzag, 4)
+
+
+def test_ring_attention_window_counts_the_pairs_it_shows(results: list[list[Any]]) -> None:
+    # Forward score entries per batch and head entry, summed over the ranks: exactly the
+    # (query, key) pairs the sliding-window mask allows.
+    start = len(RING) - len(WINDOWS)
+    for i, (_, _, w, t) in enumerate(WINDOWS):
+        work = sum(r[5]["score_entries"] for r in results[start + i])
+        assert work == int(sliding_window(t, window=w).sum()), WINDOWS[i]
 
 
 def test_ring_attention_bfloat16_matches_float32_reference(results: list[list[Any]]) -> None:
@@ -290,7 +347,7 @@ def _errors(results: list[list[Any]], i: int) -> list[tuple[str, str]]:
     [
         (0, "ValueError", "query.shape is (2, 3, 5, 6) on rank 1 but (2, 3, 5, 8) on rank 0"),
         (1, "ValueError", "the group has 4 ranks but the sequence only 3 positions"),
-        (2, "TypeError", "on rank 0: key must have a floating-point dtype"),
+        (2, "TypeError", "key must have a floating-point dtype"),
         (3, "ValueError", "the shards have lengths [8, 5] but layout 'contiguous'"),
         (4, "ValueError", "query on rank 0 holds positions [(0, 8)] of 16 (as shard_sequence"),
         (5, "ValueError", "the inputs of ranks [0] need gradients but those of ranks [1] do not"),
@@ -304,6 +361,8 @@ def test_ring_attention_bad_input_raises_on_every_rank(
     for got_kind, got_message in errors:
         assert got_kind == kind
         assert message in got_message
+    if i == 2:  # a local check of one rank: its message, then which rank it was
+        assert all(m.endswith("(on rank 0 of ring_attention's group)") for _, m in errors)
 
 
 def test_ring_attention_missing_rank_fails_instead_of_hanging(results: list[list[Any]]) -> None:
@@ -442,26 +501,86 @@ def test_bench_table_reports_memory_ratio_and_balance() -> None:
 @pytest.fixture
 def one_rank() -> Iterator[None]:
     """A process group of one rank in this process (gloo, an in-memory store)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
+    with one_rank_group():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_ring_attention_gradcheck(one_rank: None, layout: str) -> None:
+def test_ring_attention_gradcheck(one_rank: None, layout: str, window: int | None) -> None:
     # The custom backward, in float64; zigzag's two chunks on one rank meet as a
-    # diagonal pair and a full one, block_size 2 cuts them into several tiles.
+    # diagonal pair and a full one (with the window, one whose edge crosses it),
+    # block_size 2 cuts them into several tiles.
     g = torch.Generator().manual_seed(7)
     q, k = (torch.randn(1, 2, 7, 3, dtype=torch.float64, generator=g) for _ in range(2))
     v = torch.randn(1, 2, 7, 2, dtype=torch.float64, generator=g)
     inputs = tuple(x.requires_grad_() for x in (q, k, v))
 
     def ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return ring_attention(q, k, v, is_causal=True, layout=layout, block_size=2)  # type: ignore[arg-type]
+        return ring_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            window=window,
+            layout=layout,
+            block_size=2,  # type: ignore[arg-type]
+        )
 
     assert torch.autograd.gradcheck(ring, inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_attention_window_on_one_rank_matches_torch(one_rank: None, layout: str) -> None:
+    q, k, v, grad_out = _inputs(13, 500)
+    for window in (1, 4, 13, 20):  # one key each; an edge inside the chunks; all keys
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        expected = TorchSDPA(*leaves, attn_mask=sliding_window(13, window=window))
+        expected_grads = torch.autograd.grad(expected, leaves, grad_out)
+        for is_causal in (True, False):  # a window implies is_causal, as in functional
+            ours = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = ring_attention(
+                *ours,
+                is_causal=is_causal,
+                window=window,
+                layout=layout,
+                block_size=3,  # type: ignore[arg-type]
+            )
+            torch.testing.assert_close(out, expected, **TOL)
+            grads = torch.autograd.grad(out, ours, grad_out)
+            for got, want in zip(grads, expected_grads, strict=True):
+                torch.testing.assert_close(got, want, **TOL)
+
+
+def test_ring_attention_rejects_a_bad_window(one_rank: None) -> None:
+    q = torch.randn(2, 5, 4)
+    for window, kind in ((0, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(kind, match=r"^window must be a positive int.*on rank 0 of"):
+            ring_attention(q, q, q, window=window)  # type: ignore[arg-type]
+
+
+def test_one_rank_backward_needs_no_live_group() -> None:
+    # The registry of entry points relies on this: a group of one rank sends nothing,
+    # so the custom backward runs after the group made for the call is gone.
+    q, k, v, grad_out = _inputs(9, 600)
+    ours = [x.clone().requires_grad_() for x in (q, k, v)]
+    with one_rank_group():
+        out = ring_attention(*ours, window=4, layout="zigzag", block_size=2)
+    assert not dist.is_initialized()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    expected = TorchSDPA(*leaves, attn_mask=sliding_window(9, window=4))
+    for got, want in zip(
+        torch.autograd.grad(out, ours, grad_out),
+        torch.autograd.grad(expected, leaves, grad_out),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_one_rank_group_uses_a_group_that_is_there(one_rank: None) -> None:
+    with one_rank_group():  # nested: neither initialises twice nor destroys the outer
+        ring_attention(torch.randn(1, 3, 2), torch.randn(1, 3, 2), torch.randn(1, 3, 2))
+    assert dist.is_initialized()
 
 
 def test_ring_attention_refuses_create_graph_clearly(one_rank: None) -> None:

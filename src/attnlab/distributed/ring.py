@@ -12,10 +12,12 @@ the whole sequence, is ever held by one rank.
 The attention of one query block to one key block is `attnlab.flash`'s tiled kernel,
 reused as is: its forward returns the output and the log-sum-exp of each row, which is
 all the merge needs, and its backward accumulates the gradients of a block given the
-final output and log-sum-exp, which is all the ring backward needs. Precision follows
-the package's one rule (`attnlab._precision`): blocks are attended in at least float32,
-and autocast casts the inputs as it casts those of PyTorch's attention. The chapter
-"Attention across devices" explains the schedule, the merge and the causal load balancing.
+final output and log-sum-exp, which is all the ring backward needs; its causal and
+sliding-window rules, placed at a block's global positions, mask the blocks that need a
+mask. Precision follows the package's one rule (`attnlab._precision`): blocks are
+attended in at least float32, and autocast casts the inputs as it casts those of
+PyTorch's attention. The chapter "Attention across devices" explains the schedule, the
+merge, the causal load balancing and the sliding window.
 """
 
 from __future__ import annotations
@@ -299,7 +301,9 @@ class _Ring:
     n: int
     e: int
     e_v: int
-    is_causal: bool
+    is_causal: bool  # True with a window too: a window is causal
+    window: int | None
+    steps: int  # ring steps that some rank needs; P unless a window hides the rest
     scale: float
     block_q: int
     block_k: int
@@ -323,15 +327,15 @@ class _Ring:
         """A block in the dtype attention is computed in (a no-op if it is already)."""
         return x.to(compute_dtype(x.dtype))
 
-    def exchange(self, send: Tensor, recv: Tensor, tag: int) -> list[Any]:
-        """Start sending `send` to the next rank and receiving `recv` from the previous."""
+    def exchange(self, send: Tensor, recv: Tensor, tag: int, hops: int = 1) -> list[Any]:
+        """Start sending `send` `hops` ranks on and receiving `recv` from `hops` ranks back.
+
+        One hop is the ring's step to the next rank; more is a shortcut home.
+        """
+        to, source = (self.rank + hops) % self.size, (self.rank - hops) % self.size
         ops = [
-            dist.P2POp(
-                dist.isend, send, group=self.group, group_peer=(self.rank + 1) % self.size, tag=tag
-            ),
-            dist.P2POp(
-                dist.irecv, recv, group=self.group, group_peer=(self.rank - 1) % self.size, tag=tag
-            ),
+            dist.P2POp(dist.isend, send, group=self.group, group_peer=to, tag=tag),
+            dist.P2POp(dist.irecv, recv, group=self.group, group_peer=source, tag=tag),
         ]
         self.stats.bytes_sent += send.numel() * send.element_size()
         self.stats.bytes_received += recv.numel() * recv.element_size()
@@ -344,22 +348,61 @@ class _Ring:
         self.stats.wait_seconds += time.perf_counter() - start
 
 
-def _pair(q_range: tuple[int, int, int], k_range: tuple[int, int, int], is_causal: bool) -> str:
-    """How a block of queries sees a block of keys: "full", "diagonal" or "none".
+def _pair(
+    q_range: tuple[int, int, int],
+    k_range: tuple[int, int, int],
+    is_causal: bool,
+    window: int | None,
+) -> str:
+    """How a block of queries sees a block of keys: "full", "masked" or "none".
 
     Both blocks are whole chunks of the same split, so under a causal mask a key chunk
     lies entirely before the query chunk, is the same chunk, or lies entirely after it.
+    A window also hides key chunks that lie entirely `window` or more positions behind
+    every query, and masks (rather than shows in full) an earlier chunk that its edge
+    crosses. "masked" blocks run FlashAttention's causal and window rules with the query
+    chunk placed `q0 - k0` positions after the key chunk.
     """
     (q0, q1, _), (k0, k1, _) = q_range, k_range
     if q1 == q0 or k1 == k0:
         return "none"
-    if not is_causal or k1 <= q0:
+    if not is_causal:
         return "full"
-    return "diagonal" if k0 == q0 else "none"
+    if k0 > q0 or (window is not None and k1 - 1 <= q0 - window):  # future, or too old
+        return "none"
+    if k0 == q0 or (window is not None and k0 <= q1 - 1 - window):  # diagonal, or edge
+        return "masked"
+    return "full"
 
 
-def _work(kind: str, rows: int, cols: int) -> int:
-    return rows * cols if kind == "full" else rows * (rows + 1) // 2 if kind == "diagonal" else 0
+def _work(kind: str, rows: int, cols: int, offset: int, window: int | None) -> int:
+    """(query, key) pairs a block shows: all, none, or those of the causal/window band."""
+    if kind != "masked":
+        return rows * cols if kind == "full" else 0
+    seen = 0
+    for i in range(offset, offset + rows):  # the queries' positions among the keys
+        lo = 0 if window is None else max(0, i - window + 1)
+        seen += max(0, min(cols, i + 1) - lo)
+    return seen
+
+
+def _steps(ranges: list[list[tuple[int, int]]], is_causal: bool, window: int | None) -> int:
+    """How many ring steps some rank needs: 1 + the last step it attends to a block at.
+
+    After that step no rank sees a key of the block it would receive, so the ring stops.
+    Every rank computes this from the same ranges and flags, and so agrees on it.
+    """
+    size, last = len(ranges), 0
+    for rank in range(size):
+        for step in range(size):
+            source = (rank - step) % size
+            if any(
+                _pair((q0, q1, 0), (k0, k1, 0), is_causal, window) != "none"
+                for q0, q1 in ranges[rank]
+                for k0, k1 in ranges[source]
+            ):
+                last = max(last, step)
+    return last + 1
 
 
 def _pack(k: Tensor, v: Tensor) -> Tensor:
@@ -382,10 +425,10 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
     partial: list[tuple[Tensor, Tensor] | None] = [None] * len(mine)
     q = ring.wide(q)
     buf = _pack(k, v)  # the block in hand: ours at step 0, then our ring neighbours'
-    for step in range(ring.size):
+    for step in range(ring.steps):
         source = (ring.rank - step) % ring.size  # whose keys and values `buf` holds
         requests: list[Any] = []
-        if step < ring.size - 1:
+        if step < ring.steps - 1:
             # Pass the block on while we compute with it: the next one arrives meanwhile.
             incoming = buf.new_empty(ring.kv_numel((source - 1) % ring.size))
             requests = ring.exchange(buf, incoming, _KV_TAG)
@@ -393,23 +436,29 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
         k_src, v_src = _unpack(ring.wide(buf), ring.n, ring.length(source), ring.e, ring.e_v)
         for i, (q0, q1, qo) in enumerate(mine):
             for k0, k1, ko in ring.pieces(source):
-                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal)
+                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal, ring.window)
                 if kind == "none":
                     continue
                 out = q.new_empty(ring.n, q1 - q0, ring.e_v)
                 lse = q.new_empty(ring.n, q1 - q0)
+                masked = kind == "masked"
                 flash_forward(
                     q[:, qo : qo + q1 - q0],
                     k_src[:, ko : ko + k1 - k0],
                     v_src[:, ko : ko + k1 - k0],
                     out,
                     lse,
-                    kind == "diagonal",
+                    masked,
                     ring.scale,
                     ring.block_q,
                     ring.block_k,
+                    window=ring.window if masked else None,
+                    offset=q0 - k0 if masked else 0,
                 )
-                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0)
+                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0, q0 - k0, ring.window)
+                # A row of a masked block may see none of its keys (lse -inf). Step 0
+                # holds every query's own chunk, so such a row meets a finite partial
+                # result first or later, never only other empty ones: no NaN.
                 before = partial[i]
                 partial[i] = (out, lse) if before is None else merge_partials(*before, out, lse)
         ring.stats.compute_seconds += time.perf_counter() - start
@@ -443,10 +492,10 @@ def _ring_backward(
     dq = torch.zeros_like(q)
     buf = _pack(k, v)
     sending: tuple[Tensor, Tensor, list[Any]] | None = None  # dKV out, dKV in, requests
-    for step in range(ring.size):
+    for step in range(ring.steps):
         source = (ring.rank - step) % ring.size
         kv_requests: list[Any] = []
-        if step < ring.size - 1:
+        if step < ring.steps - 1:
             incoming = buf.new_empty(ring.kv_numel((source - 1) % ring.size))
             kv_requests = ring.exchange(buf, incoming, _KV_TAG)
         start = time.perf_counter()
@@ -458,9 +507,10 @@ def _ring_backward(
         for q0, q1, qo in mine:
             rows = slice(qo, qo + q1 - q0)
             for k0, k1, ko in ring.pieces(source):
-                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal)
+                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal, ring.window)
                 if kind == "none":
                     continue
+                masked = kind == "masked"
                 cols = slice(ko, ko + k1 - k0)
                 flash_backward(
                     q[:, rows],
@@ -472,12 +522,14 @@ def _ring_backward(
                     dq[:, rows],
                     dk_src[:, cols],
                     dv_src[:, cols],
-                    kind == "diagonal",
+                    masked,
                     ring.scale,
                     ring.block_q,
                     ring.block_k,
+                    window=ring.window if masked else None,
+                    offset=q0 - k0 if masked else 0,
                 )
-                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0)
+                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0, q0 - k0, ring.window)
         ring.stats.compute_seconds += time.perf_counter() - start
         if sending is not None:
             # The ranks before us on the ring have added their shares to this block's
@@ -485,9 +537,15 @@ def _ring_backward(
             _, received, requests = sending
             ring.wait(requests)
             dkv.add_(received)
-        if ring.size > 1:
+        if step < ring.steps - 1:
             received = q.new_empty(ring.kv_numel((source - 1) % ring.size))
             sending = (dkv, received, ring.exchange(dkv, received, _DKV_TAG))
+        elif ring.steps > 1:
+            # The last hop goes straight home: the block's owner is `step` ranks back
+            # (the next rank when the ring went all the way round), and our own block's
+            # gradient comes from the rank `step` ranks on.
+            received = q.new_empty(ring.kv_numel(ring.rank))
+            sending = (dkv, received, ring.exchange(dkv, received, _DKV_TAG, -step))
         ring.wait(kv_requests)
         if kv_requests:
             buf = incoming
@@ -534,6 +592,7 @@ def ring_attention(
     *,
     group: dist.ProcessGroup | None = None,
     is_causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     layout: ShardLayout = "contiguous",
     block_size: int = 256,
@@ -546,7 +605,9 @@ def ring_attention(
     [`shard_sequence`][attnlab.distributed.shard_sequence]) and gets the attention outputs
     of its own queries: those of
     `torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=is_causal,
-    scale=scale)` on the whole sequence, restricted to its positions. Keys and values go
+    scale=scale)` on the whole sequence (with `window`, that of the
+    [`sliding_window`][attnlab.masks.sliding_window] mask), restricted to its positions.
+    Keys and values go
     around the ring with `torch.distributed` point-to-point messages, each transfer
     overlapping the computation on the block before it; partial results are merged with
     [`merge_partials`][attnlab.distributed.merge_partials]. The backward pass sends the
@@ -564,6 +625,24 @@ def ring_attention(
     an error (on every rank that asks for it, before any message): the backward pass is
     written in place and is not itself differentiable.
 
+    With `window=w` (sliding-window attention), query $i$ sees only keys
+    $i - w < j \le i$, in global positions. The rule is that of
+    [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention] and
+    [`flash_attention`][attnlab.flash.flash_attention]: a window is causal, so it implies
+    `is_causal=True`, and queries and keys are one sequence (so top-left and bottom-right
+    alignment agree). What the window hides is skipped at three levels, in the forward
+    and the backward pass: a pair of a query chunk and a key chunk that it hides
+    entirely is not computed (as a chunk in the queries' future is not); in a pair that
+    its edge crosses, FlashAttention skips the tiles outside the band; and the ring stops
+    after the last step at which some rank still sees a key of the block it holds, so the
+    blocks that no query would see are never sent, and the last hop of each block's
+    gradient goes straight back to its owner. With the contiguous layout and a window no
+    wider than a shard that is 2 steps instead of $P$, and the work is about even across
+    ranks without the zigzag; the zigzag layout keeps all $P$ steps (each rank's late
+    chunk needs the block of the next rank, which arrives last).
+
+    A group of one rank sends no message in either pass.
+
     Shapes, dtypes, flags, the layout, the positions each shard holds and whether it
     needs gradients are exchanged first (one `all_gather_object`), so a mistake on any
     rank raises the same error on every rank instead of leaving the others waiting. If a
@@ -576,6 +655,8 @@ def ring_attention(
         group: The process group of the ring; default the default group. Ranks are
             ordered by their rank in it.
         is_causal: Hide key $j$ from query $i$ when $j > i$ (global positions).
+        window: If given, also hide key $j$ from query $i$ when $j \le i - w$, so each
+            query sees its last `window` keys, itself included; implies `is_causal`.
         scale: Factor applied to the scores; default $1 / \sqrt{E}$.
         layout: How the sequence is split: `"contiguous"`, or `"zigzag"` to balance the
             work under a causal mask. Every rank must use the same.
@@ -592,7 +673,8 @@ def ring_attention(
             gradients (`create_graph=True`).
         TypeError: If an input is not a floating-point tensor, or a flag has the wrong
             type (on every rank, naming the rank).
-        ValueError: If shapes, dtypes or flags differ across ranks, the shards do not
+        ValueError: If `window` is not a positive int, shapes, dtypes or flags differ
+            across ranks, the shards do not
             follow `layout` (their lengths, or the positions that
             [`shard_sequence`][attnlab.distributed.shard_sequence] recorded on them),
             some ranks' inputs need gradients and others' do not, or the group has more
@@ -608,6 +690,12 @@ def ring_attention(
         >>> q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 5)
         >>> out = ring_attention(q, k, v, is_causal=True)
         >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, reference, atol=1e-6)
+        True
+        >>> from attnlab.masks import sliding_window
+        >>> out = ring_attention(q, k, v, window=3, layout="zigzag")
+        >>> reference = torch.nn.functional.scaled_dot_product_attention(
+        ...     q, k, v, attn_mask=sliding_window(10, window=3))
         >>> torch.allclose(out, reference, atol=1e-6)
         True
         >>> dist.destroy_process_group()
@@ -626,7 +714,7 @@ def ring_attention(
     problem = None
     try:
         if is_validation_enabled():
-            _check_local(query, key, value, is_causal, scale, layout, block_size)
+            _check_local(query, key, value, is_causal, window, scale, layout, block_size)
     except (TypeError, ValueError) as error:
         problem = (type(error).__name__, str(error))
     tensors = [x for x in (query, key, value) if isinstance(x, Tensor)]
@@ -634,7 +722,7 @@ def ring_attention(
         "problem": problem,
         "shapes": [tuple(getattr(x, "shape", ())) for x in (query, key, value)],
         "dtype": str(getattr(query, "dtype", None)),
-        "flags": (is_causal, scale, layout),
+        "flags": (is_causal, scale, layout, window),
         "positions": positions,
         # autograd records the call (and every rank must then run the backward) iff:
         "grad": torch.is_grad_enabled() and any(x.requires_grad for x in tensors),
@@ -648,6 +736,7 @@ def ring_attention(
     ranges = shard_ranges(sum(lengths), size, layout)
     *batch, _, _ = query.shape
     n = math.prod(batch)
+    causal = is_causal or window is not None  # a window is causal, as in flash_attention
     ring = _Ring(
         group=group,
         rank=rank,
@@ -656,7 +745,9 @@ def ring_attention(
         n=n,
         e=e,
         e_v=e_v,
-        is_causal=is_causal,
+        is_causal=causal,
+        window=window,
+        steps=_steps(ranges, causal, window),
         scale=1.0 / math.sqrt(max(e, 1)) if scale is None else float(scale),
         block_q=block_size,
         block_k=block_size,
@@ -677,6 +768,7 @@ def _check_local(
     key: object,
     value: object,
     is_causal: object,
+    window: object,
     scale: object,
     layout: object,
     block_size: object,
@@ -696,6 +788,8 @@ def _check_local(
             f"value.shape={tuple(v.shape)}"
         )
     check_bool("is_causal", is_causal)
+    if window is not None:
+        check_positive_int("window", window)
     check_scale("scale", scale)
     check_choice("layout", layout, _LAYOUTS)
     check_positive_int("block_size", block_size)
@@ -718,7 +812,8 @@ def _check_across_ranks(every: list[dict[str, Any]]) -> None:
         if info["problem"] is not None:
             kind, message = info["problem"]
             error = TypeError if kind == "TypeError" else ValueError
-            raise error(f"ring_attention on rank {rank}: {message}")
+            # The message first, as every check of the package words it, then the rank.
+            raise error(f"{message} (on rank {rank} of ring_attention's group)")
     first = every[0]
     names = ("query", "key", "value")
     for rank, info in enumerate(every[1:], start=1):
@@ -731,7 +826,7 @@ def _check_across_ranks(every: list[dict[str, Any]]) -> None:
                 )
         for what, got, want in (
             ("dtype", info["dtype"], first["dtype"]),
-            ("is_causal, scale, layout", info["flags"], first["flags"]),
+            ("is_causal, scale, layout, window", info["flags"], first["flags"]),
         ):
             if got != want:
                 raise ValueError(
