@@ -22,12 +22,18 @@ outputs, gradients and cached decoding agree.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor, nn
 
-from attnlab._backends import Backend, BackendProperty, attend, check_backend_call
+from attnlab._backends import (
+    Backend,
+    BackendProperty,
+    attend,
+    attention_weights,
+    check_backend_call,
+)
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
@@ -271,6 +277,64 @@ class GroupedQueryAttention(nn.Module):
         """
         if is_validation_enabled():
             self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
+        return self.forward_impl(
+            x,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+        )
+
+    @overload
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: Literal[False] = False,
+    ) -> Tensor: ...
+
+    @overload
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: Literal[True],
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """[`forward`][attnlab.gqa.GroupedQueryAttention.forward] without its checks.
+
+        For a model that validated its input at its own boundary
+        ([`attnlab.llm.Decoder`][attnlab.llm.Decoder]): each layer runs this instead of
+        checking the same tokens again. A call the backend cannot serve (flash with a
+        mask or dropout) is still refused, and the cache still checks its append.
+
+        With `need_weights`, returns `(out, weights)`, the attention weights
+        `(b, num_heads, t, t_k)` (without dropout: call it in eval mode) computed from
+        scratch from the same queries and keys, whatever the backend; `t_k` is the
+        number of keys attended to (a window drops older cached keys).
+        """
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0
@@ -306,21 +370,34 @@ class GroupedQueryAttention(nn.Module):
             k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
             if attn_mask is not None and attn_mask.shape[-1] != 1:
                 attn_mask = attn_mask[..., drop:]
+        # The new queries are the last t of the t_k keys: the causal mask is bottom-right.
         heads = attend(
             self.backend,
             q,
             k,
             v,
             attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=dropout_p,
             is_causal=is_causal,
             window=window,
             enable_gqa=True,
-            align="bottom-right",  # the new queries are the last t of the t_k keys
+            align="bottom-right",
         )  # (b, h, t, head_dim)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
         out: Tensor = self.o_proj(concat)  # (b, t, d_model)
-        return out[0] if unbatched else out
+        out = out[0] if unbatched else out
+        if not need_weights:
+            return out
+        weights = attention_weights(
+            q,
+            k,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            window=window,
+            enable_gqa=True,
+            align="bottom-right",
+        )  # (b, h, t, t_k)
+        return out, weights[0] if unbatched else weights
 
     # -- interoperability with Hugging Face transformers ---------------------------------
 

