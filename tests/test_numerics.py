@@ -329,7 +329,7 @@ HALF_SAFE = [
         (
             *("MultiHeadAttention[", "MultiHeadAttention.", "scaled_dot", "attention_weights"),
             *("flash", "GroupedQueryAttention", "MultiHeadLatentAttention", "rope.", "DynamicKV"),
-            "StaticKV",
+            *("StaticKV", "ring_attention"),
         )
     )
 ]

@@ -6,6 +6,7 @@ from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache, kv_cache_bytes_per_token
+from attnlab.llm import Decoder, DecoderConfig
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.multihead import MultiHeadAttention
 from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
@@ -13,6 +14,8 @@ from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
 __all__ = [
     "CausalSelfAttention",
     "CrossAttention",
+    "Decoder",
+    "DecoderConfig",
     "DynamicKVCache",
     "GroupedQueryAttention",
     "KVCache",

@@ -374,9 +374,7 @@ class Decoder(nn.Module):
             lengths.add(c.length)
             layout = c.layout
             if layout is not None and layout.batch_size != batch:
-                raise ValueError(
-                    f"cache holds {layout.batch_size} sequences but ids has {batch}"
-                )
+                raise ValueError(f"cache holds {layout.batch_size} sequences but ids has {batch}")
         if len(lengths) != 1:
             raise ValueError(f"the layers' caches hold different lengths {sorted(lengths)}")
         return lengths.pop()
@@ -577,7 +575,11 @@ class Decoder(nn.Module):
             mask = None
         else:
             total = past + t
-            mask = self._check_padding(padding_mask, b, total) if is_validation_enabled() else padding_mask.bool()
+            mask = (
+                self._check_padding(padding_mask, b, total)
+                if is_validation_enabled()
+                else padding_mask.bool()
+            )
         if past + t + steps > self.config.max_positions:
             raise ValueError(
                 f"ids has {t} tokens (after {past} cached) and max_new_tokens={steps}: "
@@ -671,14 +673,11 @@ class Decoder(nn.Module):
         new = torch.stack(tokens, dim=-1)  # (b, n)
         return torch.cat([ids, new[0] if ids.ndim == 1 else new], dim=-1)
 
-    def _generation_cache(
-        self, cache: object, batch: int, t: int, steps: int
-    ) -> Sequence[KVCache]:
+    def _generation_cache(self, cache: object, batch: int, t: int, steps: int) -> Sequence[KVCache]:
         if isinstance(cache, str):
             if cache not in ("static", "dynamic"):
                 raise ValueError(
-                    f"cache must be 'static', 'dynamic' or a list from make_cache, got "
-                    f"{cache!r}"
+                    f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
                 )
             # The last new token is never fed back: t + steps - 1 tokens are cached.
             length = min(t + steps - 1, self.config.max_positions)
@@ -720,8 +719,7 @@ class Decoder(nn.Module):
         names = {c.__name__ for c in type(model).__mro__}
         if not names & set(_HF_CLASSES):
             raise TypeError(
-                f"model must be a transformers {', '.join(_HF_CLASSES)}, got "
-                f"{type(model).__name__}"
+                f"model must be a transformers {', '.join(_HF_CLASSES)}, got {type(model).__name__}"
             )
         hf: Any = model
         config = DecoderConfig.from_hf(hf.config)
@@ -766,9 +764,7 @@ class _Sampler:
                 raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         self.top_p = None if top_p is None else float(top_p)
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator must be a torch.Generator, got {type(generator).__name__}"
-            )
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.generator = generator
 
     def __call__(self, logits: Tensor) -> Tensor:

