@@ -90,6 +90,44 @@ def test_sliding_window_rows_see_at_most_window_keys() -> None:
     assert counts.tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3]
 
 
+@pytest.mark.parametrize("sinks", [0, 1, 2, 4])
+@pytest.mark.parametrize("window", [1, 2, 3, 9])
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+@pytest.mark.parametrize(("t_q", "t_k"), LENGTH_PAIRS)
+def test_sink_window_matches_definition(
+    t_q: int, t_k: int, align: masks.Alignment, window: int, sinks: int
+) -> None:
+    offset = 0 if align == "top-left" else t_k - t_q
+    expected = torch.zeros(t_q, t_k, dtype=torch.bool)
+    for i in range(t_q):
+        for j in range(t_k):
+            pos = i + offset
+            expected[i, j] = j <= pos and (pos - j < window or j < sinks)
+    got = masks.sink_window(t_q, t_k, window=window, sinks=sinks, align=align)
+    assert torch.equal(got, expected)
+
+
+def test_sink_window_by_hand() -> None:
+    # Window 2 and 2 sinks over 6 tokens: the first two keys stay, the middle ones go.
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 1, 1, 0],
+            [1, 1, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(masks.sink_window(6, window=2, sinks=2), expected)
+    assert torch.equal(masks.sink_window(6, window=2, sinks=0), masks.sliding_window(6, window=2))
+    # Every row sees at most window + sinks keys: the size of StreamingLLM's cache.
+    counts = masks.sink_window(40, window=5, sinks=4).sum(dim=-1)
+    assert int(counts.max()) == 9
+    assert counts[8:].eq(9).all()
+
+
 @pytest.mark.parametrize("lengths", [[4, 1, 3], torch.tensor([4, 1, 3])])
 def test_padding_marks_real_tokens(lengths: list[int] | torch.Tensor) -> None:
     expected = torch.tensor(
@@ -130,6 +168,9 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         (lambda: masks.causal(3, 2.0), TypeError, "t_k must be a non-negative int"),
         (lambda: masks.causal(3, align="bottom"), ValueError, "align must be one of"),
         (lambda: masks.sliding_window(3, window=0), ValueError, "window must be a positive"),
+        (lambda: masks.sink_window(3, window=0, sinks=1), ValueError, "window must be a posi"),
+        (lambda: masks.sink_window(3, window=2, sinks=-1), ValueError, "sinks must be a non-ne"),
+        (lambda: masks.sink_window(3, window=2, sinks=1.0), TypeError, "sinks must be a non-ne"),
         (lambda: masks.padding([2, -1]), ValueError, r"lengths\[1\] must be a non-negative"),
         (lambda: masks.padding(torch.tensor([2, -1])), ValueError, "non-negative"),
         (lambda: masks.padding([2, 5], max_len=4), ValueError, "at most max_len=4"),

@@ -51,6 +51,7 @@ __all__ = [
     "decode_mask_impl",
     "key_padding",
     "padding",
+    "sink_window",
     "sliding_window",
 ]
 
@@ -175,6 +176,60 @@ def sliding_window(
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
     return band_impl(t_q, t_k, align, window, device)
+
+
+def sink_window(
+    t_q: int,
+    t_k: int | None = None,
+    *,
+    window: int,
+    sinks: int,
+    align: Alignment = "top-left",
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""A sliding window that never forgets the first `sinks` keys: attention sinks.
+
+    Query at position $i$ attends to key $j \le i$ if $i - \text{window} < j$ (the
+    window of [`sliding_window`][attnlab.masks.sliding_window]) or $j < \text{sinks}$.
+    This is the attention of StreamingLLM (Xiao et al., 2023,
+    https://arxiv.org/abs/2309.17453), whose cache keeps the first few tokens, on which
+    trained models park much of their attention, besides the most recent ones. As one
+    mask over a whole sequence it gives each query the keys such a cache would hold
+    when that query is decoded (positions stay the sequence's own). With `sinks=0` it is
+    `sliding_window`.
+
+    Args:
+        t_q: Number of queries.
+        t_k: Number of keys; defaults to `t_q`.
+        window: How many of the most recent keys (the query's own included) each query
+            sees.
+        sinks: How many keys from the start every query sees as well (those not in its
+            future).
+        align: `"top-left"` or `"bottom-right"`, as for [`causal`][attnlab.masks.causal].
+        device: Where to create the mask.
+
+    Returns:
+        An allowed-convention bool mask `(t_q, t_k)`.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a length or `sinks` is negative, `window` is not positive, `align`
+            is unknown or `device` names no device.
+
+    Examples:
+        >>> sink_window(5, window=2, sinks=1).int()
+        tensor([[1, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0],
+                [1, 1, 1, 0, 0],
+                [1, 0, 1, 1, 0],
+                [1, 0, 0, 1, 1]], dtype=torch.int32)
+    """
+    t_q, t_k = _check_sizes(t_q, t_k, align, device)
+    check_positive_int("window", window)
+    check_nonnegative_int("sinks", sinks)
+    mask = band_impl(t_q, t_k, align, window, device)  # (t_q, t_k): the window
+    first = torch.arange(t_k, device=device) < sinks  # (t_k,): the sink keys
+    return mask | (band_impl(t_q, t_k, align, None, device) & first)  # not the future
 
 
 def check_causal_window(is_causal: object, window: int | None) -> bool:
