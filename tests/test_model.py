@@ -62,6 +62,8 @@ def test_head_scores_on_hand_made_maps() -> None:
     assert_close(scores.previous_token, torch.tensor([[1.0, 0.2]]))
     # Queries 3, 4, 5 of head 2 put 0.75 on keys 1, 2, 3; head 1 looks one back instead.
     assert_close(scores.induction, torch.tensor([[0.0, 0.75]]))
+    # Key 0: head 1 only from query 1; head 2 from queries 1, 2 (1.0) and 3, 4, 5 (0.25).
+    assert_close(scores.first_token, torch.tensor([[0.2, (2 * 1.0 + 3 * 0.25) / 5]]))
     with pytest.raises(ValueError, match="maps have 6 positions but half=4 needs 8"):
         head_scores(maps, 4)
 

@@ -233,17 +233,22 @@ def per_position_loss(model: TinyTransformer, tokens: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class HeadScores:
-    """How much each head behaves as a previous-token head and as an induction head.
+    """How much each head behaves as a previous-token, an induction and a first-token head.
 
     Attributes:
         previous_token: `(num_layers, num_heads)`: mean weight that a query puts on the
             token right before it (positions 1 onwards).
         induction: `(num_layers, num_heads)`: mean weight that a query of the second half
             puts on the token right *after* the earlier occurrence of its own token.
+        first_token: `(num_layers, num_heads)`: mean weight that a query puts on the
+            first token of the sequence (positions 1 onwards; position 0 has no other
+            choice). Trained LLMs park much of their attention there, an *attention
+            sink* (Xiao et al., 2023, https://arxiv.org/abs/2309.17453).
     """
 
     previous_token: Tensor
     induction: Tensor
+    first_token: Tensor
 
 
 def head_scores(maps: list[Tensor], half: int) -> HeadScores:
@@ -251,8 +256,9 @@ def head_scores(maps: list[Tensor], half: int) -> HeadScores:
 
     For a query at position $i$ the previous-token score reads its weight on key $i-1$;
     for $i \ge$ `half` the induction score reads its weight on key $i - \text{half} + 1$,
-    the position after the same token's first occurrence. Both are averaged over the
-    queries and the batch; 1 means the head looks nowhere else.
+    the position after the same token's first occurrence; the first-token score reads
+    its weight on key 0. Each is averaged over the queries and the batch; 1 means the
+    head looks nowhere else.
 
     Args:
         maps: Attention weights per layer, `(b, num_heads, 2 * half, 2 * half)` each, as
@@ -260,17 +266,17 @@ def head_scores(maps: list[Tensor], half: int) -> HeadScores:
         half: Length of the repeated part.
 
     Returns:
-        The two score tables.
+        The three score tables.
 
     Examples:
         >>> t = 6
         >>> prev = torch.eye(t).roll(-1, dims=1).tril()  # each query on its predecessor
         >>> prev[0, 0] = 1.0
         >>> scores = head_scores([prev.expand(1, 1, t, t)], half=3)
-        >>> scores.previous_token
-        tensor([[1.]])
+        >>> scores.previous_token, scores.first_token  # query 1's predecessor is key 0
+        (tensor([[1.]]), tensor([[0.2000]]))
     """
-    previous, induction = [], []
+    previous, induction, first = [], [], []
     for weights in maps:
         t = weights.shape[-1]
         if t != 2 * half:
@@ -280,4 +286,5 @@ def head_scores(maps: list[Tensor], half: int) -> HeadScores:
         previous.append(w[:, queries, queries - 1].mean(dim=-1))  # (h,)
         second = torch.arange(half, t)
         induction.append(w[:, second, second - half + 1].mean(dim=-1))  # (h,)
-    return HeadScores(torch.stack(previous), torch.stack(induction))
+        first.append(w[:, queries, 0].mean(dim=-1))  # (h,)
+    return HeadScores(torch.stack(previous), torch.stack(induction), torch.stack(first))
