@@ -1,0 +1,956 @@
+r"""A paged KV cache: fixed-size blocks, block tables, prefix sharing and paged attention.
+
+A server decodes many sequences at once, of lengths it does not know in advance. A
+contiguous cache per sequence must reserve the longest length up front, and most of
+that memory holds nothing. PagedAttention (Kwon et al., 2023,
+https://arxiv.org/abs/2309.06180, the idea behind vLLM) cuts the cache into *blocks* of
+`block_size` tokens taken from one shared pool: a sequence holds only the blocks it
+has filled, listed in its *block table*, and attention reads its keys and values through
+that table. Three things follow from the indirection:
+
+- memory is wasted only in the last, partly filled block of each sequence;
+- a block may appear in several tables: a sequence forked for parallel sampling shares
+  all of its parent's blocks, and requests that begin with the same prompt share the
+  blocks of that prefix (*prefix caching*), with reference counts saying when a block is
+  free again;
+- a shared block must not change under the other sequences, so a write into one first
+  copies it (*copy-on-write*). Only the last, partly filled block is ever written, so at
+  most one block is copied per fork.
+
+The pieces, smallest first: [`BlockAllocator`][attnlab.paged.BlockAllocator] (a free
+list and reference counts), [`block_hashes`][attnlab.paged.block_hashes] (the prefix
+identity of each full block), [`PagedKVCache`][attnlab.paged.PagedKVCache] (the pools,
+the tables, fork, free and prefix caching) and
+[`paged_attention`][attnlab.paged.paged_attention], a pure function over the pools and
+the tables with two implementations tested equal: one that gathers a sequence's blocks
+into contiguous keys and values and calls attention, and one that walks the table tile
+by tile and merges the partial results with the online-softmax rule of FlashAttention
+([`merge_partials`][attnlab.distributed.merge_partials]), never holding a sequence's
+cache in one piece.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnlab._precision import compute_dtype
+from attnlab._validation import (
+    check_choice,
+    check_device,
+    check_features,
+    check_nonnegative_int,
+    check_positive_int,
+    check_rank,
+    check_same_dtype_device,
+    check_scale,
+    check_tensor,
+    is_validation_enabled,
+    value_checks_enabled,
+)
+from attnlab.distributed.ring import merge_partials
+from attnlab.functional import scaled_dot_product_attention_impl
+
+__all__ = [
+    "BlockAllocator",
+    "Method",
+    "OutOfBlocksError",
+    "PagedKVCache",
+    "block_hashes",
+    "paged_attention",
+    "paged_attention_impl",
+]
+
+Method = Literal["gather", "online"]
+"""How [`paged_attention`][attnlab.paged.paged_attention] reads the blocks."""
+
+_METHODS: tuple[Method, ...] = ("gather", "online")
+
+
+class OutOfBlocksError(RuntimeError):
+    """More blocks were asked for than are free; nothing was allocated or written.
+
+    An engine catches it to preempt a sequence (free it and recompute it later) or to
+    wait. `requested` and `free` say how many blocks were asked for and how many were
+    free.
+    """
+
+    def __init__(self, requested: int, free: int) -> None:
+        super().__init__(
+            f"out of KV cache blocks: {requested} requested but only {free} free; free a "
+            "sequence (or preempt one) first, or build the cache with more blocks"
+        )
+        self.requested = requested
+        self.free = free
+
+
+def _check_id(name: str, value: object, count: int, what: str) -> int:
+    """Return `value` if it is an int in [0, count); raise naming the argument otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if not 0 <= value < count:
+        raise ValueError(f"{name} must be in [0, {count}) (the {what}), got {value}")
+    return value
+
+
+class BlockAllocator:
+    """A pool of `num_blocks` block ids: a free list and a reference count per block.
+
+    A block is *free* at reference count 0 and *used* above it. `allocate` takes free
+    blocks (count 1), `incref` adds a holder to a used block, and `free` removes one; a
+    block whose last holder leaves returns to the free list. The free list is kept in the
+    order blocks were freed and `allocate` takes the longest-free block first, so a block
+    that was just freed keeps its contents as long as possible: a prefix cache can still
+    find it and [`take`][attnlab.paged.BlockAllocator.take] it back.
+
+    Args:
+        num_blocks: How many blocks the pool has.
+
+    Raises:
+        TypeError: If `num_blocks` is not an int.
+        ValueError: If it is not positive.
+
+    Examples:
+        >>> pool = BlockAllocator(4)
+        >>> pool.allocate(3)
+        [0, 1, 2]
+        >>> pool.incref(1)  # a second sequence shares block 1
+        >>> pool.free(1), pool.free(1)  # its holders leave: free once no one holds it
+        (False, True)
+        >>> pool.num_free_blocks, pool.refcount(0)
+        (2, 1)
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = check_positive_int("num_blocks", num_blocks)
+        self._refcounts = [0] * num_blocks
+        # An OrderedDict is a free list with O(1) removal of any block (take).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no one holds."""
+        return len(self._free)
+
+    def refcount(self, block_id: int) -> int:
+        """How many holders (sequence table entries) block `block_id` has; 0 when free."""
+        return self._refcounts[_check_id("block_id", block_id, self.num_blocks, "block ids")]
+
+    def allocate(self, n: int = 1) -> list[int]:
+        """Take `n` free blocks, each with reference count 1.
+
+        Raises:
+            OutOfBlocksError: If fewer than `n` blocks are free (nothing is taken).
+        """
+        n = check_nonnegative_int("n", n)
+        if n > len(self._free):
+            raise OutOfBlocksError(n, len(self._free))
+        taken = [self._free.popitem(last=False)[0] for _ in range(n)]
+        for block in taken:
+            self._refcounts[block] = 1
+        return taken
+
+    def take(self, block_id: int) -> None:
+        """Take the particular free block `block_id` (a prefix-cache hit no one holds)."""
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        if self._refcounts[block]:
+            raise ValueError(f"block_id {block} is in use; incref it to share it")
+        del self._free[block]
+        self._refcounts[block] = 1
+
+    def incref(self, block_id: int) -> None:
+        """Add a holder to the used block `block_id`."""
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        if not self._refcounts[block]:
+            raise ValueError(f"block_id {block} is free: allocate or take it, not incref")
+        self._refcounts[block] += 1
+
+    def free(self, block_id: int) -> bool:
+        """Remove a holder of block `block_id`; return whether the block is now free.
+
+        Raises:
+            ValueError: If the block is already free (freed twice) or the id is unknown.
+        """
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        if not self._refcounts[block]:
+            raise ValueError(f"block_id {block} is already free (freed twice?)")
+        self._refcounts[block] -= 1
+        if self._refcounts[block]:
+            return False
+        self._free[block] = None  # last in line to be reallocated
+        return True
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
+    r"""The prefix hash of each full block of `token_ids`: its tokens and all before them.
+
+    Block $i$ holds tokens $i \cdot$ `block_size` to $(i + 1) \cdot$ `block_size` $- 1$;
+    its hash is SHA-256 of the hash of block $i - 1$ followed by its own tokens, so two
+    blocks have the same hash exactly when their tokens and every token before them
+    agree (what attention's keys and values at those positions depend on). A last,
+    partly filled block has no hash: it will still change.
+
+    Args:
+        token_ids: Token ids of a sequence, ints.
+        block_size: Tokens per block.
+
+    Returns:
+        One hex digest per full block, `len(token_ids) // block_size` of them.
+
+    Raises:
+        TypeError: If a token id or `block_size` is not an int.
+        ValueError: If `block_size` is not positive.
+
+    Examples:
+        >>> a = block_hashes([1, 2, 3, 4, 5], block_size=2)
+        >>> len(a), a == block_hashes([1, 2, 3, 4], 2)
+        (2, True)
+        >>> b = block_hashes([9, 2, 3, 4], 2)  # same second block, other prefix
+        >>> a[1] == b[1]
+        False
+    """
+    block_size = check_positive_int("block_size", block_size)
+    tokens = _check_token_ids(token_ids)
+    hashes: list[str] = []
+    parent = b""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        chunk = tokens[start : start + block_size]
+        digest = hashlib.sha256(parent)
+        digest.update(b"".join(t.to_bytes(8, "little", signed=True) for t in chunk))
+        parent = digest.digest()
+        hashes.append(digest.hexdigest())
+    return hashes
+
+
+def _check_token_ids(token_ids: object) -> list[int]:
+    if isinstance(token_ids, Tensor):
+        if token_ids.ndim != 1 or token_ids.is_floating_point() or token_ids.is_complex():
+            raise TypeError(
+                f"token_ids must be a 1-d integer tensor or a sequence of ints, got a "
+                f"{token_ids.dtype} tensor of shape {tuple(token_ids.shape)}"
+            )
+        return [int(t) for t in token_ids.tolist()]
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+        raise TypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+    for i, t in enumerate(token_ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"token_ids[{i}] must be an int, got {t!r} ({type(t).__name__})")
+    return list(token_ids)
+
+
+@dataclasses.dataclass
+class _Sequence:
+    """What the cache knows of one sequence."""
+
+    table: list[int]  # block ids, in token order
+    filled: list[int]  # tokens written, per layer
+    hashes: list[str]  # prefix hashes of the prompt's full blocks
+    registered: int  # leading blocks already matched or offered to the prefix cache
+
+
+class PagedKVCache:
+    r"""Keys and values of many sequences in one pool of blocks, for every layer.
+
+    One object holds the pools of all `num_layers` layers, and one block table per
+    sequence serves them all, as in vLLM and `transformers`' `PagedAttentionCache`: every
+    layer stores the same tokens at the same positions, so block $i$ of a sequence is
+    block $i$ of its table in each layer's pool. Allocation, reference counts, forks and
+    prefix lookups then happen once per token, not once per layer, and the memory of a
+    block is `num_layers` slices that come and go together. Each layer still counts its
+    own written tokens, since a model writes layer by layer:
+    [`append`][attnlab.paged.PagedKVCache.append] to layer $l$ writes after what layer $l$
+    holds, and the first layer that needs a new block allocates it for all.
+
+    Prefix caching: [`add_sequence`][attnlab.paged.PagedKVCache.add_sequence] takes the
+    prompt's token ids and returns how many of them are already cached. A full block of
+    a prompt is registered under its [`block_hashes`][attnlab.paged.block_hashes] entry
+    once every layer has written it; a later prompt with the same leading blocks starts
+    with those blocks in its table (reference counts shared), so an engine computes only
+    the rest. At least one prompt token is always left to compute, so that the model
+    produces logits for the next token. A block whose last holder is freed is free (it
+    counts in [`num_free_blocks`][attnlab.paged.PagedKVCache.num_free_blocks]) but keeps
+    its contents and its hash until the allocator hands it out again, longest-free
+    first, so a prompt that returns soon still finds it. Only prompt tokens are hashed,
+    not generated ones.
+
+    Copy-on-write: [`fork`][attnlab.paged.PagedKVCache.fork] gives a new sequence the
+    same table; the first write into a block that another sequence also holds copies it
+    (in every layer) to a fresh block first. Every out-of-blocks condition raises
+    [`OutOfBlocksError`][attnlab.paged.OutOfBlocksError] before anything is written or
+    allocated.
+
+    Pools: `key_pools` of shape `(num_layers, num_blocks, num_kv_heads, block_size,
+    head_dim)` and `value_pools` with `v_head_dim` features, zeros at first (padding
+    positions are read, then masked, by attention: zeros keep them finite). Sequence ids
+    are ints handed out in order and never reused.
+
+    Args:
+        num_layers: Attention layers.
+        num_blocks: Blocks in the pool (each of `block_size` tokens, in every layer).
+        block_size: Tokens per block.
+        num_kv_heads: Key/value heads per layer.
+        head_dim: Features per key.
+        v_head_dim: Features per value; defaults to `head_dim`.
+        dtype: Element type of the pools.
+        device: Where the pools live (default: the CPU).
+        prefix_caching: Whether `add_sequence` looks up and registers prompt blocks.
+
+    Raises:
+        TypeError: If a size is not an int, `dtype` is not a `torch.dtype` or `device`
+            is not a device.
+        ValueError: If a size is not positive.
+
+    Examples:
+        >>> cache = PagedKVCache(num_layers=1, num_blocks=8, block_size=4, num_kv_heads=2,
+        ...                      head_dim=3)
+        >>> seq, cached = cache.add_sequence([5, 6, 7, 8, 9])
+        >>> k, v = torch.randn(2, 5, 3), torch.randn(2, 5, 3)  # (num_kv_heads, t, head_dim)
+        >>> cache.append(seq, 0, k, v)
+        >>> cache.block_table(seq), cache.num_free_blocks
+        ([0, 1], 6)
+        >>> other, cached = cache.add_sequence([5, 6, 7, 8, 1, 2])
+        >>> cached, cache.block_table(other)  # the first block is shared
+        (4, [0])
+        >>> q = torch.randn(2, 4, 1, 3)  # (b, num_heads, t_q, head_dim): GQA, 2 per kv head
+        >>> cache.attend(0, q[:1], [seq]).shape
+        torch.Size([1, 4, 1, 3])
+        >>> cache.free(seq); cache.free(other); cache.num_free_blocks
+        8
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        prefix_caching: bool = True,
+    ) -> None:
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.block_size = check_positive_int("block_size", block_size)
+        self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.v_head_dim = (
+            head_dim if v_head_dim is None else check_positive_int("v_head_dim", v_head_dim)
+        )
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        check_device("device", device)
+        if not isinstance(prefix_caching, bool):
+            raise TypeError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+        self.prefix_caching = prefix_caching
+        self.allocator = BlockAllocator(num_blocks)
+        shape = (num_layers, num_blocks, num_kv_heads, block_size)
+        self.key_pools = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
+        self.value_pools = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
+        self._sequences: dict[int, _Sequence] = {}
+        self._next_id = 0
+        self._block_of_hash: dict[str, int] = {}
+        self._hash_of_block: dict[int, str] = {}
+
+    # --- sizes --------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self.allocator.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that no sequence holds (a freed prefix block counts, cached or not)."""
+        return self.allocator.num_free_blocks
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value pools, all layers, used or not."""
+        return self.key_pools.nbytes + self.value_pools.nbytes
+
+    @property
+    def sequences(self) -> list[int]:
+        """Ids of the sequences held, in the order they were added."""
+        return list(self._sequences)
+
+    # --- sequences ----------------------------------------------------------------
+
+    def add_sequence(self, token_ids: Sequence[int] | Tensor = ()) -> tuple[int, int]:
+        """Start a sequence; return its id and how many of its prompt tokens are cached.
+
+        With prefix caching on, the leading full blocks of `token_ids` that some
+        sequence wrote before (and whose blocks were not handed out since) join the new
+        sequence's table, and every layer counts them as written: the engine skips the
+        prefill of those tokens and appends keys and values from there on. At least one
+        token is left uncached. Nothing is allocated for the other tokens until they are
+        appended.
+
+        Args:
+            token_ids: The prompt's token ids (a sequence of ints or a 1-d integer
+                tensor); empty to start a sequence without prefix caching.
+
+        Returns:
+            `(seq_id, num_cached_tokens)`; `num_cached_tokens` is a multiple of
+            `block_size`.
+
+        Raises:
+            TypeError: If `token_ids` is not a sequence of ints.
+            ValueError: If the prompt is longer than the whole cache.
+        """
+        tokens = _check_token_ids(token_ids)
+        capacity = self.num_blocks * self.block_size
+        if len(tokens) > capacity:
+            raise ValueError(
+                f"token_ids has {len(tokens)} tokens but the cache holds at most {capacity} "
+                f"(num_blocks={self.num_blocks} x block_size={self.block_size})"
+            )
+        hashes = block_hashes(tokens, self.block_size) if self.prefix_caching else []
+        matched: list[int] = []
+        for digest in hashes[: max(0, len(tokens) - 1) // self.block_size]:
+            block = self._block_of_hash.get(digest)
+            if block is None:
+                break
+            matched.append(block)
+        for block in matched:
+            if self.allocator.refcount(block):
+                self.allocator.incref(block)
+            else:  # freed, contents kept: take it back from the free list
+                self.allocator.take(block)
+        cached = len(matched) * self.block_size
+        seq_id = self._next_id
+        self._next_id += 1
+        self._sequences[seq_id] = _Sequence(
+            table=matched, filled=[cached] * self.num_layers, hashes=hashes, registered=len(matched)
+        )
+        return seq_id, cached
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence that shares every block of `seq_id` (copy-on-write); its id.
+
+        Raises:
+            ValueError: If `seq_id` is unknown or was freed.
+        """
+        seq = self._get(seq_id)
+        for block in seq.table:
+            self.allocator.incref(block)
+        new_id = self._next_id
+        self._next_id += 1
+        self._sequences[new_id] = dataclasses.replace(
+            seq, table=list(seq.table), filled=list(seq.filled), hashes=list(seq.hashes)
+        )
+        return new_id
+
+    def free(self, seq_id: int) -> None:
+        """Drop sequence `seq_id`; its blocks that no one else holds become free.
+
+        Raises:
+            ValueError: If `seq_id` is unknown or was already freed.
+        """
+        seq = self._get(seq_id)
+        for block in seq.table:
+            self.allocator.free(block)
+        del self._sequences[seq_id]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The block ids of sequence `seq_id`, in token order (a copy)."""
+        return list(self._get(seq_id).table)
+
+    def length(self, seq_id: int, layer: int | None = None) -> int:
+        """Tokens of `seq_id` written in `layer`, or in every layer if `layer` is None."""
+        seq = self._get(seq_id)
+        if layer is None:
+            return min(seq.filled)
+        return seq.filled[_check_id("layer", layer, self.num_layers, "layers")]
+
+    def block_hash(self, block_id: int) -> str | None:
+        """The prefix hash block `block_id` is cached under, or None."""
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        return self._hash_of_block.get(block)
+
+    def _get(self, seq_id: object) -> _Sequence:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+            raise TypeError(f"seq_id must be an int, got {seq_id!r} ({type(seq_id).__name__})")
+        seq = self._sequences.get(seq_id)
+        if seq is not None:
+            return seq
+        if 0 <= seq_id < self._next_id:
+            raise ValueError(f"seq_id {seq_id} was freed already (freed twice, or used after)")
+        raise ValueError(f"seq_id {seq_id} is not a sequence of this cache")
+
+    # --- writing ------------------------------------------------------------------
+
+    def append(self, seq_id: int, layer: int, key: Tensor, value: Tensor) -> None:
+        """Write the keys and values of `t` new tokens of `seq_id` into `layer`.
+
+        They go after the tokens `layer` holds. Blocks are allocated as needed, and a
+        block that another sequence shares is copied first (copy-on-write).
+
+        Args:
+            seq_id: The sequence.
+            layer: The layer, in `[0, num_layers)`.
+            key: Keys, shape `(num_kv_heads, t, head_dim)`, of the pools' dtype and device.
+            value: Values, shape `(num_kv_heads, t, v_head_dim)`.
+
+        Raises:
+            TypeError: If an id is not an int or `key`/`value` is not a float tensor.
+            ValueError: If an id is unknown, or `key`/`value` do not fit the pools.
+            OutOfBlocksError: If the blocks needed are not free (nothing is written).
+        """
+        seq = self._get(seq_id)
+        layer = _check_id("layer", layer, self.num_layers, "layers")
+        self._check_kv(key, value)
+        start = seq.filled[layer]
+        end = start + key.shape[1]
+        self._make_room(seq, start, end)
+        device = self.key_pools.device
+        positions = torch.arange(start, end, device=device)  # (t,)
+        table = torch.tensor(seq.table, dtype=torch.long, device=device)
+        blocks = table[positions // self.block_size]  # (t,) physical block of each token
+        slots = positions % self.block_size  # (t,) its place in the block
+        # Advanced indices split by a slice come first: pool[blocks, :, slots] is (t, kv, hd).
+        self.key_pools[layer][blocks, :, slots] = key.transpose(0, 1)  # (t, kv, head_dim)
+        self.value_pools[layer][blocks, :, slots] = value.transpose(0, 1)  # (t, kv, v_head_dim)
+        seq.filled[layer] = end
+        self._register_full_blocks(seq)
+
+    def _check_kv(self, key: object, value: object) -> None:
+        k = check_tensor("key", key)
+        v = check_tensor("value", value)
+        check_rank("key", k, (3,), "(num_kv_heads, t, head_dim)")
+        check_rank("value", v, (3,), "(num_kv_heads, t, v_head_dim)")
+        want = {"key": (k, self.head_dim), "value": (v, self.v_head_dim)}
+        for name, (x, features) in want.items():
+            if x.shape[0] != self.num_kv_heads or x.shape[2] != features:
+                raise ValueError(
+                    f"{name} must have shape (num_kv_heads={self.num_kv_heads}, t, "
+                    f"{features}), got {name}.shape={tuple(x.shape)}"
+                )
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(
+                f"key and value must have the same number of tokens t, got "
+                f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
+            )
+        for name, x in (("key", k), ("value", v)):
+            if x.dtype != self.key_pools.dtype or x.device != self.key_pools.device:
+                raise ValueError(
+                    f"{name} is {x.dtype} on {x.device} but the cache holds "
+                    f"{self.key_pools.dtype} on {self.key_pools.device}"
+                )
+
+    def _make_room(self, seq: _Sequence, start: int, end: int) -> None:
+        """Make blocks for positions [start, end) of `seq` present and private."""
+        bs = self.block_size
+        first, last = start // bs, -(-end // bs)  # blocks touched: [first, last)
+        shared = [
+            i
+            for i in range(first, min(last, len(seq.table)))
+            if self.allocator.refcount(seq.table[i]) > 1
+        ]
+        new = max(0, last - len(seq.table))
+        fresh = self._allocate(len(shared) + new)  # all or nothing: raises before a write
+        for i, copy in zip(shared, fresh[: len(shared)], strict=True):
+            old = seq.table[i]
+            # Copy-on-write, in every layer: the others keep the old block unchanged.
+            self.key_pools[:, copy] = self.key_pools[:, old]
+            self.value_pools[:, copy] = self.value_pools[:, old]
+            self.allocator.free(old)  # one holder fewer; the others still hold it
+            seq.table[i] = copy
+        seq.table.extend(fresh[len(shared) :])
+
+    def _allocate(self, n: int) -> list[int]:
+        """Allocate n blocks; a block handed out again loses its cached prefix hash."""
+        blocks = self.allocator.allocate(n)
+        for block in blocks:
+            digest = self._hash_of_block.pop(block, None)
+            if digest is not None:
+                del self._block_of_hash[digest]
+        return blocks
+
+    def _register_full_blocks(self, seq: _Sequence) -> None:
+        """Offer to the prefix cache the prompt blocks that every layer has filled."""
+        done = min(min(seq.filled) // self.block_size, len(seq.hashes))
+        for i in range(seq.registered, done):
+            digest, block = seq.hashes[i], seq.table[i]
+            # The first writer of a prefix is the one cached; a twin written at the same
+            # time keeps its block private.
+            if digest not in self._block_of_hash and block not in self._hash_of_block:
+                self._block_of_hash[digest] = block
+                self._hash_of_block[block] = digest
+        seq.registered = max(seq.registered, done)
+
+    # --- reading ------------------------------------------------------------------
+
+    def block_tables(self, seq_ids: Sequence[int]) -> Tensor:
+        """The tables of `seq_ids` as one `(b, max_blocks)` int64 tensor, padded with 0.
+
+        Padding entries point at block 0; attention masks them by the lengths.
+        """
+        tables = [self._get(s).table for s in seq_ids]
+        width = max([1, *(len(t) for t in tables)])
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(rows, dtype=torch.long, device=self.key_pools.device).reshape(
+            len(rows), width
+        )  # (b, max_blocks)
+
+    def lengths(self, seq_ids: Sequence[int], layer: int) -> Tensor:
+        """Tokens written in `layer` for each of `seq_ids`, a `(b,)` int64 tensor."""
+        layer = _check_id("layer", layer, self.num_layers, "layers")
+        counts = [self._get(s).filled[layer] for s in seq_ids]
+        return torch.tensor(counts, dtype=torch.long, device=self.key_pools.device)
+
+    def attend(
+        self,
+        layer: int,
+        query: Tensor,
+        seq_ids: Sequence[int],
+        *,
+        query_lengths: Tensor | None = None,
+        scale: float | None = None,
+        method: Method = "online",
+    ) -> Tensor:
+        """[`paged_attention`][attnlab.paged.paged_attention] of `query` over `layer`.
+
+        Append the new tokens' keys and values to `layer` first: the queries are the
+        last `t_q` (or `query_lengths[i]`) tokens of each sequence.
+
+        Args:
+            layer: The layer whose pools to read.
+            query: Queries, `(b, num_heads, t_q, head_dim)`, row `i` for `seq_ids[i]`.
+            seq_ids: The `b` sequences.
+            query_lengths: As for `paged_attention`.
+            scale: As for `paged_attention`.
+            method: As for `paged_attention`.
+
+        Returns:
+            `(b, num_heads, t_q, v_head_dim)`.
+        """
+        return paged_attention(
+            query,
+            self.key_pools[layer],
+            self.value_pools[layer],
+            self.block_tables(seq_ids),
+            self.lengths(seq_ids, layer),
+            query_lengths=query_lengths,
+            scale=scale,
+            method=method,
+        )
+
+
+# --- attention through the block table --------------------------------------------
+
+
+def paged_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    lengths: Tensor,
+    *,
+    query_lengths: Tensor | None = None,
+    scale: float | None = None,
+    method: Method = "online",
+    blocks_per_tile: int = 16,
+) -> Tensor:
+    r"""Attention of new tokens to their sequences' cached keys and values, read by block.
+
+    Sequence $b$ holds `lengths[b]` tokens: token $p$ sits in block
+    `block_tables[b, p // block_size]` at slot `p % block_size` of the pools. Its last
+    `query_lengths[b]` tokens (by default all `t_q`) are the queries, already appended
+    to the cache; query $i$ sits at position `lengths[b] - query_lengths[b] + i` and
+    sees every key at that position or before it (causal in absolute positions). With
+    `t_q = 1` this is a decode step; with more it is a chunk of a prompt (chunked
+    prefill) attending to the cached tokens and causally to itself; rows
+    `i >= query_lengths[b]` are padding and get zeros, so decode steps and prompt chunks
+    of different sizes can share one batch. `num_heads` query heads share the
+    `num_kv_heads` key/value heads in groups (grouped-query attention; multi-head when
+    they are equal).
+
+    Two methods give the same result:
+
+    - `"gather"`: copy each sequence's blocks into contiguous keys and values
+      `(b, num_kv_heads, max_blocks * block_size, head_dim)` and run attnlab's
+      [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
+      with a mask. Easy to read; it materialises every sequence's cache.
+    - `"online"`: walk the table `blocks_per_tile` blocks at a time; for each tile,
+      gather only that tile's keys and values, compute its partial attention and its
+      log-sum-exp, and fold it into the running result with
+      [`merge_partials`][attnlab.distributed.merge_partials], the online-softmax rule of
+      FlashAttention. The memory beyond the output is one tile per sequence. This is
+      what paged kernels do, one tile per thread block.
+
+    float16 and bfloat16 are computed in float32 and rounded back. No dropout, no
+    gradient intended (inference).
+
+    Args:
+        query: Queries, shape `(b, num_heads, t_q, head_dim)`.
+        key_pool: One layer's key blocks, `(num_blocks, num_kv_heads, block_size,
+            head_dim)`, e.g. `PagedKVCache.key_pools[layer]`.
+        value_pool: Its value blocks, `(num_blocks, num_kv_heads, block_size, v_head_dim)`.
+        block_tables: Block ids, `(b, max_blocks)` integers; entries past a sequence's
+            length are padding (any valid id).
+        lengths: Tokens in the cache per sequence, the new ones included, `(b,)` integers.
+        query_lengths: Real queries per sequence, `(b,)` integers in `[0, t_q]`; default
+            `t_q` for all.
+        scale: Factor applied to the scores; default $1 / \sqrt{\text{head\_dim}}$.
+        method: `"online"` (tile by tile) or `"gather"` (contiguous copy, then SDPA).
+        blocks_per_tile: Blocks per tile of the `"online"` method; any positive number
+            gives the same result (1: block by block).
+
+    Returns:
+        The context vectors, shape `(b, num_heads, t_q, v_head_dim)`.
+
+    Raises:
+        TypeError: If a tensor has the wrong kind of dtype or an option the wrong type.
+        ValueError: If shapes, dtypes or devices do not fit together, `num_heads` is not
+            a multiple of `num_kv_heads`, or (values read, skipped while compiling) a
+            length exceeds the table, a query length exceeds `t_q` or its length, or a
+            block id is out of range.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> k_pool, v_pool = torch.randn(6, 2, 4, 8), torch.randn(6, 2, 4, 8)
+        >>> tables = torch.tensor([[5, 2, 0], [1, 4, 3]])  # (b, max_blocks)
+        >>> lengths = torch.tensor([7, 12])
+        >>> q = torch.randn(2, 6, 1, 8)  # 6 query heads share 2 kv heads
+        >>> out = paged_attention(q, k_pool, v_pool, tables, lengths)
+        >>> out.shape
+        torch.Size([2, 6, 1, 8])
+        >>> keys = k_pool[tables[0]].transpose(0, 1).reshape(2, 12, 8)[:, :7]  # (kv, 7, hd)
+        >>> values = v_pool[tables[0]].transpose(0, 1).reshape(2, 12, 8)[:, :7]
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention
+        >>> torch.allclose(out[0], sdpa(q[0], keys, values, enable_gqa=True), atol=1e-6)
+        True
+        >>> gather = paged_attention(q, k_pool, v_pool, tables, lengths, method="gather")
+        >>> torch.allclose(out, gather, atol=1e-6)
+        True
+    """
+    if is_validation_enabled():
+        _check_paged(query, key_pool, value_pool, block_tables, lengths, query_lengths)
+        check_scale("scale", scale)
+        check_choice("method", method, _METHODS)
+        check_positive_int("blocks_per_tile", blocks_per_tile)
+    return paged_attention_impl(
+        query,
+        key_pool,
+        value_pool,
+        block_tables,
+        lengths,
+        query_lengths=query_lengths,
+        scale=scale,
+        method=method,
+        blocks_per_tile=blocks_per_tile,
+    )
+
+
+def paged_attention_impl(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    lengths: Tensor,
+    *,
+    query_lengths: Tensor | None = None,
+    scale: float | None = None,
+    method: Method = "online",
+    blocks_per_tile: int = 16,
+) -> Tensor:
+    """[`paged_attention`][attnlab.paged.paged_attention] without the checks."""
+    *_, t_q, e = query.shape
+    s = 1.0 / math.sqrt(e) if scale is None else float(scale)
+    positions, real = _query_positions(lengths, query_lengths, t_q)
+    if method == "gather":
+        out = _gather_attention(query, key_pool, value_pool, block_tables, positions, s)
+    else:
+        out = _online_attention(
+            query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile
+        )
+    return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
+
+
+def _query_positions(
+    lengths: Tensor, query_lengths: Tensor | None, t_q: int
+) -> tuple[Tensor, Tensor]:
+    """Position of each query row among its sequence's keys, and which rows are real.
+
+    Both `(b, t_q)`. A padding row takes the position of the sequence's last real
+    query (and at least 0), so that it sees key 0: every row of every tile sequence then
+    has a finite log-sum-exp from the first tile on, and the row is zeroed at the end.
+    """
+    rows = torch.arange(t_q, device=lengths.device)  # (t_q,)
+    n = lengths.new_full(lengths.shape, t_q) if query_lengths is None else query_lengths
+    real = rows < n[:, None]  # (b, t_q)
+    last = (n - 1).clamp_min(0)[:, None]  # (b, 1)
+    positions = (lengths - n)[:, None] + torch.minimum(rows, last)  # (b, t_q)
+    return positions.clamp_min(0), real
+
+
+def _visible(key_positions: Tensor, query_positions: Tensor) -> Tensor:
+    """Allowed mask `(b, t_q, keys)`: key p is seen by a query at position >= p."""
+    return key_positions <= query_positions[:, :, None]
+
+
+def _gather_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+) -> Tensor:
+    """Copy every sequence's blocks into contiguous K/V, then attention with a mask."""
+    b, max_blocks = block_tables.shape
+    _, kv, bs, e = key_pool.shape
+    e_v = value_pool.shape[-1]
+    keys = key_pool[block_tables]  # (b, max_blocks, kv, bs, e)
+    values = value_pool[block_tables]  # (b, max_blocks, kv, bs, e_v)
+    keys = keys.transpose(1, 2).reshape(b, kv, max_blocks * bs, e)  # (b, kv, S, e)
+    values = values.transpose(1, 2).reshape(b, kv, max_blocks * bs, e_v)  # (b, kv, S, e_v)
+    key_positions = torch.arange(max_blocks * bs, device=query.device)  # (S,)
+    mask = _visible(key_positions, positions)[:, None]  # (b, 1, t_q, S)
+    return scaled_dot_product_attention_impl(
+        query, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )  # (b, num_heads, t_q, v_head_dim)
+
+
+def _online_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    blocks_per_tile: int,
+) -> Tensor:
+    """Tile by tile through the block tables, merging partial results (online softmax)."""
+    b, h, t_q, e = query.shape
+    _, kv, bs, e_v = value_pool.shape
+    dtype = query.dtype
+    wide = compute_dtype(dtype)
+    # The query heads of one kv head side by side: scores broadcast over the group,
+    # so no key is repeated. Fold the scale into the queries once.
+    q = (query.to(wide) * scale).reshape(b, kv, h // kv, t_q, e)  # (b, kv, g, t_q, e)
+    out = lse = None
+    for j0 in range(0, block_tables.shape[1], blocks_per_tile):
+        ids = block_tables[:, j0 : j0 + blocks_per_tile]  # (b, n)
+        n = ids.shape[1]
+        k = key_pool[ids].to(wide).transpose(1, 2)  # (b, kv, n, bs, e)
+        v = value_pool[ids].to(wide).transpose(1, 2)  # (b, kv, n, bs, e_v)
+        k = k.reshape(b, kv, 1, n * bs, e)  # (b, kv, 1, T, e), T = n * bs keys
+        v = v.reshape(b, kv, 1, n * bs, e_v)  # (b, kv, 1, T, e_v)
+        scores = q @ k.transpose(-1, -2)  # (b, kv, g, t_q, T)
+        key_positions = torch.arange(j0 * bs, (j0 + n) * bs, device=query.device)  # (T,)
+        hidden = ~_visible(key_positions, positions)[:, None, None]  # (b, 1, 1, t_q, T)
+        scores = scores.masked_fill(hidden, float("-inf"))
+        tile_out, tile_lse = _partial_attention(scores, v)
+        if out is None or lse is None:  # the first tile holds key 0: every lse finite
+            out, lse = tile_out, tile_lse
+        else:
+            out, lse = merge_partials(out, lse, tile_out, tile_lse)
+    assert out is not None  # block_tables has at least one column (checked)
+    return out.reshape(b, h, t_q, e_v).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+
+
+def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax-weighted values of one tile and the log-sum-exp of its scores.
+
+    A row that sees no key of the tile gets output 0 and log-sum-exp -inf, which
+    `merge_partials` then weighs by exp(-inf) = 0.
+    """
+    lse = scores.logsumexp(dim=-1)  # (..., t_q)
+    # Subtract a finite number where a row is all -inf, or -inf - -inf gives NaN.
+    finite = lse.masked_fill(torch.isneginf(lse), 0.0)
+    weights = torch.exp(scores - finite[..., None])  # (..., t_q, T), 0 where hidden
+    return weights @ values, lse  # (..., t_q, e_v), (..., t_q)
+
+
+def _check_index_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor {layout}, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(
+            f"{name} must have {ndim} dimension{'s' * (ndim != 1)} {layout}, got "
+            f"{name}.shape={tuple(x.shape)}"
+        )
+    return x
+
+
+def _check_paged(
+    query: object,
+    key_pool: object,
+    value_pool: object,
+    block_tables: object,
+    lengths: object,
+    query_lengths: object,
+) -> None:
+    """The checks of paged_attention's tensors (the last ones read values)."""
+    q = check_tensor("query", query)
+    k = check_tensor("key_pool", key_pool)
+    v = check_tensor("value_pool", value_pool)
+    check_rank("query", q, (4,), "(b, num_heads, t_q, head_dim)")
+    check_rank("key_pool", k, (4,), "(num_blocks, num_kv_heads, block_size, head_dim)")
+    check_rank("value_pool", v, (4,), "(num_blocks, num_kv_heads, block_size, v_head_dim)")
+    check_same_dtype_device("query", q, key_pool=k, value_pool=v)
+    check_features("key_pool", k, q.shape[-1], "query", "head_dim")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"key_pool and value_pool must agree in (num_blocks, num_kv_heads, block_size), "
+            f"got key_pool.shape={tuple(k.shape)} and value_pool.shape={tuple(v.shape)}"
+        )
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"query's num_heads={q.shape[1]} must be a multiple of key_pool's "
+            f"num_kv_heads={k.shape[1]} (query.shape={tuple(q.shape)}, "
+            f"key_pool.shape={tuple(k.shape)})"
+        )
+    b = q.shape[0]
+    tables = _check_index_tensor("block_tables", block_tables, 2, "(b, max_blocks)")
+    n = _check_index_tensor("lengths", lengths, 1, "(b,)")
+    given = {"block_tables": tables, "lengths": n}
+    if query_lengths is not None:
+        given["query_lengths"] = _check_index_tensor("query_lengths", query_lengths, 1, "(b,)")
+    for name, x in given.items():
+        if x.shape[0] != b:
+            raise ValueError(
+                f"{name} has {x.shape[0]} rows but query has b={b} sequences "
+                f"({name}.shape={tuple(x.shape)}, query.shape={tuple(q.shape)})"
+            )
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but query is on {q.device}")
+    if tables.shape[1] == 0:
+        raise ValueError("block_tables must have at least one column (max_blocks >= 1)")
+    if not value_checks_enabled() or b == 0:
+        return
+    # Reads values: a host sync on an accelerator, skipped while compiling.
+    capacity = tables.shape[1] * k.shape[2]
+    if int(n.min()) < 0 or int(n.max()) > capacity:
+        raise ValueError(
+            f"lengths must be in [0, max_blocks * block_size = {capacity}], got {n.tolist()}"
+        )
+    if int(tables.min()) < 0 or int(tables.max()) >= k.shape[0]:
+        raise ValueError(
+            f"block_tables must hold block ids in [0, num_blocks={k.shape[0]}), got ids "
+            f"from {int(tables.min())} to {int(tables.max())}"
+        )
+    if query_lengths is not None:
+        m = given["query_lengths"]
+        if int(m.min()) < 0 or bool((m > q.shape[2]).any()) or bool((m > n).any()):
+            raise ValueError(
+                f"query_lengths must be in [0, min(t_q={q.shape[2]}, lengths)], got "
+                f"{m.tolist()} with lengths {n.tolist()}"
+            )
+    elif bool((n < q.shape[2]).any()):
+        raise ValueError(
+            f"every sequence must hold its t_q={q.shape[2]} queries' tokens, got lengths "
+            f"{n.tolist()}; append them to the cache first, or pass query_lengths"
+        )
