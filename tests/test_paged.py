@@ -48,21 +48,25 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, n_q: int) -> Tensor:
 def _contiguous(pool: Tensor, table: list[int], length: int) -> Tensor:
     """Token by token through the table: (kv, length, features), independent of the code."""
     bs = pool.shape[2]
-    return torch.stack([pool[table[p // bs], :, p % bs] for p in range(length)], dim=1)
+    return torch.stack([pool[:, table[p // bs], p % bs] for p in range(length)], dim=1)
 
 
 # --- paged_attention on hand-made pools and shuffled tables ----------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(("method", "per_tile"), [("gather", 16), ("online", 1), ("online", 3)])
+@pytest.mark.parametrize(
+    ("method", "option"),
+    [("gather", {"backend": "torch"}), ("gather", {"backend": "scratch"})]
+    + [("online", {"blocks_per_tile": n}) for n in (1, 3)],
+)
 @pytest.mark.parametrize("t_q", [1, 3])
 def test_paged_attention_equals_sdpa(
-    dtype: torch.dtype, method: str, per_tile: int, t_q: int
+    dtype: torch.dtype, method: str, option: dict[str, object], t_q: int
 ) -> None:
     num_blocks = 32
-    k_pool = torch.randn(num_blocks, KV, BS, HD, dtype=dtype)
-    v_pool = torch.randn(num_blocks, KV, BS, HD_V, dtype=dtype)
+    k_pool = torch.randn(KV, num_blocks, BS, HD, dtype=dtype)
+    v_pool = torch.randn(KV, num_blocks, BS, HD_V, dtype=dtype)
     max_blocks = -(-max(LENGTHS) // BS)
     # Shuffled, disjoint tables: sequence b owns blocks perm[b * max_blocks ...].
     perm = torch.randperm(num_blocks)[: len(LENGTHS) * max_blocks]
@@ -80,7 +84,7 @@ def test_paged_attention_equals_sdpa(
         lengths,
         query_lengths=n_q,
         method=method,  # type: ignore[arg-type]
-        blocks_per_tile=per_tile,
+        **option,  # type: ignore[arg-type]
     )
     assert out.shape == (len(LENGTHS), H, t_q, HD_V)
     assert out.dtype == dtype
@@ -94,7 +98,7 @@ def test_paged_attention_equals_sdpa(
 
 def test_paged_attention_methods_agree_at_scale() -> None:
     # A custom scale, a longer context, and MHA (num_heads == num_kv_heads).
-    k_pool, v_pool = torch.randn(40, 3, 8, 4), torch.randn(40, 3, 8, 6)
+    k_pool, v_pool = torch.randn(3, 40, 8, 4), torch.randn(3, 40, 8, 6)
     tables = torch.randperm(40)[:36].reshape(2, 18)
     lengths, q = torch.tensor([140, 77]), torch.randn(2, 3, 1, 4)
     online = paged_attention(q, k_pool, v_pool, tables, lengths, scale=0.3, blocks_per_tile=5)
@@ -106,7 +110,7 @@ def test_paged_attention_methods_agree_at_scale() -> None:
 
 
 def test_paged_attention_low_precision_is_computed_in_float32() -> None:
-    k_pool, v_pool = torch.randn(8, KV, BS, HD), torch.randn(8, KV, BS, HD_V)
+    k_pool, v_pool = torch.randn(KV, 8, BS, HD), torch.randn(KV, 8, BS, HD_V)
     tables, lengths = torch.tensor([[3, 6, 1]]), torch.tensor([11])
     q = torch.randn(1, H, 1, HD)
     wide = paged_attention(q, k_pool, v_pool, tables, lengths)
@@ -249,7 +253,7 @@ def test_flex_paged_attention_reference() -> None:
         positions = torch.arange(n)[None]  # (1, n)
         paged.assign(torch.tensor([i]), positions, k, v, k_cache, v_cache)
     # Torch's layout (1, kv, num_blocks * block_size, hd) holds exactly our pools.
-    ours = cache.key_pools[0].transpose(0, 1).reshape(1, KV, -1, HD)  # (1, kv, n * bs, hd)
+    ours = cache.key_pools[0].reshape(1, KV, -1, HD)  # (1, kv, num_blocks * bs, hd)
     torch.testing.assert_close(k_cache, ours, atol=0, rtol=0)
 
     t_q, n = 3, torch.tensor(lengths)
@@ -524,8 +528,8 @@ def test_cache_errors_name_the_argument() -> None:
 def _attention_args() -> dict[str, Tensor]:
     return {
         "query": torch.randn(2, H, 1, HD),
-        "key_pool": torch.randn(8, KV, BS, HD),
-        "value_pool": torch.randn(8, KV, BS, HD_V),
+        "key_pool": torch.randn(KV, 8, BS, HD),
+        "value_pool": torch.randn(KV, 8, BS, HD_V),
         "block_tables": torch.tensor([[0, 1], [2, 3]]),
         "lengths": torch.tensor([5, 8]),
     }
@@ -538,8 +542,8 @@ def _attention_args() -> dict[str, Tensor]:
         ({"query": torch.randn(2, H, HD)}, ValueError, "query must have 4 dimensions"),
         ({"query": torch.randn(2, H, 1, 4)}, ValueError, "key_pool has 5 features"),
         ({"query": torch.randn(2, H, 1, HD).double()}, ValueError, "dtype"),
-        ({"value_pool": torch.randn(8, KV, 2, HD_V)}, ValueError, "key_pool and value_pool"),
-        ({"key_pool": torch.ones(8, KV, BS, HD, dtype=torch.long)}, TypeError, "key_pool must"),
+        ({"value_pool": torch.randn(KV, 8, 2, HD_V)}, ValueError, "key_pool and value_pool"),
+        ({"key_pool": torch.ones(KV, 8, BS, HD, dtype=torch.long)}, TypeError, "key_pool must"),
         ({"block_tables": torch.zeros(2, 2)}, TypeError, "block_tables must be an integer"),
         ({"block_tables": torch.tensor([0, 1])}, ValueError, "block_tables must have 2 dim"),
         ({"block_tables": torch.tensor([[0, 1]])}, ValueError, "block_tables has 1 rows"),
@@ -551,6 +555,7 @@ def _attention_args() -> dict[str, Tensor]:
         ({"query_lengths": torch.tensor([1, 2])}, ValueError, "query_lengths must be in"),
         ({"query_lengths": torch.tensor([1])}, ValueError, "query_lengths has 1 rows"),
         ({"method": "paged"}, ValueError, "method"),
+        ({"backend": "flash"}, ValueError, "backend"),
         ({"blocks_per_tile": 0}, ValueError, "blocks_per_tile must be a positive int"),
         ({"scale": float("nan")}, ValueError, "scale must be finite"),
     ],
