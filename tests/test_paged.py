@@ -501,6 +501,9 @@ def test_cache_errors_name_the_argument() -> None:
     s = cache.add_sequence()[0]
     with pytest.raises(ValueError, match=re.escape("layer must be in [0, 2)")):
         cache.append(s, 2, k, v)
+    with pytest.raises(ValueError, match=re.escape("layer must be in [0, 2)")):
+        cache.attend(5, torch.randn(1, H, 1, HD), [s])
+    cache.append(s, 0, k[:, :0], v[:, :0])  # no tokens: nothing to allocate
     with pytest.raises(ValueError, match=re.escape("key must have shape (num_kv_heads=2, t, 5)")):
         cache.append(s, 0, torch.randn(3, 2, HD), v)
     with pytest.raises(ValueError, match=re.escape("value must have shape (num_kv_heads=2, t, 3)")):

@@ -507,14 +507,18 @@ class PagedKVCache:
 
         Raises:
             TypeError: If an id is not an int or `key`/`value` is not a float tensor.
-            ValueError: If an id is unknown, or `key`/`value` do not fit the pools.
+            ValueError: If an id is unknown, or `key`/`value` do not fit the pools (checked
+                while [validation][attnlab.set_validation] is on; the ids always).
             OutOfBlocksError: If the blocks needed are not free (nothing is written).
         """
         seq = self._get(seq_id)
         layer = _check_id("layer", layer, self.num_layers, "layers")
-        self._check_kv(key, value)
+        if is_validation_enabled():
+            self._check_kv(key, value)
         start = seq.filled[layer]
         end = start + key.shape[1]
+        if end == start:
+            return
         self._make_room(seq, start, end)
         device = self.key_pools.device
         positions = torch.arange(start, end, device=device)  # (t,)
@@ -640,12 +644,13 @@ class PagedKVCache:
         Returns:
             `(b, num_heads, t_q, v_head_dim)`.
         """
+        lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
         return paged_attention(
             query,
             self.key_pools[layer],
             self.value_pools[layer],
             self.block_tables(seq_ids),
-            self.lengths(seq_ids, layer),
+            lengths,
             query_lengths=query_lengths,
             scale=scale,
             method=method,
