@@ -433,6 +433,33 @@ def test_freed_prefix_blocks_are_found_again_until_handed_out() -> None:
     del q
 
 
+def test_block_hashes_chain_sha256_of_the_tokens() -> None:
+    import hashlib
+
+    def digest(parent: bytes, tokens: list[int]) -> tuple[bytes, str]:
+        data = b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)
+        h = hashlib.sha256(parent + data)
+        return h.digest(), h.hexdigest()
+
+    first, first_hex = digest(b"", [3, -1])
+    _, second_hex = digest(first, [7, 2**40])
+    assert block_hashes([3, -1, 7, 2**40, 5], 2) == [first_hex, second_hex]
+    assert block_hashes(torch.tensor([3, -1, 7]), 2) == [first_hex]
+    assert block_hashes([1], 2) == []
+
+
+def test_prefix_caching_can_be_turned_off() -> None:
+    cache = _cache(prefix_caching=False)
+    prompt = torch.arange(9)
+    first, _ = cache.add_sequence(prompt)
+    for layer in range(cache.num_layers):
+        cache.append(first, layer, torch.randn(KV, 9, HD), torch.randn(KV, 9, HD_V))
+    second, cached = cache.add_sequence(prompt)
+    assert cached == 0
+    assert cache.block_table(second) == []
+    assert all(cache.block_hash(b) is None for b in cache.block_table(first))
+
+
 # --- bad input ------------------------------------------------------------------
 
 
