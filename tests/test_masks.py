@@ -13,14 +13,17 @@ TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 LENGTH_PAIRS = [(5, 5), (3, 7), (7, 3), (1, 4), (0, 3)]
 
 
-def _brute_force(t_q: int, t_k: int, align: str, window: int | None = None) -> torch.Tensor:
-    """Mask from the definition: key j is visible to query i if it is not in i's future."""
+def _brute_force(
+    t_q: int, t_k: int, align: str, window: int | None = None, sinks: int = 0
+) -> torch.Tensor:
+    """Mask from the definition: key j is visible to query i if it is not in i's future
+    (and, with a window, within it or one of the first `sinks` keys)."""
     offset = 0 if align == "top-left" else t_k - t_q  # position of query i is i + offset
     out = torch.zeros(t_q, t_k, dtype=torch.bool)
     for i in range(t_q):
         for j in range(t_k):
             pos = i + offset
-            out[i, j] = j <= pos and (window is None or pos - j < window)
+            out[i, j] = j <= pos and (window is None or pos - j < window or j < sinks)
     return out
 
 
@@ -97,14 +100,8 @@ def test_sliding_window_rows_see_at_most_window_keys() -> None:
 def test_sink_window_matches_definition(
     t_q: int, t_k: int, align: masks.Alignment, window: int, sinks: int
 ) -> None:
-    offset = 0 if align == "top-left" else t_k - t_q
-    expected = torch.zeros(t_q, t_k, dtype=torch.bool)
-    for i in range(t_q):
-        for j in range(t_k):
-            pos = i + offset
-            expected[i, j] = j <= pos and (pos - j < window or j < sinks)
     got = masks.sink_window(t_q, t_k, window=window, sinks=sinks, align=align)
-    assert torch.equal(got, expected)
+    assert torch.equal(got, _brute_force(t_q, t_k, align, window, sinks))
 
 
 def test_sink_window_by_hand() -> None:
