@@ -42,7 +42,7 @@ from attnlab._validation import (
     check_tokens,
     is_validation_enabled,
 )
-from attnlab.kv_cache import KVCache, check_cache
+from attnlab.kv_cache import AttendingCache, KVCache, check_cache
 from attnlab.masks import check_causal_window
 from attnlab.rope import (
     RopeLayout,
@@ -293,7 +293,7 @@ class GroupedQueryAttention(nn.Module):
         *,
         positions: Tensor | None = None,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | AttendingCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
         need_weights: Literal[False] = False,
@@ -306,7 +306,7 @@ class GroupedQueryAttention(nn.Module):
         *,
         positions: Tensor | None = None,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | AttendingCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
         need_weights: Literal[True],
@@ -318,7 +318,7 @@ class GroupedQueryAttention(nn.Module):
         *,
         positions: Tensor | None = None,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | AttendingCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
         need_weights: bool = False,
@@ -334,6 +334,11 @@ class GroupedQueryAttention(nn.Module):
         `(b, num_heads, t, t_k)` (without dropout: call it in eval mode) computed from
         scratch from the same queries and keys, whatever the backend; `t_k` is the
         number of keys attended to (a window drops older cached keys).
+
+        `cache` may also be an [`AttendingCache`][attnlab.kv_cache.AttendingCache] (a
+        paged cache of many sequences), which stores the rotated keys and values and
+        attends itself; then `positions` (or `position_embeddings`) must place the
+        tokens, and there is no `attn_mask`, window, dropout or `need_weights`.
         """
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
@@ -351,6 +356,11 @@ class GroupedQueryAttention(nn.Module):
         if self.rope:
             if position_embeddings is None:
                 if positions is None:
+                    if isinstance(cache, AttendingCache):
+                        raise ValueError(
+                            f"positions must be given with a {type(cache).__name__}: its "
+                            "sequences have different lengths"
+                        )
                     past = 0 if cache is None else cache.length
                     positions = torch.arange(past, past + t, device=x.device)  # (t,)
                 # One table for queries and keys, computed once per forward.
@@ -358,6 +368,15 @@ class GroupedQueryAttention(nn.Module):
             cos, sin = position_embeddings
             q = rotate(q, cos, sin, layout=self.rope_layout)  # (b, h, t, head_dim)
             k = rotate(k, cos, sin, layout=self.rope_layout)  # (b, h_kv, t, head_dim)
+        if isinstance(cache, AttendingCache):  # e.g. paged: it stores and attends itself
+            if attn_mask is not None or self.window is not None or dropout_p or need_weights:
+                raise ValueError(
+                    f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
+                    "window, dropout or need_weights"
+                )
+            heads = cache.attend(q, k, v)  # (b, h, t, head_dim)
+            out_: Tensor = self.o_proj(heads.transpose(1, 2).reshape(b, t, h * hd))
+            return out_[0] if unbatched else out_
         if cache is not None:
             k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
 

@@ -39,6 +39,7 @@ from attnlab._validation import (
 )
 
 __all__ = [
+    "AttendingCache",
     "CacheLayout",
     "DynamicKVCache",
     "KVCache",
@@ -241,6 +242,33 @@ class KVCache(abc.ABC):
                 f"key is on {k.device} but the cache is on {held.device}; move the inputs "
                 "or build the cache on their device"
             )
+
+
+class AttendingCache(abc.ABC):
+    """A cache that stores new keys and values and attends from the new queries itself.
+
+    A [`KVCache`][attnlab.kv_cache.KVCache] returns contiguous keys and values for the
+    layer to attend over. A cache that keeps them elsewhere, such as the blocks of a
+    paged cache shared by many sequences of different lengths, instead takes the
+    layer's rotated queries, keys and values and returns the attention's output:
+    [`GroupedQueryAttention.forward_impl`][attnlab.gqa.GroupedQueryAttention.forward_impl]
+    hands them to [`attend`][attnlab.kv_cache.AttendingCache.attend] in place of its
+    own `update` and kernel call (one hook, so a new cache layout needs no new flag in
+    the layer). Causality and which tokens each query sees are the cache's rule.
+    """
+
+    @abc.abstractmethod
+    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """Store the new tokens' keys and values, then attend from their queries.
+
+        Args:
+            query: `(b, num_heads, t, head_dim)`, rotated.
+            key: `(b, num_kv_heads, t, head_dim)`, rotated.
+            value: `(b, num_kv_heads, t, v_head_dim)`.
+
+        Returns:
+            `(b, num_heads, t, v_head_dim)`: each query's mix of the values it may see.
+        """
 
 
 def check_cache(cache: object, name: str = "cache") -> KVCache | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,13 +41,14 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
+from attnlab.kv_cache import AttendingCache, DynamicKVCache, KVCache, StaticKVCache
 from attnlab.masks import combine_impl
 from attnlab.rope import check_base, check_positions, rope_cos_sin
 
 __all__ = ["Decoder", "DecoderBlock", "DecoderConfig", "SwiGLU"]
 
 CacheKind = Literal["static", "dynamic"]
+LayerCache = KVCache | AttendingCache
 _HF_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
@@ -213,7 +214,7 @@ class DecoderBlock(nn.Module):
         self,
         x: Tensor,
         position_embeddings: tuple[Tensor, Tensor],
-        cache: KVCache | None = None,
+        cache: LayerCache | None = None,
         attn_mask: Tensor | None = None,
     ) -> Tensor:
         attn = self.self_attn.forward_impl(
@@ -386,6 +387,20 @@ class Decoder(nn.Module):
             raise ValueError(f"the layers' caches hold different lengths {sorted(lengths)}")
         return lengths.pop()
 
+    def _check_attending(
+        self, cache: Sequence[object], positions: object, padding_mask: object, attn_mask: object
+    ) -> None:
+        n = self.config.num_layers
+        if len(cache) != n or not all(isinstance(c, AttendingCache) for c in cache):
+            raise TypeError(f"cache must be {n} AttendingCache objects (one per layer)")
+        if positions is None:
+            raise ValueError("positions must be given with an AttendingCache (paged) cache")
+        if padding_mask is not None or attn_mask is not None:
+            raise ValueError(
+                "an AttendingCache (paged) cache decides what each query sees: pass no "
+                "padding_mask or attn_mask"
+            )
+
     def _check_padding(self, mask: object, batch: int, total: int) -> Tensor:
         if not isinstance(mask, Tensor):
             raise TypeError(
@@ -422,7 +437,7 @@ class Decoder(nn.Module):
     def _prepare(
         self,
         ids: Tensor,
-        cache: Sequence[KVCache] | None,
+        cache: Sequence[LayerCache] | None,
         positions: Tensor | None,
         padding_mask: Tensor | None,
         attn_mask: Tensor | None,
@@ -431,7 +446,17 @@ class Decoder(nn.Module):
         c = self.config
         b, t = ids.shape
         validate = is_validation_enabled()
-        past = self._check_cache(cache, b) if validate else (cache[0].length if cache else 0)
+        if cache and isinstance(cache[0], AttendingCache):
+            # A paged cache of sequences of different lengths: the caller places every
+            # token, and the cache decides what each query sees.
+            x = self.embed_tokens(ids)  # (b, t, d_model)
+            if validate:
+                self._check_attending(cache, positions, padding_mask, attn_mask)
+                check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
+            assert positions is not None
+            return x, rope_cos_sin(positions, c.head_dim, base=c.rope_base), None
+        kv = cast("Sequence[KVCache] | None", cache)
+        past = self._check_cache(kv, b) if validate else (kv[0].length if kv else 0)
         if validate and past + t > c.max_positions:
             raise ValueError(
                 f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
@@ -467,7 +492,7 @@ class Decoder(nn.Module):
         self,
         ids: Tensor,
         *,
-        cache: Sequence[KVCache] | None = None,
+        cache: Sequence[LayerCache] | None = None,
         positions: Tensor | None = None,
         padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
@@ -479,6 +504,8 @@ class Decoder(nn.Module):
             ids: Token ids, `(b, t)` or `(t,)`, integers in `[0, vocab_size)`.
             cache: From [`make_cache`][attnlab.llm.Decoder.make_cache]: the earlier
                 tokens' keys and values, one cache per layer; the new ones are appended.
+                Or one [`AttendingCache`][attnlab.kv_cache.AttendingCache] per layer (a
+                paged cache of sequences of different lengths), with `positions`.
             positions: Positions of the tokens, `(t,)` or `(b, t)`; default: after the
                 cached tokens, counting only real tokens where there is padding.
             padding_mask: `(b, cached + t)`, 1 (True) at real tokens and 0 at padding,
