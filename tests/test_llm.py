@@ -33,14 +33,6 @@ PROMPTS = [
 # -- the real model ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def smollm2() -> tuple[Any, Decoder, Any]:
-    hf, tokenizer = pretrained.load_smollm2()
-    decoder, same_tokenizer = pretrained.smollm2_decoder()
-    assert same_tokenizer is tokenizer  # one load per process
-    return hf, decoder, tokenizer
-
-
 def test_smollm2_is_the_pinned_model(smollm2: tuple[Any, Decoder, Any]) -> None:
     hf, decoder, _ = smollm2
     c = decoder.config
