@@ -1,0 +1,207 @@
+"""The continuous-batching engine against transformers' own paged generation.
+
+The reference is `transformers`' `generate_batch` (continuous batching over its
+`PagedAttentionCache`), run once per model on the same workload: prompts of different
+lengths, two of them sharing a prefix longer than a block, and different output lengths
+(greedy, so a request's tokens are a prefix of what the reference makes with the
+longest `max_new_tokens`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.llm import Decoder
+from attnlab.serving import Engine
+
+transformers = pytest.importorskip("transformers")
+
+SYSTEM = [5, 17, 3, 88, 41, 9, 60, 2, 33]  # 9 tokens: two full blocks of 4 are shared
+PROMPTS = [
+    [*SYSTEM, 11, 12, 13],
+    [*SYSTEM, 21, 22],
+    [40, 41, 42],
+    [7, 70, 8, 80, 9, 90, 1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6],  # several prefill chunks
+]
+NEW_TOKENS = [10, 6, 14, 8]
+
+
+def _reference(hf: Any, prompts: list[list[int]], max_new_tokens: int) -> list[Any]:
+    """transformers' continuous batching (paged cache, greedy): one output per prompt."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    batching = ContinuousBatchingConfig(
+        page_size=16, num_blocks=64, max_batch_tokens=128, return_logprobs=True
+    )
+    out = hf.generate_batch(prompts, generation_config=config, continuous_batching_config=batching)
+    return [out[f"req_{i}"] for i in range(len(prompts))]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Decoder, list[Any]]:
+    """A random 2-layer Llama as attnlab's Decoder, and transformers' outputs on PROMPTS."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        rope_theta=1e4,
+        tie_word_embeddings=False,
+        initializer_range=0.3,  # peaked logits: greedy choices far from ties
+    )
+    hf = transformers.LlamaForCausalLM(config).eval()
+    decoder = Decoder.from_hf(copy.deepcopy(hf)).eval()
+    return decoder, _reference(hf, PROMPTS, max(NEW_TOKENS))
+
+
+def _serve(decoder: Decoder, **sizes: int) -> tuple[Engine, list[int], dict[int, list[int]]]:
+    engine = Engine(decoder, **sizes)
+    ids = [engine.submit(p, n) for p, n in zip(PROMPTS, NEW_TOKENS, strict=True)]
+    return engine, ids, engine.run()
+
+
+def _check_against(
+    engine: Engine, ids: list[int], out: dict[int, list[int]], reference: list[Any]
+) -> float:
+    """Assert tokens equal the reference's; return the largest log-prob difference."""
+    worst = 0.0
+    for i, n, ref in zip(ids, NEW_TOKENS, reference, strict=True):
+        assert out[i] == ref.generated_tokens[:n]
+        mine = torch.tensor(engine.logprobs(i))
+        theirs = torch.tensor(ref.logprobs[:n])
+        torch.testing.assert_close(mine, theirs, atol=2e-5, rtol=0)
+        worst = max(worst, float((mine - theirs).abs().max()))
+    return worst
+
+
+def test_engine_equals_transformers_generate_batch(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, reference = tiny
+    engine, ids, out = _serve(
+        decoder, num_blocks=32, block_size=4, max_batch_tokens=16, prefill_chunk=5
+    )
+    _check_against(engine, ids, out, reference)
+    assert engine.num_preemptions == 0
+    assert engine.num_cached_prompt_tokens == 8  # the second request's two shared blocks
+
+
+def test_engine_equals_decoder_generate(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, _ = tiny
+    engine, ids, out = _serve(decoder, num_blocks=32, block_size=4, prefill_chunk=5)
+    for i, prompt, n in zip(ids, PROMPTS, NEW_TOKENS, strict=True):
+        alone = decoder.generate(torch.tensor(prompt), n)[len(prompt) :]
+        assert out[i] == alone.tolist()
+        logits = decoder(torch.tensor(prompt + out[i]))[len(prompt) - 1 : -1]  # uncached
+        want = torch.log_softmax(logits, -1).gather(-1, alone[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(engine.logprobs(i)), want, atol=2e-5, rtol=0)
+
+
+def test_engine_every_block_free_after_run(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, _ = tiny
+    engine, _, _ = _serve(decoder, num_blocks=32, block_size=4)
+    assert engine.cache.num_free_blocks == 32
+    assert engine.cache.sequences == []
+
+
+def test_engine_preemption_gives_the_same_tokens(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, reference = tiny
+    # 8 blocks of 4 hold 32 tokens: each request fits alone (at most 24), not all at once.
+    engine, ids, out = _serve(decoder, num_blocks=8, block_size=4, prefill_chunk=6)
+    assert engine.num_preemptions > 0
+    _check_against(engine, ids, out, reference)
+    assert engine.cache.num_free_blocks == 8
+
+
+def test_engine_eos_ends_a_request(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, reference = tiny
+    tokens = reference[2].generated_tokens
+    engine = Engine(decoder, num_blocks=32, block_size=4)
+    i = engine.submit(PROMPTS[2], 14, eos_token_id=tokens[4])
+    stop = tokens.index(tokens[4])
+    assert engine.run()[i] == tokens[: stop + 1]  # the end token is kept
+
+
+def test_engine_cancel_returns_blocks(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, reference = tiny
+    engine = Engine(decoder, num_blocks=32, block_size=4)
+    kept = engine.submit(PROMPTS[2], 14)
+    dropped = engine.submit(PROMPTS[3], 8)
+    while len(engine.logprobs(dropped)) < 3:  # mid-generation
+        engine.step()
+    free = engine.cache.num_free_blocks
+    engine.cancel(dropped)
+    assert engine.cache.num_free_blocks == free + 5  # its 17 + 2 tokens, in blocks of 4
+    out = engine.run()
+    assert out[kept] == reference[2].generated_tokens
+    assert out[dropped] == reference[3].generated_tokens[:3]
+    assert engine.cache.num_free_blocks == 32
+    waiting = engine.submit(PROMPTS[0], 4)
+    engine.cancel(waiting)  # before it was admitted
+    assert engine.run()[waiting] == []
+
+
+def test_engine_bad_input(tiny: tuple[Decoder, list[Any]]) -> None:
+    decoder, _ = tiny
+    with pytest.raises(TypeError, match="decoder"):
+        Engine(object(), num_blocks=4, block_size=4)  # type: ignore[arg-type]
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="block_size"):
+            Engine(decoder, num_blocks=4, block_size=bad)
+    with pytest.raises(TypeError, match="block_size"):
+        Engine(decoder, num_blocks=4, block_size=2.5)  # type: ignore[arg-type]
+    engine = Engine(decoder, num_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match=r"prompt_ids has 17 tokens.*whole cache holds 16"):
+        engine.submit(PROMPTS[3], 1)
+    with pytest.raises(ValueError, match=r"max_new_tokens=8.*whole cache holds 16"):
+        engine.submit(PROMPTS[0], 8)
+    for bad_count in (0, -1):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            engine.submit(PROMPTS[2], bad_count)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        engine.submit(PROMPTS[2], "3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prompt_ids"):
+        engine.submit([], 3)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\]=97"):
+        engine.submit([1, 97], 3)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        engine.submit([1, 2], 3, eos_token_id=97)
+    with pytest.raises(ValueError, match="request_id 5 is not a request"):
+        engine.cancel(5)
+    with pytest.raises(ValueError, match="request_id 5"):
+        engine.logprobs(5)
+    done = engine.submit([1, 2], 2)
+    engine.run()
+    with pytest.raises(ValueError, match="finished already"):
+        engine.cancel(done)
+
+
+def test_engine_equals_transformers_on_smollm2(smollm2: tuple[Any, Any, Any]) -> None:
+    hf, decoder, tokenizer = smollm2
+    system = "You are a careful assistant. Answer in one short sentence."
+    questions = ["What is a cat?", "Name a colour.", "Why is the sky blue?", "Count to five."]
+    prompts = [tokenizer.encode(system + " " + q) for q in questions[:2]]
+    prompts += [tokenizer.encode(q) for q in questions[2:]]
+    new_tokens = [24, 16, 20, 16]
+    reference = _reference(hf, prompts, max(new_tokens))
+    engine = Engine(decoder, num_blocks=64, block_size=8, prefill_chunk=16)
+    ids = [engine.submit(p, n) for p, n in zip(prompts, new_tokens, strict=True)]
+    out = engine.run()
+    for i, n, ref in zip(ids, new_tokens, reference, strict=True):
+        assert out[i] == ref.generated_tokens[:n]
+        torch.testing.assert_close(
+            torch.tensor(engine.logprobs(i)), torch.tensor(ref.logprobs[:n]), atol=1e-4, rtol=0
+        )
+    assert engine.num_cached_prompt_tokens >= 8  # the shared system prompt
+    assert engine.cache.num_free_blocks == 64
