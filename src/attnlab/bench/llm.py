@@ -102,7 +102,7 @@ class LLMSettings:
     context_steps: int = 16
     rounds: int = 5
     prefill_rounds: int = 5
-    context_rounds: int = 3
+    context_rounds: int = 5
 
     def __post_init__(self) -> None:
         names = ("new_tokens", "prefill_tokens", "context_steps", "rounds", "prefill_rounds")
