@@ -37,14 +37,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Sequence
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-from attnlab._validation import check_positive_int
+from attnlab._validation import check_choice, check_positive_int
 from attnlab.kv_cache import AttendingCache
 from attnlab.llm import Decoder
-from attnlab.paged import PagedKVCache
+from attnlab.paged import Method, PagedKVCache
 
 __all__ = ["Engine"]
 
@@ -89,18 +90,24 @@ class _PagedLayer(AttendingCache):
     """
 
     def __init__(
-        self, cache: PagedKVCache, layer: int, seq_ids: list[int], query_lengths: Tensor
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        seq_ids: list[int],
+        query_lengths: Tensor,
+        method: Method,
     ) -> None:
         self.cache = cache
         self.layer = layer
         self.seq_ids = seq_ids
         self.query_lengths = query_lengths  # (b,)
+        self.method = method
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         for i, (seq, n) in enumerate(zip(self.seq_ids, self.query_lengths.tolist(), strict=True)):
             self.cache.append(seq, self.layer, key[i, :, :n], value[i, :, :n])  # (kv, n, e)
         return self.cache.attend(
-            self.layer, query, self.seq_ids, query_lengths=self.query_lengths
+            self.layer, query, self.seq_ids, query_lengths=self.query_lengths, method=self.method
         )  # (b, num_heads, t, v_head_dim)
 
 
@@ -122,6 +129,8 @@ class Engine:
         max_batch_tokens: Most tokens one step runs (decode tokens plus the prompt chunk);
             also the most requests running at once.
         prefill_chunk: Most prompt tokens one step reads of a prompt.
+        method: How attention reads the blocks, as in
+            [`paged_attention`][attnlab.paged.paged_attention].
 
     Attributes:
         cache: The [`PagedKVCache`][attnlab.paged.PagedKVCache] of every layer.
@@ -157,6 +166,7 @@ class Engine:
         block_size: int,
         max_batch_tokens: int = 256,
         prefill_chunk: int = 64,
+        method: Method = "online",
     ) -> None:
         if not isinstance(decoder, Decoder):
             raise TypeError(f"decoder must be an attnlab Decoder, got {type(decoder).__name__}")
@@ -169,6 +179,8 @@ class Engine:
         self.decoder = decoder
         self.max_batch_tokens = check_positive_int("max_batch_tokens", max_batch_tokens)
         self.prefill_chunk = check_positive_int("prefill_chunk", prefill_chunk)
+        check_choice("method", method, get_args(Method))
+        self.method = method
         weight = decoder.embed_tokens.weight
         self.cache = PagedKVCache(
             num_layers=c.num_layers,
@@ -393,7 +405,10 @@ class Engine:
             positions[row] = torch.arange(start, start + t).clamp(max=start + n - 1)
         lengths = torch.tensor([n for _, n in plan], device=device)  # (b,)
         seqs = [self._seq(r) for r, _ in plan]
-        layers = [_PagedLayer(self.cache, i, seqs, lengths) for i in range(self.cache.num_layers)]
+        layers = [
+            _PagedLayer(self.cache, i, seqs, lengths, self.method)
+            for i in range(self.cache.num_layers)
+        ]
         with torch.no_grad():
             logits: Tensor = self.decoder(ids, cache=layers, positions=positions)  # (b, t, vocab)
         return logits[torch.arange(len(plan), device=device), lengths - 1]  # (b, vocab)
