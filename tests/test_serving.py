@@ -75,16 +75,21 @@ def _serve(decoder: Decoder, **settings: Any) -> tuple[Engine, list[int], dict[i
 
 
 def _check_against(
-    engine: Engine, ids: list[int], out: dict[int, list[int]], reference: list[Any]
+    engine: Engine,
+    ids: list[int],
+    out: dict[int, list[int]],
+    reference: list[Any],
+    new_tokens: list[int] = NEW_TOKENS,
 ) -> float:
     """Assert tokens equal the reference's; return the largest log-prob difference.
 
     The tolerance is float32's: against log-probs computed in float64, transformers' own
     paged generation is off by up to 4.4e-6 on the random model, attnlab's engine by up
-    to 5.8e-6 (gather) and 1.1e-5 (online) (measured).
+    to 5.8e-6 (gather) and 1.1e-5 (online) (measured); on SmolLM2 the two differ by
+    1.2e-5.
     """
     worst = 0.0
-    for i, n, ref in zip(ids, NEW_TOKENS, reference, strict=True):
+    for i, n, ref in zip(ids, new_tokens, reference, strict=True):
         assert out[i] == ref.generated_tokens[:n]
         mine = torch.tensor(engine.logprobs(i))
         theirs = torch.tensor(ref.logprobs[:n])
@@ -204,15 +209,10 @@ def test_engine_equals_transformers_on_smollm2(smollm2: tuple[Any, Any, Any]) ->
     questions = ["What is a cat?", "Name a colour.", "Why is the sky blue?", "Count to five."]
     prompts = [tokenizer.encode(system + " " + q) for q in questions[:2]]
     prompts += [tokenizer.encode(q) for q in questions[2:]]
-    new_tokens = [24, 16, 20, 16]
+    new_tokens = [20, 16, 18, 16]
     reference = _reference(hf, prompts, max(new_tokens))
     engine = Engine(decoder, num_blocks=64, block_size=8, prefill_chunk=16)
     ids = [engine.submit(p, n) for p, n in zip(prompts, new_tokens, strict=True)]
-    out = engine.run()
-    for i, n, ref in zip(ids, new_tokens, reference, strict=True):
-        assert out[i] == ref.generated_tokens[:n]
-        torch.testing.assert_close(
-            torch.tensor(engine.logprobs(i)), torch.tensor(ref.logprobs[:n]), atol=1e-4, rtol=0
-        )
-    assert engine.num_cached_prompt_tokens >= 8  # the shared system prompt
+    _check_against(engine, ids, engine.run(), reference, new_tokens)
+    assert engine.num_cached_prompt_tokens == 8  # one block of the shared system prompt
     assert engine.cache.num_free_blocks == 64
