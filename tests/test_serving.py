@@ -9,7 +9,9 @@ longest `max_new_tokens`).
 
 from __future__ import annotations
 
+import collections
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +31,15 @@ PROMPTS = [
     [7, 70, 8, 80, 9, 90, 1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6],  # several prefill chunks
 ]
 NEW_TOKENS = [10, 6, 14, 8]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared machine, two make every small op wait for both."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _reference(hf: Any, prompts: list[list[int]], max_new_tokens: int) -> list[Any]:
@@ -136,6 +147,28 @@ def test_engine_preemption_gives_the_same_tokens(tiny: tuple[Decoder, list[Any]]
     assert engine.num_preemptions > 0
     _check_against(engine, ids, out, reference)
     assert engine.cache.num_free_blocks == 8
+
+
+@pytest.mark.parametrize("num_blocks", [32, 8])
+def test_engine_shares_blocks_only_through_the_prefix_cache(
+    tiny: tuple[Decoder, list[Any]], num_blocks: int
+) -> None:
+    decoder, _ = tiny
+    engine = Engine(decoder, num_blocks=num_blocks, block_size=4, prefill_chunk=6)
+    for prompt, n in zip(PROMPTS, NEW_TOKENS, strict=True):
+        engine.submit(prompt, n)
+    shared_seen = 0
+    while engine.has_work:
+        engine.step()
+        holders = collections.Counter(
+            block for seq in engine.cache.sequences for block in engine.cache.block_table(seq)
+        )
+        for block, count in holders.items():
+            assert engine.cache.allocator.refcount(block) == count
+            if count > 1:  # only a full prompt block, registered under its prefix hash
+                assert engine.cache.block_hash(block) is not None
+                shared_seen += 1
+    assert shared_seen > 0
 
 
 def test_engine_eos_ends_a_request(tiny: tuple[Decoder, list[Any]]) -> None:

@@ -75,6 +75,7 @@ class _Request:
 
     @property
     def done(self) -> bool:
+        """Whether it made `max_new_tokens` tokens or its last one is the end token."""
         last = self.generated[-1] if self.generated else None
         return len(self.generated) == self.max_new_tokens or (
             last is not None and last == self.eos_token_id
