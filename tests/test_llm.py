@@ -273,6 +273,16 @@ def test_attention_maps_equal_transformers_eager() -> None:
     assert decoder.attention_maps(ids[0])[1].shape == (6, 9, 9)  # unbatched
 
 
+def test_logits_at_picks_one_token_per_row(tiny: tuple[Any, Decoder]) -> None:
+    _, decoder = tiny
+    ids = torch.randint(3, 97, (3, 6))
+    at = torch.tensor([5, 0, 2])
+    with torch.no_grad():
+        full = decoder(ids)
+        picked = decoder(ids, logits_at=at)
+    torch.testing.assert_close(picked[:, 0], full[torch.arange(3), at], atol=1e-5, rtol=1e-5)
+
+
 def test_prefill_then_decode_from_a_given_cache(tiny: tuple[Any, Decoder]) -> None:
     _, decoder = tiny
     ids = torch.randint(3, 97, (1, 12))
@@ -439,6 +449,16 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
             lambda d: d.make_cache(1, 65),
             ValueError,
             r"max_length=65 is past the model's max_positions=64",
+        ),
+        (
+            lambda d: d(torch.ones(2, 3, dtype=torch.long), logits_at=torch.tensor([0, 3])),
+            ValueError,
+            r"logits_at must index the t=3 tokens, got \[0, 3\]",
+        ),
+        (
+            lambda d: d(torch.ones(2, 3, dtype=torch.long), logits_at=torch.tensor([1])),
+            ValueError,
+            r"logits_at must have shape \(b,\) = \(2,\), one index per row, got \(1,\)",
         ),
     ],
 )

@@ -387,6 +387,18 @@ class Decoder(nn.Module):
             raise ValueError(f"the layers' caches hold different lengths {sorted(lengths)}")
         return lengths.pop()
 
+    def _check_logits_at(self, logits_at: object, ids: Tensor) -> None:
+        b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
+        if not isinstance(logits_at, Tensor) or logits_at.dtype.is_floating_point:
+            raise TypeError(f"logits_at must be an integer tensor, got {logits_at!r}")
+        if tuple(logits_at.shape) != (b,):
+            raise ValueError(
+                f"logits_at must have shape (b,) = ({b},), one index per row, got "
+                f"{tuple(logits_at.shape)}"
+            )
+        if value_checks_enabled() and b and not bool(((logits_at >= 0) & (logits_at < t)).all()):
+            raise ValueError(f"logits_at must index the t={t} tokens, got {logits_at.tolist()}")
+
     def _check_attending(
         self, cache: Sequence[object], positions: object, padding_mask: object, attn_mask: object
     ) -> None:
@@ -497,6 +509,7 @@ class Decoder(nn.Module):
         padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         last_only: bool = False,
+        logits_at: Tensor | None = None,
     ) -> Tensor:
         """The logits of the next token after each token of `ids`.
 
@@ -515,6 +528,9 @@ class Decoder(nn.Module):
                 causal mask and the padding.
             last_only: Return only the last token's logits, `(b, 1, vocab_size)` (what
                 decoding needs: the unembedding is a large matrix).
+            logits_at: `(b,)` integer tensor: return only the logits after token
+                `logits_at[i]` of row `i`, `(b, 1, vocab_size)` (rows of different real
+                lengths, right-padded, as a serving engine batches them).
 
         Returns:
             Logits `(b, t, vocab_size)` (or `(t, vocab_size)` for unbatched `ids`).
@@ -529,12 +545,17 @@ class Decoder(nn.Module):
         if is_validation_enabled():
             ids = self._check_ids(ids)
             check_bool("last_only", last_only)
+            if logits_at is not None:
+                self._check_logits_at(logits_at, ids)
         unbatched = ids.ndim == 1
         ids2 = ids[None] if unbatched else ids  # (b, t)
         x, tables, mask = self._prepare(ids2, cache, positions, padding_mask, attn_mask)
         for i, layer in enumerate(self.layers):
             x = layer(x, tables, None if cache is None else cache[i], mask)  # (b, t, d_model)
-        if last_only:
+        if logits_at is not None:
+            rows = torch.arange(x.shape[0], device=x.device)  # (b,)
+            x = x[rows, logits_at][:, None]  # (b, 1, d_model)
+        elif last_only:
             x = x[:, -1:]  # (b, 1, d_model)
         logits: Tensor = self.lm_head(self.norm(x))  # (b, t, vocab_size)
         return logits[0] if unbatched else logits

@@ -218,13 +218,17 @@ def repeated_tokens(
     return torch.cat([first, first], dim=1)  # (b, 2 * half)
 
 
-def per_position_loss(model: TinyTransformer, tokens: Tensor) -> Tensor:
+def per_position_loss(model: nn.Module, tokens: Tensor) -> Tensor:
     """Cross-entropy of predicting token `i + 1` from tokens `0..i`, averaged over the batch.
+
+    `model` maps token ids `(b, t)` to logits `(b, t, vocab)`: a
+    [`TinyTransformer`][attnlab.model.TinyTransformer] or a real model's
+    [`Decoder`][attnlab.llm.Decoder].
 
     Returns:
         `(t - 1,)`: entry `i` is the loss of the prediction made at position `i`.
     """
-    logits = model(tokens[:, :-1])  # (b, t-1, vocab)
+    logits: Tensor = model(tokens[:, :-1])  # (b, t-1, vocab)
     loss = nn.functional.cross_entropy(
         logits.transpose(1, 2), tokens[:, 1:], reduction="none"
     )  # (b, t-1)

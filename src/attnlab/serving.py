@@ -410,9 +410,11 @@ class Engine:
             _PagedLayer(self.cache, i, seqs, lengths, self.method)
             for i in range(self.cache.num_layers)
         ]
-        with torch.no_grad():
-            logits: Tensor = self.decoder(ids, cache=layers, positions=positions)  # (b, t, vocab)
-        return logits[torch.arange(len(plan), device=device), lengths - 1]  # (b, vocab)
+        with torch.no_grad():  # unembed only each row's last real token
+            logits: Tensor = self.decoder(
+                ids, cache=layers, positions=positions, logits_at=lengths - 1
+            )  # (b, 1, vocab)
+        return logits[:, 0]  # (b, vocab)
 
     @property
     def has_work(self) -> bool:
