@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,3 +27,13 @@ def smollm2() -> tuple[Any, Any, Any]:
     decoder, same_tokenizer = pretrained.smollm2_decoder()
     assert same_tokenizer is tokenizer  # one load per process
     return hf, decoder, tokenizer
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for a module of tiny models: on a busy two-core machine, two
+    threads make every small op wait for both."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +40,6 @@ TINY = LLMSettings(
     context_rounds=1,
 )
 COMMITTED = Path(__file__).parents[1] / "docs/assets/bench/llm.json"
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    # Two threads on the shared two-core machine make each tiny op wait for the other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,12 +33,8 @@ NEW_TOKENS = [10, 6, 14, 8]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared machine, two make every small op wait for both."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread: None) -> None:
+    """Every test here runs tiny models (see conftest's `one_thread`)."""
 
 
 def _reference(hf: Any, prompts: list[list[int]], max_new_tokens: int) -> list[Any]:
