@@ -487,6 +487,39 @@ def test_config_checks() -> None:
         Decoder(DecoderConfig(10, 8, 2, 3, 2, 4, 16))
 
 
+def test_disk_cache_round_trip(
+    smollm2: tuple[Any, Decoder, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the first load writes, a later process reads back: the same weights (the tied
+    # matrix tied again), config, end token and tokenizer. A tiny random model stands in
+    # for the real one's weights; the tokenizer is the real one.
+    _, _, tokenizer = smollm2
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    hf = _random_hf("llama-bias")
+    hf.config.tie_word_embeddings = True
+    hf.tie_weights()
+    entry = pretrained._entry(torch.float32)
+    assert entry.parent == tmp_path
+    assert pretrained._read_cache(entry, torch.float32) is None  # nothing there yet
+    pretrained._write_cache(entry, hf, tokenizer)
+    read = pretrained._read_cache(entry, torch.float32)
+    assert read is not None
+    model, same = read
+    theirs, ours = hf.state_dict(), model.state_dict()
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.generation_config.eos_token_id == hf.generation_config.eos_token_id
+    text = "Life is short, eat dessert first"
+    assert same(text).input_ids == tokenizer(text).input_ids
+    assert same.chat_template == tokenizer.chat_template
+    # An entry without its marker (a write cut short) is not read, and is replaced.
+    (entry / "attnlab.json").unlink()
+    assert pretrained._read_cache(entry, torch.float32) is None
+    pretrained._write_cache(entry, hf, tokenizer)
+    assert pretrained._read_cache(entry, torch.float32) is not None
+
+
 def test_missing_wheel_prints_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(

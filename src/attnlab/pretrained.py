@@ -15,8 +15,10 @@ would build `llama-cpp-python` from source; none of it is used here):
 
 The package's module is never imported (it imports `llm`): its folder is found with
 `importlib.util.find_spec`. The file is checked against a pinned SHA-256 before it is
-read. Loading takes 10-20 s on two CPU cores; each function caches its result, so a
-process pays it once.
+read. Dequantizing takes 10-20 s on two CPU cores, so the result is also written to a
+cache folder on disk (`model.safetensors`, the config and the tokenizer; see
+[`cache_dir`][attnlab.pretrained.cache_dir]) that later processes load in about a
+second; each function also keeps its result in memory, so a process loads once.
 
 This is the only module of attnlab that imports `transformers` or `gguf`, and only when
 called.
@@ -29,6 +31,9 @@ import functools
 import hashlib
 import importlib.util
 import io
+import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,7 @@ __all__ = [
     "INSTALL",
     "SMOLLM2_FILE",
     "SMOLLM2_SHA256",
+    "cache_dir",
     "load_smollm2",
     "smollm2_decoder",
     "smollm2_path",
@@ -104,7 +110,9 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct as a `transformers` `LlamaForCausalLM`, and its tokenizer.
 
     The model is dequantized to `dtype` and put in eval mode. Cached per `dtype`: every
-    call in a process returns the same objects, so do not modify them (copy first).
+    call in a process returns the same objects, so do not modify them (copy first). The
+    first load on a machine dequantizes the GGUF file (10-20 s) and saves the result in
+    [`cache_dir`][attnlab.pretrained.cache_dir]; later processes read that (about 1 s).
 
     Args:
         dtype: Element type of the dequantized weights.
@@ -121,10 +129,81 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     return _load(dtype)
 
 
+def cache_dir() -> Path:
+    """The folder where the dequantized weights are kept between processes.
+
+    `$ATTNLAB_CACHE_DIR` if set, else `$XDG_CACHE_HOME/attnlab` (default
+    `~/.cache/attnlab`). Each entry is named after the pinned SHA-256 of the `.gguf` it
+    came from and the dtype; delete the folder to rebuild it.
+    """
+    root = os.environ.get("ATTNLAB_CACHE_DIR")
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = str(Path(xdg) / "attnlab")
+    return Path(root)
+
+
+def _entry(dtype: torch.dtype) -> Path:
+    return cache_dir() / f"smollm2-135m-instruct-{SMOLLM2_SHA256[:12]}-{str(dtype)[6:]}"
+
+
+_MARKER = "attnlab.json"  # written last: a folder without it is incomplete
+
+
+def _read_cache(folder: Path, dtype: torch.dtype) -> tuple[Any, Any] | None:
+    """The model and tokenizer saved in `folder`, or None if it holds no complete entry."""
+    try:
+        marker = json.loads((folder / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if marker.get("gguf_sha256") != SMOLLM2_SHA256:
+        return None
+    transformers = _transformers()
+    with contextlib.redirect_stderr(io.StringIO()):  # the loader's progress bars
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return model, tokenizer
+
+
+def _write_cache(folder: Path, model: Any, tokenizer: Any) -> None:
+    """Save `model` and `tokenizer` into `folder`, atomically (a temporary folder, renamed).
+
+    A folder that cannot be written (a read-only home, a full disk) is skipped: the next
+    process dequantizes again.
+    """
+    import copy
+
+    from safetensors.torch import save_model
+
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the weights are plain floats now
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))  # the tied matrix stored once
+        tokenizer.save_pretrained(tmp)
+        marker = {"gguf_sha256": SMOLLM2_SHA256, "file": SMOLLM2_FILE}
+        (tmp / _MARKER).write_text(json.dumps(marker), encoding="utf-8")
+        shutil.rmtree(folder, ignore_errors=True)  # an incomplete entry, if any
+        os.replace(tmp, folder)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @functools.cache
 def _load(dtype: torch.dtype) -> tuple[Any, Any]:
     path = smollm2_path()
     transformers = _transformers()
+    entry = _entry(dtype)
+    cached = _read_cache(entry, dtype)
+    if cached is not None:
+        model, tokenizer = cached
+        return model.eval(), tokenizer
     folder, name = str(path.parent), path.name
     # The GGUF reader draws progress bars on stderr (plain tqdm, which transformers'
     # switch does not reach); they would land in every page's and notebook's output.
@@ -133,6 +212,7 @@ def _load(dtype: torch.dtype) -> tuple[Any, Any]:
             folder, gguf_file=name, dtype=dtype
         )
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    _write_cache(entry, model, tokenizer)
     return model.eval(), tokenizer
 
 
