@@ -368,6 +368,7 @@ class GroupedQueryAttention(nn.Module):
             cos, sin = position_embeddings
             q = rotate(q, cos, sin, layout=self.rope_layout)  # (b, h, t, head_dim)
             k = rotate(k, cos, sin, layout=self.rope_layout)  # (b, h_kv, t, head_dim)
+        window = self.window if is_causal else None
         if isinstance(cache, AttendingCache):  # e.g. paged: it stores and attends itself
             if attn_mask is not None or self.window is not None or dropout_p or need_weights:
                 raise ValueError(
@@ -375,33 +376,31 @@ class GroupedQueryAttention(nn.Module):
                     "window, dropout or need_weights"
                 )
             heads = cache.attend(q, k, v)  # (b, h, t, head_dim)
-            out_: Tensor = self.o_proj(heads.transpose(1, 2).reshape(b, t, h * hd))
-            return out_[0] if unbatched else out_
-        if cache is not None:
-            k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
-
-        window = self.window if is_causal else None
-        t_k = k.shape[2]
-        if window is not None and t_k > t + window - 1:
-            # Keys older than the window of the first query are hidden from every query:
-            # drop them, so that a decode step costs O(window), not O(context).
-            drop = t_k - (t + window - 1)
-            k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
-            if attn_mask is not None and attn_mask.shape[-1] != 1:
-                attn_mask = attn_mask[..., drop:]
-        # The new queries are the last t of the t_k keys: the causal mask is bottom-right.
-        heads = attend(
-            self.backend,
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            window=window,
-            enable_gqa=True,
-            align="bottom-right",
-        )  # (b, h, t, head_dim)
+        else:
+            if cache is not None:
+                k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
+            t_k = k.shape[2]
+            if window is not None and t_k > t + window - 1:
+                # Keys older than the window of the first query are hidden from every
+                # query: drop them, so that a decode step costs O(window), not O(context).
+                drop = t_k - (t + window - 1)
+                k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
+                if attn_mask is not None and attn_mask.shape[-1] != 1:
+                    attn_mask = attn_mask[..., drop:]
+            # The new queries are the last t of the t_k keys: the causal mask is
+            # bottom-right.
+            heads = attend(
+                self.backend,
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                window=window,
+                enable_gqa=True,
+                align="bottom-right",
+            )  # (b, h, t, head_dim)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
         out: Tensor = self.o_proj(concat)  # (b, t, d_model)
         out = out[0] if unbatched else out

@@ -453,11 +453,11 @@ class Decoder(nn.Module):
         positions: Tensor | None,
         padding_mask: Tensor | None,
         attn_mask: Tensor | None,
+        validate: bool,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
         """Embed; build the RoPE tables and the mask every layer shares, once."""
         c = self.config
         b, t = ids.shape
-        validate = is_validation_enabled()
         if cache and isinstance(cache[0], AttendingCache):
             # A paged cache of sequences of different lengths: the caller places every
             # token, and the cache decides what each query sees.
@@ -484,8 +484,7 @@ class Decoder(nn.Module):
             if t > 1 or not bool(pad.all()):
                 # Keys at padding are hidden; a padded query sees itself, so that no row
                 # is all masked (softmax of nothing is NaN, which would reach the values).
-                mask = pad[:, None, None, :].clone()  # (b, 1, 1, past + t)
-                mask = mask.expand(b, 1, t, past + t).clone()  # (b, 1, t, past + t)
+                mask = pad[:, None, None, :].expand(b, 1, t, past + t).clone()  # (b, 1, t, T)
                 diag = torch.arange(t, device=ids.device)
                 mask[:, 0, diag, past + diag] = True
         if attn_mask is not None:
@@ -549,7 +548,32 @@ class Decoder(nn.Module):
                 self._check_logits_at(logits_at, ids)
         unbatched = ids.ndim == 1
         ids2 = ids[None] if unbatched else ids  # (b, t)
-        x, tables, mask = self._prepare(ids2, cache, positions, padding_mask, attn_mask)
+        logits = self._logits(
+            ids2,
+            cache,
+            positions,
+            padding_mask,
+            attn_mask,
+            last_only,
+            logits_at,
+            validate=is_validation_enabled(),
+        )
+        return logits[0] if unbatched else logits
+
+    def _logits(
+        self,
+        ids: Tensor,
+        cache: Sequence[LayerCache] | None,
+        positions: Tensor | None,
+        padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        last_only: bool,
+        logits_at: Tensor | None,
+        *,
+        validate: bool,
+    ) -> Tensor:
+        """`forward` on batched `(b, t)` ids that were checked; the rest checked if `validate`."""
+        x, tables, mask = self._prepare(ids, cache, positions, padding_mask, attn_mask, validate)
         for i, layer in enumerate(self.layers):
             x = layer(x, tables, None if cache is None else cache[i], mask)  # (b, t, d_model)
         if logits_at is not None:
@@ -558,7 +582,7 @@ class Decoder(nn.Module):
         elif last_only:
             x = x[:, -1:]  # (b, 1, d_model)
         logits: Tensor = self.lm_head(self.norm(x))  # (b, t, vocab_size)
-        return logits[0] if unbatched else logits
+        return logits
 
     def attention_maps(
         self,
@@ -587,7 +611,8 @@ class Decoder(nn.Module):
         ids2 = ids[None] if unbatched else ids
         maps = []
         with torch.no_grad():
-            x, tables, mask = self._prepare(ids2, None, None, padding_mask, attn_mask)
+            validate = is_validation_enabled()
+            x, tables, mask = self._prepare(ids2, None, None, padding_mask, attn_mask, validate)
             for layer in self.layers:
                 assert isinstance(layer, DecoderBlock)
                 x, weights = layer.forward_with_weights(x, tables, mask)
@@ -648,7 +673,9 @@ class Decoder(nn.Module):
             # no_grad here) around each step only, never across a yield: the caller's code
             # between two tokens runs in its own mode.
             with torch.inference_mode():
-                logits = self.forward(new, cache=caches, padding_mask=mask, last_only=True)
+                # Checked once, above: the steps skip the per-forward checks (the id
+                # range and the padding mask are host syncs).
+                logits = self._logits(new, caches, None, mask, None, True, None, validate=False)
                 token = sample(logits[:, -1])  # (b,)
                 if eos:
                     token = torch.where(unfinished, token, torch.full_like(token, pad))
