@@ -46,6 +46,7 @@ from attnlab.kv_cache import AttendingCache, KVCache, check_cache
 from attnlab.masks import check_causal_window
 from attnlab.rope import (
     RopeLayout,
+    RopeScaling,
     check_base,
     check_head_dim,
     check_layout,
@@ -93,6 +94,9 @@ class GroupedQueryAttention(nn.Module):
         rope: Rotate queries and keys by their positions ([`apply_rope`][attnlab.rope.apply_rope]).
         rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config); above 1.
         rope_layout: `"half"` (Llama / Hugging Face) or `"interleaved"`.
+        rope_scaling: A context-extension rule for RoPE's frequencies
+            ([`RopeScaling`][attnlab.rope.RopeScaling]: Llama 3.1's `"llama3"`,
+            `"linear"`, `"dynamic"`, `"yarn"`), or None for plain RoPE.
         window: Sliding-window size (keys per query, itself included), or None.
         dropout: Probability of dropping an attention weight, in training mode only.
         backend: `"torch"`, `"scratch"` or `"flash"`.
@@ -132,6 +136,7 @@ class GroupedQueryAttention(nn.Module):
         rope: bool = True,
         rope_base: float = 10000.0,
         rope_layout: RopeLayout = "half",
+        rope_scaling: RopeScaling | None = None,
         window: int | None = None,
         dropout: float = 0.0,
         backend: Backend = "torch",
@@ -161,6 +166,11 @@ class GroupedQueryAttention(nn.Module):
         self.rope = check_bool("rope", rope)
         self.rope_base = check_base(rope_base, "rope_base")
         self.rope_layout = check_layout(rope_layout, "rope_layout")
+        if rope_scaling is not None and not isinstance(rope_scaling, RopeScaling):
+            raise TypeError(
+                f"rope_scaling must be a RopeScaling or None, got {type(rope_scaling).__name__}"
+            )
+        self.rope_scaling = rope_scaling
         if self.rope:
             check_head_dim(self.head_dim)
         self.window = None if window is None else check_positive_int("window", window)
@@ -184,6 +194,7 @@ class GroupedQueryAttention(nn.Module):
     def extra_repr(self) -> str:
         rope = (
             f"rope_base={self.rope_base}, rope_layout={self.rope_layout!r}"
+            + ("" if self.rope_scaling is None else f", rope_scaling={self.rope_scaling}")
             if self.rope
             else "rope=False"
         )
@@ -364,7 +375,9 @@ class GroupedQueryAttention(nn.Module):
                     past = 0 if cache is None else cache.length
                     positions = torch.arange(past, past + t, device=x.device)  # (t,)
                 # One table for queries and keys, computed once per forward.
-                position_embeddings = rope_cos_sin(positions, hd, base=self.rope_base)
+                position_embeddings = rope_cos_sin(
+                    positions, hd, base=self.rope_base, scaling=self.rope_scaling
+                )
             cos, sin = position_embeddings
             q = rotate(q, cos, sin, layout=self.rope_layout)  # (b, h, t, head_dim)
             k = rotate(k, cos, sin, layout=self.rope_layout)  # (b, h_kv, t, head_dim)
@@ -443,7 +456,9 @@ class GroupedQueryAttention(nn.Module):
         `num_key_value_heads`, the layer's `head_dim`, `rope_parameters["rope_theta"]`
         (`rope_theta` in older versions), `attention_dropout`, and the sliding window:
         Mistral's `config.sliding_window`, or Qwen2's per-layer `module.sliding_window`
-        (set only on layers whose `layer_types` entry is `"sliding_attention"`).
+        (set only on layers whose `layer_types` entry is `"sliding_attention"`), and
+        RoPE's context extension ([`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]:
+        `"linear"`, `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2).
 
         Args:
             module: The Hugging Face attention layer.
@@ -454,8 +469,8 @@ class GroupedQueryAttention(nn.Module):
 
         Raises:
             TypeError: If `module` is not one of the supported classes.
-            ValueError: If it uses a RoPE variant other than the default (e.g. Llama 3's
-                `"llama3"` frequency scaling), which this module does not implement.
+            ValueError: If it uses a RoPE type `RopeScaling` does not implement (e.g.
+                `"longrope"`), or its scaling misses a key.
         """
         names = {c.__name__ for c in type(module).__mro__}
         if not names & set(_HF_CLASSES):
@@ -466,12 +481,7 @@ class GroupedQueryAttention(nn.Module):
         hf: Any = module
         config: Any = hf.config
         rope_parameters = getattr(config, "rope_parameters", None) or {}
-        rope_type = rope_parameters.get("rope_type", "default")
-        if rope_type != "default":
-            raise ValueError(
-                f"module uses RoPE type {rope_type!r}; GroupedQueryAttention implements only "
-                "the default (unscaled) rotary embedding"
-            )
+        scaling = RopeScaling.from_hf(config)
         rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         if "Qwen2Attention" in names:
             window = hf.sliding_window
@@ -488,6 +498,7 @@ class GroupedQueryAttention(nn.Module):
             rope=True,
             rope_base=float(rope_theta),
             rope_layout="half",
+            rope_scaling=None if scaling.rope_type == "default" else scaling,
             window=window,
             dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
             backend=backend,

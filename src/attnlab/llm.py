@@ -43,7 +43,7 @@ from attnlab._validation import (
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import AttendingCache, DynamicKVCache, KVCache, StaticKVCache
 from attnlab.masks import combine_impl
-from attnlab.rope import check_base, check_positions, rope_cos_sin
+from attnlab.rope import RopeScaling, check_base, check_positions, rope_cos_sin
 
 __all__ = ["Decoder", "DecoderBlock", "DecoderConfig", "SwiGLU"]
 
@@ -65,6 +65,9 @@ class DecoderConfig:
         head_dim: Features per head.
         hidden_dim: Width of the SwiGLU MLP (`intermediate_size`).
         rope_base: RoPE's base $\\theta$ (`rope_theta`).
+        rope_scaling: RoPE's context extension
+            ([`RopeScaling`][attnlab.rope.RopeScaling], e.g. Llama 3.1's `"llama3"`),
+            or None.
         norm_eps: The epsilon of every RMSNorm.
         max_positions: Longest sequence the model handles (`max_position_embeddings`).
         tie_embeddings: Whether the unembedding is the embedding matrix.
@@ -90,6 +93,7 @@ class DecoderConfig:
     out_bias: bool = False
     mlp_bias: bool = False
     windows: tuple[int | None, ...] | None = None
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -106,6 +110,11 @@ class DecoderConfig:
         for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
             check_bool(name, getattr(self, name))
         check_base(self.rope_base, "rope_base")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise TypeError(
+                f"rope_scaling must be a RopeScaling or None, got "
+                f"{type(self.rope_scaling).__name__}"
+            )
         if not isinstance(self.norm_eps, float | int) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         if self.windows is not None and len(self.windows) != self.num_layers:
@@ -126,17 +135,21 @@ class DecoderConfig:
     def from_hf(cls, config: Any) -> DecoderConfig:
         """The settings of a Hugging Face Llama, Mistral or Qwen2 config.
 
+        RoPE's context extension comes from
+        [`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]. With `"dynamic"`,
+        `max_position_embeddings` is the context of pre-training that the rule stretches,
+        so `max_positions` is `factor` times it (the length the rule is meant for);
+        the other rules' configs already give the extended length.
+
         Raises:
-            ValueError: If the config uses a RoPE scaling (e.g. Llama 3's `"llama3"`) or
-                an activation other than SiLU, which this decoder does not implement.
+            ValueError: If the config uses a RoPE type `RopeScaling` does not implement
+                (e.g. `"longrope"`) or an activation other than SiLU.
         """
         rope = dict(getattr(config, "rope_parameters", None) or {})
-        rope_type = rope.get("rope_type", "default")
-        if rope_type != "default":
-            raise ValueError(
-                f"config uses RoPE type {rope_type!r}; Decoder implements only the default "
-                "(unscaled) rotary embedding"
-            )
+        scaling = RopeScaling.from_hf(config)
+        max_positions = int(config.max_position_embeddings)
+        if scaling.is_dynamic:
+            max_positions = int(max_positions * scaling.factor)
         if config.hidden_act != "silu":
             raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
         heads = config.num_attention_heads
@@ -162,12 +175,13 @@ class DecoderConfig:
             hidden_dim=config.intermediate_size,
             rope_base=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             norm_eps=float(config.rms_norm_eps),
-            max_positions=config.max_position_embeddings,
+            max_positions=max_positions,
             tie_embeddings=bool(config.tie_word_embeddings),
             qkv_bias=True if qwen2 else attention_bias,
             out_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
             windows=windows,
+            rope_scaling=None if scaling.rope_type == "default" else scaling,
         )
 
 
@@ -205,6 +219,7 @@ class DecoderBlock(nn.Module):
             bias=config.qkv_bias,
             out_bias=config.out_bias,
             rope_base=config.rope_base,
+            rope_scaling=config.rope_scaling,
             window=config.window(layer),
         )
         self.post_attention_layernorm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
@@ -466,7 +481,8 @@ class Decoder(nn.Module):
                 self._check_attending(cache, positions, padding_mask, attn_mask)
                 check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
             assert positions is not None
-            return x, rope_cos_sin(positions, c.head_dim, base=c.rope_base), None
+            tables = rope_cos_sin(positions, c.head_dim, base=c.rope_base, scaling=c.rope_scaling)
+            return x, tables, None
         kv = cast("Sequence[KVCache] | None", cache)
         past = self._check_cache(kv, b) if validate else (kv[0].length if kv else 0)
         if validate and past + t > c.max_positions:
@@ -496,7 +512,8 @@ class Decoder(nn.Module):
             positions = torch.arange(past, past + t, device=ids.device)  # (t,)
         elif validate:
             check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
-        tables = rope_cos_sin(positions, c.head_dim, base=c.rope_base)  # (..., t, hd / 2)
+        # (..., t, head_dim / 2) each
+        tables = rope_cos_sin(positions, c.head_dim, base=c.rope_base, scaling=c.rope_scaling)
         return x, tables, mask
 
     def forward(

@@ -30,7 +30,6 @@ both forms; they are equal.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from typing import Any
@@ -52,6 +51,7 @@ from attnlab._validation import (
 from attnlab.kv_cache import KVCache, StaticKVCache, check_cache
 from attnlab.masks import check_causal_window
 from attnlab.rope import (
+    RopeScaling,
     check_base,
     check_head_dim,
     check_rope_inputs,
@@ -646,9 +646,9 @@ class MultiHeadLatentAttention(nn.Module):
         base and layout (`config.rope_interleave`, default True), RMSNorm epsilons,
         dropout and training mode. When the config scales RoPE with fixed frequencies
         (`rope_type` `"yarn"`, as DeepSeek-V3's checkpoints, `"linear"` or `"llama3"`),
-        the frequencies and the factor on cos/sin come from `transformers`' own RoPE
-        initialisation functions (what the layer's rotary embedding calls), as
-        `rope_frequencies` and `rope_scale`.
+        the frequencies and the factor on cos/sin come from attnlab's
+        [`RopeScaling`][attnlab.rope.RopeScaling] (tested equal to `transformers`' own
+        rules), as `rope_frequencies` and `rope_scale`.
 
         Args:
             layer: The Hugging Face attention layer.
@@ -679,11 +679,11 @@ class MultiHeadLatentAttention(nn.Module):
                 f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
                 f"the sequence length; MultiHeadLatentAttention supports {static}"
             )
+        rope_base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         if rope_type != "default":
-            # What every transformers rotary embedding calls for this rope_type.
-            rope_utils = importlib.import_module("transformers.modeling_rope_utils")
-            frequencies, scaling = rope_utils.ROPE_INIT_FUNCTIONS[rope_type](config)
-            rope_scale = float(scaling)
+            scaling = RopeScaling.from_hf(config)  # the rule of every RoPE layer
+            frequencies = scaling.frequencies(hf.qk_rope_head_dim, rope_base)
+            rope_scale = scaling.attention_scaling()
         weight = hf.kv_b_proj.weight
         mla = cls(
             hf.hidden_size,
@@ -693,7 +693,7 @@ class MultiHeadLatentAttention(nn.Module):
             qk_rope_head_dim=hf.qk_rope_head_dim,
             v_head_dim=hf.v_head_dim,
             q_lora_rank=hf.q_lora_rank,
-            rope_base=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            rope_base=rope_base,
             rope_frequencies=frequencies,
             rope_scale=rope_scale,
             rope_interleave=bool(getattr(config, "rope_interleave", True)),
