@@ -300,6 +300,13 @@ ENTRIES: dict[str, Entry] = {
         ),
         **QKV_NAMES,
     ),
+    "scaled_dot_product_attention softcap, sinks": Entry(
+        {**QKV, "sinks": (HEADS,)},
+        lambda m, i: AF.scaled_dot_product_attention(
+            i["q"], i["k"], i["v"], is_causal=True, softcap=2.0, sinks=i["sinks"]
+        ),
+        **QKV_NAMES,
+    ),
     "attention_weights": Entry(
         {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ)},
         lambda m, i: AF.attention_weights(i["q"], i["k"], attn_mask=_key_padding(i, "k")),
@@ -321,6 +328,31 @@ ENTRIES: dict[str, Entry] = {
     "flash_attention window": Entry(
         {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)},
         lambda m, i: AF.flash_attention(i["q"], i["k"], i["v"], window=2, block_size=(2, 2)),
+        custom_backward=True,
+        **QKV_NAMES,
+    ),
+    # More queries than keys, aligned bottom-right: the first query sees only the sink.
+    "flash_attention softcap, sinks, bottom-right": Entry(
+        {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)}
+        | {"sinks": (HEADS,)},
+        lambda m, i: AF.flash_attention(
+            i["q"],
+            i["k"],
+            i["v"],
+            is_causal=True,
+            align="bottom-right",
+            softcap=2.0,
+            sinks=i["sinks"],
+            block_size=(2, 2),
+        ),
+        custom_backward=True,
+        **QKV_NAMES,
+    ),
+    "flash_attention window bottom-right": Entry(
+        QKV,
+        lambda m, i: AF.flash_attention(
+            i["q"], i["k"], i["v"], window=2, align="bottom-right", block_size=(2, 3)
+        ),
         custom_backward=True,
         **QKV_NAMES,
     ),

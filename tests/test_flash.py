@@ -450,6 +450,9 @@ def test_flash_attention_accepts_tensor_and_numpy_scales(validate: bool, make_sc
         ({"scale": float("nan")}, ValueError, "scale must be finite"),
         ({"window": 0}, ValueError, "window must be a positive int, got 0"),
         ({"window": 2.0}, TypeError, r"window must be a positive int, got 2.0 \(float\)"),
+        ({"align": "lower-right"}, ValueError, "align must be one of 'top-left', 'bottom-r"),
+        ({"softcap": 0.0}, ValueError, "softcap must be a positive finite float"),
+        ({"sinks": torch.zeros(3)}, ValueError, r"sinks must hold one logit .*shape \(2,\)"),
     ],
 )
 def test_flash_attention_rejects_bad_input_naming_it(
@@ -490,27 +493,17 @@ def test_tile_map_rejects_bad_input_naming_it(
 @pytest.mark.parametrize("window", [None, 1, 3])
 @pytest.mark.parametrize("block", [(3, 5), (5, 3), 128])
 @pytest.mark.parametrize(("t_q", "t_k"), LENGTHS)
-def test_flash_kernel_bottom_right_matches_torch_forward_and_backward(
+def test_flash_attention_bottom_right_matches_torch_forward_and_backward(
     t_q: int, t_k: int, block: int | tuple[int, int], window: int | None
 ) -> None:
-    from attnlab.flash import flash_attention_impl
-
     q, k, v = _inputs(t_q, t_k, 2, 3, grad=True)
     mask = (
         attnlab.masks.causal(t_q, t_k, align="bottom-right")
         if window is None
         else sliding_window(t_q, t_k, window=window, align="bottom-right")
     )
-    block_q, block_k = block if isinstance(block, tuple) else (block, block)
-    out = flash_attention_impl(
-        q,
-        k,
-        v,
-        is_causal=True,
-        window=window,
-        block_q=block_q,
-        block_k=block_k,
-        offset=t_k - t_q,
+    out = flash_attention(
+        q, k, v, is_causal=True, window=window, align="bottom-right", block_size=block
     )
     expected = TorchSDPA(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, expected, **TOL)
@@ -523,3 +516,33 @@ def test_flash_kernel_bottom_right_matches_torch_forward_and_backward(
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # Queries with no key in their past (t_q > t_k) get zeros, as in PyTorch.
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(3, 11), (9, 13), (16, 16), (1, 5)])
+def test_flash_attention_bottom_right_equals_causal_lower_right(t_q: int, t_k: int) -> None:
+    # Chunked prefill: t_q new tokens after t_k - t_q cached ones. PyTorch's own name for
+    # that mask is causal_lower_right; attnlab's functional path takes it as attn_mask.
+    from torch.nn.attention.bias import causal_lower_right
+
+    from attnlab.functional import scaled_dot_product_attention
+
+    q, k, v = _inputs(t_q, t_k, 2, 3, grad=True)
+    out = flash_attention(q, k, v, is_causal=True, align="bottom-right", block_size=(4, 3))
+    expected = TorchSDPA(q, k, v, attn_mask=causal_lower_right(t_q, t_k))
+    torch.testing.assert_close(out, expected, **TOL)
+    scratch = scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(t_q, t_k))
+    torch.testing.assert_close(out, scratch, **TOL)
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    want = torch.autograd.grad(expected, (q, k, v), grad_out)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if t_q < t_k:  # the two alignments differ: top-left would be wrong after a cache
+        top_left = flash_attention(q, k, v, is_causal=True, block_size=(4, 3))
+        assert (top_left - expected).abs().max() > 1e-2
+
+
+def test_flash_attention_align_needs_a_causal_rule() -> None:
+    q, k, v = _inputs(3, 7, 2)
+    full = flash_attention(q, k, v, align="bottom-right")
+    torch.testing.assert_close(full, TorchSDPA(q, k, v), **TOL)

@@ -49,6 +49,8 @@ __all__ = [
     "check_same_batch",
     "check_same_dtype_device",
     "check_scale",
+    "check_sinks",
+    "check_softcap",
     "check_tensor",
     "check_tokens",
     "is_validation_enabled",
@@ -290,6 +292,60 @@ def check_scale(name: str, value: object) -> float | None:
     if not math.isfinite(scale):
         raise ValueError(f"{name} must be finite, got {scale}")
     return scale
+
+
+def check_softcap(name: str, value: object) -> float | None:
+    """Return ``value`` as a float if it is None or a positive finite number; raise otherwise.
+
+    The cap ``c`` of logit softcapping, ``c * tanh(score / c)`` (Gemma 2 caps its
+    attention scores at 50): Python and NumPy ints and floats; not bools, strings or
+    tensors. Zero or a negative cap would divide by zero or flip the scores' order.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a positive float or None, got {value!r} ({type(value).__name__})"
+        )
+    cap = float(value)
+    if not (math.isfinite(cap) and cap > 0.0):
+        raise ValueError(
+            f"{name} must be a positive finite float (the cap c of c * tanh(score / c), "
+            f"e.g. 50.0 in Gemma 2), got {cap}"
+        )
+    return cap
+
+
+def check_sinks(
+    name: str, sinks: object, query: Tensor, num_heads: int | None, query_name: str = "query"
+) -> Tensor | None:
+    """Check learned attention-sink logits: None, or a float tensor of shape `(num_heads,)`.
+
+    One logit per head (gpt-oss), on ``query``'s device; any floating dtype (the kernels
+    compute in their own). ``num_heads`` is the size of the attention weights' head
+    dimension, None if they have none (queries of fewer than 3 dimensions).
+    """
+    if sinks is None:
+        return None
+    s = check_tensor(name, sinks)
+    if s.device != query.device:
+        raise ValueError(
+            f"{name} is on {s.device} but {query_name} is on {query.device}; move it with "
+            f"{name}.to({query_name}.device)"
+        )
+    if num_heads is None:
+        raise ValueError(
+            f"{name} holds one logit per head, but {query_name} has no head dimension: it "
+            f"must be (..., H, L, E) with sinks of shape (H,), got "
+            f"{query_name}.shape={_shape(query)}"
+        )
+    if _shape(s) != (num_heads,):
+        raise ValueError(
+            f"{name} must hold one logit per head, shape ({num_heads},) for the {num_heads} "
+            f"heads of {query_name} (..., H, L, E), got {name}.shape={_shape(s)} "
+            f"({query_name}.shape={_shape(query)})"
+        )
+    return s
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:

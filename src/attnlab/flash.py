@@ -14,6 +14,13 @@ https://arxiv.org/abs/2004.05150, and Mistral 7B, Jiang et al., 2023,
 https://arxiv.org/abs/2310.06825), the tiles outside the window are skipped, so the
 work grows linearly with the length at a fixed window.
 
+Two score changes of 2024-2025 models ride along in the tiles: logit softcapping
+(Gemma 2, Gemma Team, 2024, https://arxiv.org/abs/2408.00118), `c * tanh(x / c)` on each
+tile's scores, whose derivative $1 - \tanh^2$ the backward recomputes; and learned
+attention sinks (gpt-oss, OpenAI, 2025, https://arxiv.org/abs/2508.10925), one logit per
+head folded into each row's running statistics after its last tile, so that the saved
+log-sum-exp includes it and the backward needs nothing more for $dQ$, $dK$, $dV$.
+
 This is plain PyTorch: each block is a batched matmul over all batch and head dimensions
 at once, so the Python loop runs over blocks only. The chapter
 "FlashAttention from scratch" derives every line.
@@ -21,11 +28,12 @@ at once, so the Python loop runs over blocks only. The chapter
 Kernel API, for code in attnlab that runs the passes itself (ring attention) or has
 checked its inputs already (the backend registry): `flash_attention_impl` is
 `flash_attention` without the checks; `flash_forward(q, k, v, out, lse, is_causal, scale,
-block_q, block_k, window=None, offset=0)` fills `out (n, L, Ev)` and the log-sum-exp
-`lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`; `flash_backward(q, k, v,
-out, lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None,
-offset=0)` adds the gradients into `dq`, `dk`, `dv`. `offset` places query `i` at key
-position `i + offset` for the causal and window rules (0: top-left; `S - L`:
+block_q, block_k, window=None, offset=0, softcap=None, sinks=None)` fills `out (n, L,
+Ev)` and the log-sum-exp `lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`
+(`sinks (n,)`, one logit per row of `q`, enters `lse`); `flash_backward(q, k, v, out,
+lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None, offset=0,
+softcap=None)` adds the gradients into `dq`, `dk`, `dv`. `offset` places query `i` at
+key position `i + offset` for the causal and window rules (0: top-left; `S - L`:
 bottom-right, after a KV cache). Inputs must be float32 or float64 and contiguous in
 their last dimension.
 """
@@ -41,13 +49,17 @@ from torch import Tensor
 from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     check_bool,
+    check_choice,
     check_nonnegative_int,
     check_positive_int,
     check_qkv,
     check_scale,
+    check_sinks,
+    check_softcap,
     check_tensor,
     is_validation_enabled,
 )
+from attnlab.masks import Alignment
 
 __all__ = ["flash_attention", "tile_map"]
 _LOG2_E = math.log2(math.e)
@@ -64,6 +76,9 @@ def flash_attention(
     window: int | None = None,
     scale: float | None = None,
     block_size: int | tuple[int, int] = 256,
+    align: Alignment = "top-left",
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention in tiles (FlashAttention), with its own backward pass.
 
@@ -77,8 +92,9 @@ def flash_attention(
     `(..., L, S)` scores, only one `block_q x block_k` tile per batch and head at a time.
     Beyond its inputs and output it keeps one log-sum-exp per query, for the backward
     pass, which recomputes each tile of probabilities from it. With `is_causal=True`, query
-    $i$ sees keys $j \le i$ (top-left aligned when `L != S`, as in PyTorch), and tiles that
-    lie entirely above the diagonal are never computed.
+    $i$ sees keys $j \le i$ (top-left aligned when `L != S`, as in PyTorch, unless
+    `align="bottom-right"`), and tiles that lie entirely above the diagonal are never
+    computed.
 
     With `window=w` (sliding-window attention, as in Mistral), query $i$ sees only keys
     $i - w < j \le i$, the mask of
@@ -104,6 +120,17 @@ def flash_attention(
         window: If given, also hide key $j$ from query $i$ when $j \le i - w$; each query
             sees at most `window` keys, itself included. Implies `is_causal`.
         scale: Factor $s$ applied to the scores; default $1 / \sqrt{E}$.
+        align: Where the causal diagonal (and the window) sits when `L != S`, in the
+            words of [`masks.causal`][attnlab.masks.causal]: `"top-left"` (PyTorch's
+            `is_causal`: the queries are the first `L` positions) or `"bottom-right"`
+            (the flash-attention library's rule: the queries are the last `L` of the
+            `S` positions, as in chunked prefill after a KV cache, so query $i$ sees
+            keys $j \le i + S - L$). No effect without `is_causal` or `window`.
+        softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
+            $c \tanh(x / c)$ with $c$ = `softcap` before masking; a positive float.
+        sinks: Learned attention sinks (gpt-oss), one logit per head `(H,)` for inputs
+            `(..., H, L, E)`: each row's softmax gets one more entry with this logit and
+            no value. Differentiable; its gradient is computed in the backward pass.
         block_size: Rows of a tile, `block_q` for the queries and `block_k` for the keys;
             one int sets both. Any positive sizes give the same result; they trade the
             memory of a tile (`n * block_q * block_k` floats for `n` batch and head
@@ -118,7 +145,9 @@ def flash_attention(
         TypeError: If an input is not a floating-point tensor, or a flag or size has the
             wrong type.
         ValueError: If the shapes, dtypes or devices of `query`, `key` and `value` do not
-            fit together, or a block size or the window is not positive.
+            fit together, a block size, the window or `softcap` is not positive, `align`
+            is not one of the two, or `sinks` is not one logit per head on the query's
+            device.
         RuntimeError: If a second derivative is asked of the backward pass (the error
             comes from the second backward, not from this call).
 
@@ -147,6 +176,9 @@ def flash_attention(
             check_positive_int("window", window)
         check_scale("scale", scale)
         block_q, block_k = _check_block_size(block_size)
+        check_choice("align", align, ("top-left", "bottom-right"))
+        check_softcap("softcap", softcap)
+        check_sinks("sinks", sinks, query, query.shape[-3] if query.ndim > 2 else None)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     return flash_attention_impl(
@@ -158,6 +190,9 @@ def flash_attention(
         scale=scale,
         block_q=block_q,
         block_k=block_k,
+        offset=key.shape[-2] - query.shape[-2] if align == "bottom-right" else 0,
+        softcap=softcap,
+        sinks=sinks,
     )
 
 
@@ -172,13 +207,15 @@ def flash_attention_impl(
     block_q: int = 256,
     block_k: int = 256,
     offset: int = 0,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """[`flash_attention`][attnlab.flash.flash_attention] without the checks.
 
     For callers inside attnlab that validated at their own public boundary (the backend
-    registry of the modules). One more argument: `offset` places query $i$ at key
-    position $i + $ `offset` for the causal and window rules (0: top-left, as
-    `flash_attention`; `S - L`: bottom-right, the new tokens after a KV cache).
+    registry of the modules). `offset` in place of `align` places query $i$ at key
+    position $i + $ `offset` for the causal and window rules (0: top-left; `S - L`:
+    bottom-right, the new tokens after a KV cache).
     """
     q, k, v = autocast_inputs(query, key, value)
     *batch, t_q, e = q.shape
@@ -189,17 +226,21 @@ def flash_attention_impl(
     dtype = q.dtype
     wide = compute_dtype(dtype)  # float16/bfloat16 are computed in float32
     q, k, v = q.to(wide), k.to(wide), v.to(wide)
+    if sinks is not None:  # one logit per head -> one per row of the flattened batch
+        sinks = sinks.to(wide).expand(*batch[:-1], batch[-1]).reshape(n)  # (n,)
     with autocast_off(q.device.type):
         out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
             q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
             k.reshape(n, t_k, e),  # (n, S, E)
             v.reshape(n, t_k, e_v),  # (n, S, Ev)
+            sinks,
             is_causal or window is not None,
             s,
             block_q,
             block_k,
             window,
             offset,
+            softcap,
         )
     return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., L, Ev)
 
@@ -240,42 +281,48 @@ class _FlashAttention(torch.autograd.Function):
         q: Tensor,
         k: Tensor,
         v: Tensor,
+        sinks: Tensor | None,
         is_causal: bool,
         scale: float,
         block_q: int,
         block_k: int,
         window: int | None,
         offset: int,
+        softcap: float | None,
     ) -> Tensor:
         n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
-        args = (is_causal, scale, block_q, block_k)
-        w, o = window, offset
+        args = (is_causal, scale, block_q, block_k, window, offset, softcap)
         for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, window=w, offset=o)
-        ctx.save_for_backward(q, k, v, out, lse)
+            sinks_h = None if sinks is None else sinks[h]
+            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, sinks=sinks_h)
+        ctx.save_for_backward(q, k, v, out, lse, *([] if sinks is None else [sinks]))
         ctx.args = args
-        ctx.window, ctx.offset = window, offset
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *sinks_saved = ctx.saved_tensors
         with torch.no_grad(), autocast_off(q.device.type):
             grad_out = grad_out.contiguous()
             dq, dk = torch.zeros_like(q), torch.zeros_like(k)
             dv = torch.zeros_like(v)
             n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
-            is_causal, scale, block_q, block_k = ctx.args
-            args = (is_causal, scale, block_q, block_k)
-            w, o = ctx.window, ctx.offset
+            block_q, block_k = ctx.args[2:4]
             for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
                 inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
-                flash_backward(*inputs, dq[h], dk[h], dv[h], *args, window=w, offset=o)
+                flash_backward(*inputs, dq[h], dk[h], dv[h], *ctx.args)
+            # The sink has no value, so its dP is 0 and the softmax's backward leaves
+            # dsink = sum_i P_i,sink (0 - D_i), with D_i = dO_i . O_i and
+            # P_i,sink = exp(sink - lse_i): the saved lse includes the sink.
+            dsinks = None
+            for sinks in sinks_saved if ctx.needs_input_grad[3] else []:  # none or one
+                delta = (grad_out * out).sum(dim=-1)  # (n, L)
+                dsinks = -((sinks[:, None] - lse).exp() * delta).sum(dim=-1)  # (n,)
         if torch.is_grad_enabled():  # create_graph=True: refuse the second derivative
             dq, dk, dv = _no_second_derivative(dq, dk, dv, q, k, v, grad_out)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
 def _head_groups(n: int, tile_size: int) -> list[slice]:
@@ -443,16 +490,22 @@ def flash_forward(
     block_k: int,
     window: int | None = None,
     offset: int = 0,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> None:
     """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E).
 
-    Query i sits at key position i + offset for the causal and window rules.
+    Query i sits at key position i + offset for the causal and window rules. With
+    `softcap`, each score x becomes softcap * tanh(x / softcap); `sinks` (n,) adds one
+    logit with no value to every row's softmax, and to its lse.
     """
     n, t_q, _ = q.shape
     t_k = k.shape[1]
+    # A row that sees no key at all: output 0, and lse the sink's logit, or -inf.
+    no_keys: float | Tensor = float("-inf") if sinks is None else sinks[:, None]  # (n, 1)
     if t_k == 0:  # no keys at all: PyTorch returns zeros
         out.zero_()
-        lse.fill_(float("-inf"))
+        lse[:] = no_keys
         return
     # One buffer holds every tile of scores in turn, instead of a new
     # allocation for every tile.
@@ -466,16 +519,18 @@ def flash_forward(
         starts = _key_starts(a0, a1, t_k, is_causal, window, block_k)
         if not starts:  # window and L > S: these queries see no key at all
             out[:, i0:i1] = 0.0
-            lse[:, i0:i1] = float("-inf")
+            lse[:, i0:i1] = no_keys
             continue
         # Scores in base 2: exp(x) = 2 ** (x log2 e), the form GPU kernels
-        # compute; fold log2(e) into q, with the scale.
-        q_i = q[:, i0:i1] * (scale * _LOG2_E)  # (n, rows, E)
+        # compute; fold log2(e) into q, with the scale (softcap: see _q_factor).
+        q_i = q[:, i0:i1] * _q_factor(scale, softcap)  # (n, rows, E)
         for j0 in starts:
             j1 = min(j0 + block_k, t_k)
             rows, cols = i1 - i0, j1 - j0
             s = tile[: n * rows * cols].view(n, rows, cols)
             torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # this tile's scores
+            if softcap is not None:  # s = x / c: now c tanh(x / c), in base 2
+                s.tanh_().mul_(softcap * _LOG2_E)
             if _needs_bias(a0, a1, j0, j1, is_causal, window):
                 s.add_(_bias(a0, a1, j0, j1, window, s))
             if j0 == starts[0]:
@@ -496,6 +551,13 @@ def flash_forward(
             alpha = (m - m_new).exp2_()  # (n, rows, 1), at most 1
             ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
+            m = m_new
+        if sinks is not None:  # the sink: one more logit in the sum, with no value
+            sink2 = (sinks * _LOG2_E)[:, None, None]  # (n, 1, 1), base 2
+            m_new = torch.maximum(m, sink2)
+            alpha = (m - m_new).exp2_()
+            ell.mul_(alpha).add_((sink2 - m_new).exp2_())
+            acc.mul_(alpha)
             m = m_new
         if sparse:  # rows that saw no key: sum 0, output 0 as PyTorch's
             seen = ell > 0  # (n, rows, 1)
@@ -526,10 +588,11 @@ def flash_backward(
     block_k: int,
     window: int | None = None,
     offset: int = 0,
+    softcap: float | None = None,
 ) -> None:
     """Add the gradients with respect to q, k and v into dq, dk, dv (zeros).
 
-    Query i sits at key position i + offset, as in the forward pass.
+    Query i sits at key position i + offset, as in the forward pass; `softcap` as there.
     """
     n, t_q, _ = q.shape
     t_k = k.shape[1]
@@ -541,9 +604,12 @@ def flash_backward(
     if window is not None or (is_causal and offset < 0):  # a query that saw no key:
         # make its P_ij = 2^(-inf) = 0
         lse2.masked_fill_(lse2 == float("-inf"), float("inf"))
-    q2 = q * (scale * _LOG2_E)  # (n, L, E), scaled as in the forward
+    q2 = q * _q_factor(scale, softcap)  # (n, L, E), scaled as in the forward
+    k_alpha = _LN_2 if softcap is None else softcap  # q2 * k_alpha = q * scale
     tile_p = q.new_empty(n * min(block_q, t_q) * min(block_k, t_k))
     tile_dp = torch.empty_like(tile_p)
+    tile_t = None if softcap is None else torch.empty_like(tile_p)
+    cap2 = 0.0 if softcap is None else softcap * _LOG2_E
     for j0 in range(0, t_k, block_k):
         j1 = min(j0 + block_k, t_k)
         k_j, v_j = k[:, j0:j1], v[:, j0:j1]  # (n, cols, E), (n, cols, Ev)
@@ -559,6 +625,9 @@ def flash_backward(
             # Recompute the tile's probabilities from the saved log-sum-exp.
             p = tile_p[: n * rows * cols].view(n, rows, cols)
             torch.bmm(q_i, k_j.transpose(1, 2), out=p)  # scores
+            if tile_t is not None:  # softcap: keep t = tanh(x / c) for its derivative
+                t = torch.tanh(p, out=tile_t[: n * rows * cols].view(n, rows, cols))
+                torch.mul(t, cap2, out=p)
             if _needs_bias(a0, a1, j0, j1, is_causal, window):
                 p.add_(_bias(a0, a1, j0, j1, window, p))
             p.sub_(lse2[:, i0:i1]).exp2_()  # P_ij = exp(s_ij - lse_i)
@@ -568,9 +637,21 @@ def flash_backward(
             dp = tile_dp[: n * rows * cols].view(n, rows, cols)
             torch.bmm(do_i, v_j.transpose(1, 2), out=dp)
             ds = dp.sub_(delta[:, i0:i1]).mul_(p)
-            # dQ_i += s dS K_j and dK_j += s dS^T Q_i (q_i carries s log2 e)
+            if tile_t is not None:  # through c tanh(x / c): d/dx = 1 - tanh^2
+                ds.mul_(t.square_().neg_().add_(1.0))
+            # dQ_i += s dS K_j and dK_j += s dS^T Q_i (q_i * k_alpha = s Q_i)
             dq[:, i0:i1].baddbmm_(ds, k_j, alpha=scale)
-            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_i, alpha=_LN_2)
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), q_i, alpha=k_alpha)
 
 
 # --8<-- [end:backward]
+
+
+def _q_factor(scale: float, softcap: float | None) -> float:
+    """What the queries are multiplied by before a tile's product.
+
+    Without a cap, the scale and log2(e), so the product is the score in base 2; with
+    one, the scale over the cap, so the product is x / c, ready for the tanh (the
+    factor log2(e) is applied after it).
+    """
+    return scale * _LOG2_E if softcap is None else scale / softcap

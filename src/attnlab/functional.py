@@ -47,6 +47,8 @@ from attnlab._validation import (
     check_qkv,
     check_same_dtype_device,
     check_scale,
+    check_sinks,
+    check_softcap,
     check_tensor,
     is_validation_enabled,
 )
@@ -300,9 +302,10 @@ def _check_attention_args(
     is_causal: object,
     scale: object,
     enable_gqa: object,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Validate the arguments shared by the two public functions; return the tensors.
+) -> tuple[Tensor, Tensor, Tensor | None, tuple[int, ...]]:
+    """Validate the arguments shared by the two public functions.
 
+    Returns the tensors and the shape of the attention weights, `(..., L, S)`.
     `attn_mask` may still be a `CausalBias` here (it is materialized after the checks).
     """
     q, k, v = check_qkv(query, key, value)
@@ -345,7 +348,7 @@ def _check_attention_args(
             "pass either attn_mask or is_causal=True, not both; to combine them, build the "
             "causal mask (attnlab.masks.causal) and AND it with yours"
         )
-    return q, k, v
+    return q, k, v, target
 
 
 def _weights(
@@ -356,6 +359,8 @@ def _weights(
     is_causal: bool,
     scale: float | Tensor | None,
     enable_gqa: bool,
+    softcap: float | None,
+    sinks: Tensor | None,
 ) -> Tensor:
     if enable_gqa:
         key = repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
@@ -363,6 +368,10 @@ def _weights(
     # averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
     s = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else float(scale)
     logits = attention_scores_impl(query, key) * s  # (..., L, S)
+    if softcap is not None:
+        # Gemma 2: squash the scores smoothly into (-softcap, softcap) before the mask,
+        # so no score can grow without bound; small scores pass almost unchanged.
+        logits = softcap * torch.tanh(logits / softcap)
     if is_causal:
         attn_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (L, S)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -371,7 +380,15 @@ def _weights(
     elif attn_mask is not None:
         # A float mask is a bias added to the scores (-inf hides, finite values nudge).
         logits = logits + attn_mask.to(logits.dtype)
-    weights = _softmax_or_zeros(logits)  # (..., L, S)
+    if sinks is None:
+        weights = _softmax_or_zeros(logits)  # (..., L, S)
+    else:
+        # gpt-oss: one more logit per head joins every row's softmax and takes its share
+        # of the weight, but has no value, so a row's weights sum to less than 1. A row
+        # whose keys are all masked gives the sink everything: zero weights, no NaN.
+        sink = sinks.to(logits.dtype)[:, None, None].expand(*logits.shape[:-1], 1)
+        with_sink = torch.cat([logits, sink], dim=-1)  # (..., H, L, S + 1)
+        weights = torch.softmax(with_sink, dim=-1)[..., :-1]  # (..., H, L, S)
     if dropout_p > 0.0:
         # Drop whole weights, not values, and rescale the survivors by 1 / (1 - p), like
         # PyTorch; the same seed draws the same dropout mask as torch's math backend.
@@ -388,6 +405,8 @@ def _attend(
     is_causal: bool,
     scale: float | Tensor | None,
     enable_gqa: bool,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """The weights (`value` None) or the output of attention, without the checks."""
     # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
@@ -401,7 +420,8 @@ def _attend(
         wide = compute_dtype(dtype)  # float16/bfloat16 are attended in float32
         query, key = query.to(wide), key.to(wide)
         value = None if value is None else value.to(wide)
-        weights = _weights(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        args = (dropout_p, is_causal, scale, enable_gqa, softcap, sinks)
+        weights = _weights(query, key, attn_mask, *args)
         if value is None:
             return weights.to(dtype)  # (..., L, S)
         if enable_gqa:
@@ -418,6 +438,8 @@ def _check_public(
     is_causal: bool,
     scale: float | Tensor | None,
     enable_gqa: bool,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The checks of the two public functions, on the inputs as autocast casts them.
 
@@ -429,7 +451,10 @@ def _check_public(
     if isinstance(query, Tensor):  # else the checks name what query is instead
         query, key = autocast_inputs(query, key)
         value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
-    _check_attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    args = (dropout_p, is_causal, scale, enable_gqa)
+    q, _, _, target = _check_attention_args(query, key, value, attn_mask, *args)
+    check_softcap("softcap", softcap)
+    check_sinks("sinks", sinks, q, target[-3] if len(target) > 2 else None)
     return query, key, value, attn_mask
 
 
@@ -441,6 +466,9 @@ def attention_weights(
     is_causal: bool = False,
     scale: float | Tensor | None = None,
     enable_gqa: bool = False,
+    *,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     r"""Attention weights $\alpha$, the part of scaled dot-product attention before the values.
 
@@ -464,18 +492,22 @@ def attention_weights(
         scale: Factor $s$ applied to the scores, a finite number (Python or NumPy) or a
             0-d tensor; default $1 / \sqrt{E}$.
         enable_gqa: Let `H` key heads serve `Hq` query heads (`H` must divide `Hq`).
+        softcap: Logit softcapping, as in `scaled_dot_product_attention`.
+        sinks: Learned sink logits `(H,)`, as in `scaled_dot_product_attention`.
 
     Returns:
         Weights of shape `(..., L, S)`, in the query's dtype (the autocast dtype inside
         `torch.autocast`). Each row sums to 1 (without dropout), except a row whose keys
-        are all masked, which is all zeros.
+        are all masked, which is all zeros; with `sinks`, a row sums to 1 minus the
+        sink's share.
 
     Raises:
         TypeError: If an argument has the wrong type (non-float tensors, a mask that is
             neither bool nor float, a non-bool flag, a scale that is no real number).
         ValueError: If shapes, dtypes or devices disagree, the mask does not broadcast (or a
             `CausalBias` has other lengths), `dropout_p` is not in [0, 1), `scale` is not
-            finite, or both `attn_mask` and `is_causal` are given.
+            finite, both `attn_mask` and `is_causal` are given, `softcap` is not
+            positive, or `sinks` has not one logit per head.
 
     Examples:
         >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -490,8 +522,9 @@ def attention_weights(
         tensor([[0.6728, 0.1636, 0.1636],
                 [0.0000, 0.0000, 0.0000]])
     """
-    args = _check_public(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _attend(*args, dropout_p, is_causal, scale, enable_gqa)
+    opts = (dropout_p, is_causal, scale, enable_gqa)
+    args = _check_public(query, key, None, attn_mask, *opts, softcap, sinks)
+    return _attend(*args, *opts, softcap, sinks)
 
 
 def attention_weights_impl(
@@ -502,12 +535,16 @@ def attention_weights_impl(
     is_causal: bool = False,
     scale: float | Tensor | None = None,
     enable_gqa: bool = False,
+    *,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """[`attention_weights`][attnlab.functional.attention_weights] without the checks.
 
     For callers inside attnlab that validated their inputs at their own public boundary.
     """
-    return _attend(query, key, None, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    opts = (dropout_p, is_causal, scale, enable_gqa)
+    return _attend(query, key, None, attn_mask, *opts, softcap, sinks)
 
 
 def scaled_dot_product_attention(
@@ -521,6 +558,8 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     *,
     window: int | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention from scratch, with the semantics of PyTorch's.
 
@@ -570,6 +609,14 @@ def scaled_dot_product_attention(
             last `window` keys, itself included. A window is causal, so it implies
             `is_causal` (top-left, as [`flash_attention`][attnlab.flash.flash_attention]
             and every module take it); not together with `attn_mask`.
+        softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
+            $c \tanh(x / c)$ with $c$ = `softcap` before the mask is applied, so none
+            exceeds $c$ in size. A positive float; None (the default) leaves them as
+            they are.
+        sinks: Learned attention sinks (gpt-oss): one logit per head, shape `(H,)` for
+            the weights' head dimension `(..., H, L, S)` (the query heads with
+            `enable_gqa`). Each joins its head's softmax as one more entry with no
+            value, so it takes weight without adding to the output; differentiable.
 
     Returns:
         The context vectors, shape `(..., L, Ev)`, in the query's dtype (the autocast dtype
@@ -582,7 +629,8 @@ def scaled_dot_product_attention(
             value, batch or head dimensions), dtypes or devices differ, the mask does not
             broadcast (or a `CausalBias` has other lengths), `dropout_p` is not in [0, 1),
             `scale` is not finite, both `attn_mask` and `is_causal` (or `window`) are
-            given, or `window` is not a positive int.
+            given, `window` is not a positive int, `softcap` is not a positive number,
+            or `sinks` is not one logit per head (shape `(H,)`) on the query's device.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -605,16 +653,17 @@ def scaled_dot_product_attention(
         ...     scaled_dot_product_attention(q, k, v, scale=torch.tensor(0.5)).dtype
         torch.bfloat16
     """
-    args = _check_public(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    opts = (dropout_p, is_causal, scale, enable_gqa)
+    args = _check_public(query, key, value, attn_mask, *opts, softcap, sinks)
     if window is None:
-        return _attend(*args, dropout_p, is_causal, scale, enable_gqa)
+        return _attend(*args, *opts, softcap, sinks)
     if is_validation_enabled():
         check_positive_int("window", window)
         if attn_mask is not None:
             raise ValueError("pass either attn_mask or window, not both")
     q, k, v, _ = args
     band = masks.band_impl(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
-    return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa)
+    return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa, softcap, sinks)
 
 
 def scaled_dot_product_attention_impl(
@@ -626,6 +675,9 @@ def scaled_dot_product_attention_impl(
     is_causal: bool = False,
     scale: float | Tensor | None = None,
     enable_gqa: bool = False,
+    *,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]
     without the checks.
@@ -634,7 +686,8 @@ def scaled_dot_product_attention_impl(
     inputs at their own public boundary: validation runs once per call, not once per
     layer it passes through.
     """
-    return _attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    opts = (dropout_p, is_causal, scale, enable_gqa)
+    return _attend(query, key, value, attn_mask, *opts, softcap, sinks)
 
 
 # FlashAttention lives in its own module (attnlab.flash) and is re-exported here. Imported
