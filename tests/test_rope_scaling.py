@@ -97,7 +97,9 @@ def test_llama3_keeps_fast_pairs_and_divides_slow_ones() -> None:
     got = RopeScaling("llama3", 8.0, 8192).frequencies(128, 5e5).double()
     wavelength = 2 * torch.pi / base
     fast, slow = wavelength < 2048, wavelength > 8192
-    assert fast.sum() > 0 and slow.sum() > 0 and (~fast & ~slow).sum() > 0
+    assert fast.sum() > 0
+    assert slow.sum() > 0
+    assert (~fast & ~slow).sum() > 0
     assert_close(got[fast], base[fast], rtol=1e-6, atol=0)
     assert_close(got[slow], base[slow] / 8, rtol=1e-6, atol=0)
     between = got[~fast & ~slow]
@@ -126,7 +128,7 @@ def test_bad_scaling_is_named(make: Any, error: type[Exception], message: str) -
         make()
 
 
-def _hf_attention(x: Tensor, layer: LlamaAttention, rotary: Any, cache: Any = None) -> Tensor:
+def _hf_attention(x: Tensor, layer: Any, rotary: Any, cache: Any = None) -> Tensor:
     past = 0 if cache is None else cache.get_seq_length()
     positions = torch.arange(past, past + x.shape[1])[None]  # (1, t)
     mask = create_causal_mask(
@@ -136,7 +138,8 @@ def _hf_attention(x: Tensor, layer: LlamaAttention, rotary: Any, cache: Any = No
         cache=cache,
         position_ids=positions,
     )
-    out: Tensor = layer(x, rotary(x, positions), attention_mask=mask, cache=cache)[0]
+    embeddings = rotary(x, positions)
+    out: Tensor = layer(x, position_embeddings=embeddings, attention_mask=mask, cache=cache)[0]
     return out
 
 
@@ -155,7 +158,8 @@ def test_gqa_scaled_rope_equals_llama_attention(name: str) -> None:
     grad = torch.randn_like(expected)
     expected.backward(grad)
     got.backward(grad)
-    assert x_ours.grad is not None and x_hf.grad is not None
+    assert x_ours.grad is not None
+    assert x_hf.grad is not None
     assert_close(x_ours.grad, x_hf.grad, **TOL)
     # Unscaled RoPE differs: the test sees the scaling.
     plain = GroupedQueryAttention.from_hf(layer)
@@ -191,7 +195,8 @@ def test_decoder_scaled_rope_equals_llama_for_causal_lm(name: str) -> None:
     got.backward(grad)
     theirs = hf.model.layers[0].self_attn.q_proj.weight.grad
     mine = ours.layers[0].self_attn.q_proj.weight.grad
-    assert theirs is not None and mine is not None
+    assert theirs is not None
+    assert mine is not None
     assert_close(mine, theirs, **TOL)
 
     # transformers' dynamic rule keeps the frequencies of the 90 tokens above until a call
@@ -213,3 +218,67 @@ def test_dynamic_tables_follow_the_longest_position() -> None:
     assert_close(cos, torch.cos(positions[..., None].float() * freqs))
     short = rope_cos_sin(torch.arange(16), 8, scaling=ntk)[0]
     assert torch.equal(short, rope_cos_sin(torch.arange(16), 8)[0])  # within L: plain
+
+
+def _partial_and_nope_layers() -> list[tuple[str, Any, Any, bool]]:
+    """StableLM (a quarter of each head rotated, with YaRN) and SmolLM3 (a NoPE layer)."""
+    from transformers import SmolLM3Config, StableLmConfig
+    from transformers.models.smollm3.modeling_smollm3 import (
+        SmolLM3Attention,
+        SmolLM3RotaryEmbedding,
+    )
+    from transformers.models.stablelm.modeling_stablelm import (
+        StableLmAttention,
+        StableLmRotaryEmbedding,
+    )
+
+    sizes = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    stable = StableLmConfig(
+        **sizes,
+        use_qkv_bias=True,
+        max_position_embeddings=512,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "partial_rotary_factor": 0.25,
+        },
+    )
+    # no_rope_layers: 1 = RoPE, 0 = NoPE (SmolLM3 leaves every 4th layer unrotated)
+    smol = SmolLM3Config(**sizes, num_hidden_layers=1, no_rope_layers=[0])
+    layers = []
+    for config, layer, rotary in (
+        (stable, StableLmAttention, StableLmRotaryEmbedding),
+        (smol, SmolLM3Attention, SmolLM3RotaryEmbedding),
+    ):
+        config._attn_implementation = "eager"
+        module = layer(config, layer_idx=0).eval()
+        with torch.no_grad():
+            for p in module.parameters():
+                p.normal_(0.0, 0.2)
+        rotated = bool(getattr(module, "use_rope", True))
+        layers.append((type(module).__name__, module, rotary(config), rotated))
+    return layers
+
+
+def test_partial_rope_and_nope_layers_equal_transformers() -> None:
+    for name, layer, rotary, rotated in _partial_and_nope_layers():
+        ours = GroupedQueryAttention.from_hf(layer)
+        assert (ours.rope, ours.rope_dims) == ((True, 4) if rotated else (False, 16)), name
+        x = torch.randn(2, 80, 64)
+        x_ours, x_hf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        expected, got = _hf_attention(x_hf, layer, rotary), ours(x_ours)
+        assert_close(got, expected, **TOL, msg=name)
+        grad = torch.randn_like(expected)
+        expected.backward(grad)
+        got.backward(grad)
+        assert x_ours.grad is not None
+        assert x_hf.grad is not None
+        assert_close(x_ours.grad, x_hf.grad, **TOL, msg=name)
+        cache, hf_cache = DynamicKVCache(), DynamicCache()
+        with torch.no_grad():
+            for start, stop in ((0, 70), (70, 71), (71, 72)):
+                chunk = x[:, start:stop]
+                theirs = _hf_attention(chunk, layer, rotary, hf_cache)
+                assert_close(ours(chunk, cache=cache), theirs, **TOL, msg=name)

@@ -57,7 +57,13 @@ from attnlab.rope import (
 
 __all__ = ["GroupedQueryAttention"]
 
-_HF_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
+_HF_CLASSES = (
+    "LlamaAttention",
+    "MistralAttention",
+    "Qwen2Attention",
+    "StableLmAttention",
+    "SmolLM3Attention",
+)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -91,12 +97,16 @@ class GroupedQueryAttention(nn.Module):
         bias: Whether `q_proj`, `k_proj` and `v_proj` have a bias (Qwen2: True).
         out_bias: Whether `o_proj` has a bias; default `bias` (Llama's `attention_bias`
             sets all four, Qwen2 has none on `o_proj`).
-        rope: Rotate queries and keys by their positions ([`apply_rope`][attnlab.rope.apply_rope]).
+        rope: Rotate queries and keys by their positions ([`apply_rope`][attnlab.rope.apply_rope]);
+            False for a NoPE layer (SmolLM3 leaves every fourth layer unrotated).
         rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config); above 1.
         rope_layout: `"half"` (Llama / Hugging Face) or `"interleaved"`.
         rope_scaling: A context-extension rule for RoPE's frequencies
             ([`RopeScaling`][attnlab.rope.RopeScaling]: Llama 3.1's `"llama3"`,
             `"linear"`, `"dynamic"`, `"yarn"`), or None for plain RoPE.
+        rope_dims: How many features of each query and key head are rotated, the first
+            ones (partial RoPE: `head_dim * partial_rotary_factor` in GPT-NeoX, StableLM
+            or Phi); the rest pass unrotated. Default `head_dim`; even.
         window: Sliding-window size (keys per query, itself included), or None.
         dropout: Probability of dropping an attention weight, in training mode only.
         backend: `"torch"`, `"scratch"` or `"flash"`.
@@ -108,7 +118,8 @@ class GroupedQueryAttention(nn.Module):
         TypeError: If a size is not an int, a flag not a bool or `dropout` not a number.
         ValueError: If a size is not positive, `num_heads` is not a multiple of
             `num_kv_heads`, `d_model` is not a multiple of `num_heads` without
-            `head_dim`, `head_dim` is odd with `rope`, `rope_base` is not above 1, or
+            `head_dim`, `head_dim` is odd with `rope`, `rope_dims` is odd or above
+            `head_dim`, `rope_base` is not above 1, or
             `dropout`, `rope_layout` or `backend` is out of range.
 
     Examples:
@@ -137,6 +148,7 @@ class GroupedQueryAttention(nn.Module):
         rope_base: float = 10000.0,
         rope_layout: RopeLayout = "half",
         rope_scaling: RopeScaling | None = None,
+        rope_dims: int | None = None,
         window: int | None = None,
         dropout: float = 0.0,
         backend: Backend = "torch",
@@ -171,8 +183,13 @@ class GroupedQueryAttention(nn.Module):
                 f"rope_scaling must be a RopeScaling or None, got {type(rope_scaling).__name__}"
             )
         self.rope_scaling = rope_scaling
+        if rope_dims is not None and check_head_dim(rope_dims, "rope_dims") > self.head_dim:
+            raise ValueError(
+                f"rope_dims must be at most head_dim={self.head_dim}, got rope_dims={rope_dims}"
+            )
+        self.rope_dims = self.head_dim if rope_dims is None else rope_dims
         if self.rope:
-            check_head_dim(self.head_dim)
+            check_head_dim(self.rope_dims, "head_dim" if rope_dims is None else "rope_dims")
         self.window = None if window is None else check_positive_int("window", window)
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
@@ -195,6 +212,7 @@ class GroupedQueryAttention(nn.Module):
         rope = (
             f"rope_base={self.rope_base}, rope_layout={self.rope_layout!r}"
             + ("" if self.rope_scaling is None else f", rope_scaling={self.rope_scaling}")
+            + ("" if self.rope_dims == self.head_dim else f", rope_dims={self.rope_dims}")
             if self.rope
             else "rope=False"
         )
@@ -228,7 +246,7 @@ class GroupedQueryAttention(nn.Module):
         past = 0 if checked is None else checked.length
         if position_embeddings is not None and not self.rope:
             raise ValueError("position_embeddings needs a module built with rope=True")
-        check_rope_inputs(positions, position_embeddings, x, self.head_dim)
+        check_rope_inputs(positions, position_embeddings, x, self.rope_dims)
         target = (b, self.num_heads, t, past + t)  # (b, h, t_q, t_k)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
         check_causal_window(is_causal, self.window)
@@ -376,11 +394,10 @@ class GroupedQueryAttention(nn.Module):
                     positions = torch.arange(past, past + t, device=x.device)  # (t,)
                 # One table for queries and keys, computed once per forward.
                 position_embeddings = rope_cos_sin(
-                    positions, hd, base=self.rope_base, scaling=self.rope_scaling
+                    positions, self.rope_dims, base=self.rope_base, scaling=self.rope_scaling
                 )
-            cos, sin = position_embeddings
-            q = rotate(q, cos, sin, layout=self.rope_layout)  # (b, h, t, head_dim)
-            k = rotate(k, cos, sin, layout=self.rope_layout)  # (b, h_kv, t, head_dim)
+            q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
+            k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
         window = self.window if is_causal else None
         if isinstance(cache, AttendingCache):  # e.g. paged: it stores and attends itself
             if attn_mask is not None or self.window is not None or dropout_p or need_weights:
@@ -430,16 +447,25 @@ class GroupedQueryAttention(nn.Module):
         )  # (b, h, t, t_k)
         return out, weights[0] if unbatched else weights
 
+    def _rotate(self, x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+        """RoPE on the first `rope_dims` features of each head; the rest pass (partial RoPE)."""
+        cos, sin = cos_sin
+        if self.rope_dims == self.head_dim:
+            return rotate(x, cos, sin, layout=self.rope_layout)
+        turned, kept = x[..., : self.rope_dims], x[..., self.rope_dims :]  # (..., t, d_rot)
+        return torch.cat((rotate(turned, cos, sin, layout=self.rope_layout), kept), dim=-1)
+
     # -- interoperability with Hugging Face transformers ---------------------------------
 
     @classmethod
     def from_hf(cls, module: nn.Module, *, backend: Backend = "torch") -> GroupedQueryAttention:
         """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
 
-        Accepts `transformers`' `LlamaAttention`, `MistralAttention` and `Qwen2Attention`
-        (and subclasses). The weights map one to one, as `nn.Linear` weights of shape
-        `(out_features, in_features)`, with no permutation (both use the `"half"` RoPE
-        layout):
+        Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
+        `StableLmAttention` (partial RoPE, without its `qk_layernorm`) and
+        `SmolLM3Attention` (NoPE layers), and subclasses. The weights map one to one,
+        as `nn.Linear` weights of shape `(out_features, in_features)`, with no
+        permutation (both use the `"half"` RoPE layout):
 
         | Hugging Face | attnlab | weight shape |
         |---|---|---|
@@ -455,8 +481,11 @@ class GroupedQueryAttention(nn.Module):
         From the config: `hidden_size` (`d_model`), `num_attention_heads`,
         `num_key_value_heads`, the layer's `head_dim`, `rope_parameters["rope_theta"]`
         (`rope_theta` in older versions), `attention_dropout`, and the sliding window:
-        Mistral's `config.sliding_window`, or Qwen2's per-layer `module.sliding_window`
-        (set only on layers whose `layer_types` entry is `"sliding_attention"`), and
+        Mistral's `config.sliding_window`, or Qwen2's and SmolLM3's per-layer
+        `module.sliding_window` (set only on layers whose `layer_types` entry is
+        `"sliding_attention"`); partial RoPE (`module.rotary_ndims`, StableLM's
+        `head_dim * partial_rotary_factor`) as `rope_dims`; SmolLM3's NoPE layers
+        (`module.use_rope` False, from `config.no_rope_layers`) as `rope=False`; and
         RoPE's context extension ([`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]:
         `"linear"`, `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2).
 
@@ -470,7 +499,8 @@ class GroupedQueryAttention(nn.Module):
         Raises:
             TypeError: If `module` is not one of the supported classes.
             ValueError: If it uses a RoPE type `RopeScaling` does not implement (e.g.
-                `"longrope"`), or its scaling misses a key.
+                `"longrope"`), or its scaling misses a key, or it normalises its queries
+                and keys (StableLM's `qk_layernorm`).
         """
         names = {c.__name__ for c in type(module).__mro__}
         if not names & set(_HF_CLASSES):
@@ -483,7 +513,13 @@ class GroupedQueryAttention(nn.Module):
         rope_parameters = getattr(config, "rope_parameters", None) or {}
         scaling = RopeScaling.from_hf(config)
         rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        if "Qwen2Attention" in names:
+        if getattr(hf, "qk_layernorm", False):
+            raise ValueError(
+                f"module normalises queries and keys (qk_layernorm=True); "
+                f"GroupedQueryAttention.from_hf does not port that from {type(module).__name__}"
+            )
+        rope_dims = int(getattr(hf, "rotary_ndims", hf.head_dim))
+        if names & {"Qwen2Attention", "SmolLM3Attention"}:
             window = hf.sliding_window
         else:
             window = getattr(config, "sliding_window", None)
@@ -495,10 +531,11 @@ class GroupedQueryAttention(nn.Module):
             head_dim=int(hf.head_dim),
             bias=hf.q_proj.bias is not None,
             out_bias=hf.o_proj.bias is not None,
-            rope=True,
+            rope=bool(getattr(hf, "use_rope", True)),
             rope_base=float(rope_theta),
             rope_layout="half",
             rope_scaling=None if scaling.rope_type == "default" else scaling,
+            rope_dims=rope_dims,
             window=window,
             dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
             backend=backend,
