@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnlab import CrossAttention, SelfAttention
-from attnlab.plotting import figure_to_svg, heatmap, interactive_heatmap
+from attnlab.plotting import block_tables_svg, figure_to_svg, heatmap, interactive_heatmap
 
 pytest.importorskip("matplotlib")
 
@@ -321,3 +321,144 @@ def test_interactive_heatmap_outline_is_drawn_after_every_cell() -> None:
         assert 'class="attn-heatmap-outline"' in last
         assert 'width="27" height="27"' in last  # 1.5 px inside the cell on every side
         assert 'pointer-events="none"' in last  # the cell under it still gets the pointer
+
+
+# block_tables_svg ------------------------------------------------------------------------
+
+
+def _block_cells(svg: str) -> dict[str, list[dict[str, str]]]:
+    """The drawn cells of each row ("pool" and every table), with their attributes."""
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    rows: dict[str, list[dict[str, str]]] = {}
+    for group in root.iter(f"{ns}g"):
+        kind = group.get("class", "")
+        if kind not in ("attn-blocks-pool", "attn-blocks-table"):
+            continue
+        cells = []
+        for cell in group.findall(f"{ns}g"):
+            (text,) = cell.findall(f"{ns}text")
+            rects = cell.findall(f"{ns}rect")
+            cells.append(
+                {
+                    **cell.attrib,
+                    "shown": text.text or "",
+                    "fill": rects[-1 if len(rects) == 1 else 1].get("fill", ""),
+                }
+            )
+        rows[group.get("data-seq", "")] = cells
+    return rows
+
+
+def test_block_tables_svg_draws_a_real_cache() -> None:
+    from attnlab.paged import PagedKVCache
+
+    cache = PagedKVCache(num_layers=2, num_blocks=10, block_size=4, num_kv_heads=1, head_dim=2)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks and one token
+
+    def write(seq: int, n: int) -> None:
+        for layer in range(2):
+            cache.append(seq, layer, torch.randn(1, n, 2), torch.randn(1, n, 2))
+
+    a, _ = cache.add_sequence(prompt)
+    write(a, 9)
+    b, cached = cache.add_sequence([*prompt[:8], 1, 2])  # shares the two full blocks
+    assert cached == 8
+    write(b, 2)
+    c = cache.fork(a)  # shares all three of a's blocks
+    write(c, 1)  # copies a's last block (copy-on-write)
+    labels = {a: "a", b: "b", c: "c"}
+    tables = {labels[s]: cache.block_table(s) for s in cache.sequences}
+    lengths = {labels[s]: cache.length(s) for s in cache.sequences}
+    svg = block_tables_svg(tables, cache.num_blocks, lengths=lengths, block_size=4, title="t")
+    rows = _block_cells(svg)
+
+    assert list(rows) == ["pool", "a", "b", "c"]
+    for label, table in tables.items():  # each table in token order, its block ids shown
+        assert [int(cell["data-block"]) for cell in rows[label]] == table
+        assert [cell["shown"] for cell in rows[label]] == [str(block) for block in table]
+        assert [int(cell["data-slot"]) for cell in rows[label]] == list(range(len(table)))
+    pool = rows["pool"]
+    assert [int(cell["data-block"]) for cell in pool] == list(range(10))
+    for block, cell in enumerate(pool):
+        refs = cache.allocator.refcount(block)
+        holders = cell["data-holders"].split()
+        assert len(holders) == refs  # one holder per table entry, as the refcounts count
+        assert ("data-shared" in cell) == (refs > 1)
+        assert (cell["fill"] == "none") == (refs == 0)  # free: an outline only
+    # The shared prefix blocks are hatched everywhere they are drawn; a block that only
+    # a holds has a's colour in the pool and in a's table.
+    shared = tables["a"][:2]
+    assert all(cache.allocator.refcount(block) == 3 for block in shared)
+    for label in "abc":
+        hatched = [cell["fill"].startswith("url(#attn-shared-") for cell in rows[label]]
+        assert hatched[:2] == [True, True]
+    own = rows["a"][2]  # a's third block: c copied it on write
+    assert "data-shared" not in own
+    assert own["fill"] == pool[int(own["data-block"])]["fill"] != rows["b"][2]["fill"]
+
+
+def test_block_tables_svg_fills_the_last_block_by_its_tokens() -> None:
+    svg = block_tables_svg({"x": [3, 1], "y": [0]}, 4, lengths={"x": 5}, block_size=4)
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    widths = {}
+    for cell in root.iter(f"{ns}g"):
+        if cell.get("data-slot") is not None:
+            fill_rect = cell.findall(f"{ns}rect")[1]
+            widths[cell.get("data-seq"), int(cell.get("data-slot", ""))] = float(
+                fill_rect.get("width", "")
+            )
+    # x holds 5 tokens: its first block is full, its last holds 1 of 4; y is full.
+    assert widths == {("x", 0): 22.0, ("x", 1): 5.5, ("y", 0): 22.0}
+
+
+def test_block_tables_svg_fits_a_phone_with_11px_text() -> None:
+    tables = {f"seq {k}": list(range(3 * k, 3 * k + 3)) for k in range(5)}
+    svg = block_tables_svg(tables, 16, title="a pool of 16 blocks")
+    root = ET.fromstring(svg)
+    width = float(root.get("viewBox", "").split()[2])
+    assert width <= 358  # a phone's column at 390 px: shown at its own size
+    assert root.get("style") == f"--attn-min-width: {width:g}px"
+    sizes = [float(s) for s in re.findall(r'font-size="([\d.]+)"', svg)]
+    assert min(sizes) >= 11
+    # Two drawings on one page do not share the id of their hatch pattern.
+    other = block_tables_svg({"seq 0": [1]}, 16)
+    ids = re.findall(r'<pattern id="([^"]+)"', svg + other)
+    assert len(ids) == len(set(ids)) == 2
+    # The pool wraps after 12 blocks: 16 blocks take two lines.
+    ys = {
+        cell.get("data-block"): cell.find("{http://www.w3.org/2000/svg}rect").get("y")  # type: ignore[union-attr]
+        for cell in root.iter("{http://www.w3.org/2000/svg}g")
+        if cell.get("data-slot") is None and cell.get("data-block")
+    }
+    assert ys["0"] == ys["11"] != ys["12"]
+
+
+def test_block_tables_svg_colours_stay_with_their_sequence() -> None:
+    first = _block_cells(block_tables_svg({"A": [0], "B": [1]}, 4, order=["A", "B", "C"]))
+    later = _block_cells(block_tables_svg({"C": [2], "B": [1]}, 4, order=["A", "B", "C"]))
+    assert first["B"][0]["fill"] == later["B"][0]["fill"]
+    assert later["C"][0]["fill"] not in (first["A"][0]["fill"], first["B"][0]["fill"])
+    assert "hatched" not in block_tables_svg({"A": [0]}, 4, legend=False)
+
+
+def test_block_tables_svg_rejects_bad_input_with_named_argument() -> None:
+    with pytest.raises(ValueError, match=r"tables\['a'\]\[1\]=4 is not a block of the pool"):
+        block_tables_svg({"a": [0, 4]}, 4)
+    with pytest.raises(TypeError, match=r"tables\['a'\]\[0\] must be an int"):
+        block_tables_svg({"a": [1.0]}, 4)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="tables must be a mapping"):
+        block_tables_svg([[0, 1]], 4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_blocks must be a positive int"):
+        block_tables_svg({"a": []}, 0)
+    with pytest.raises(TypeError, match="block_size must be a positive int"):
+        block_tables_svg({"a": [0]}, 4, lengths={"a": 1})
+    with pytest.raises(ValueError, match=r"lengths\['a'\]=9 does not fit its 2 block"):
+        block_tables_svg({"a": [0, 1]}, 4, lengths={"a": 9}, block_size=4)
+    with pytest.raises(ValueError, match=r"lengths\['a'\]=4 does not fit"):
+        block_tables_svg({"a": [0, 1]}, 4, lengths={"a": 4}, block_size=4)  # 2nd block empty
+    with pytest.raises(ValueError, match="tables does not have: \\['z'\\]"):
+        block_tables_svg({"a": [0]}, 4, lengths={"z": 1}, block_size=4)
+    with pytest.raises(ValueError, match=r"order must list every label.*\['b'\]"):
+        block_tables_svg({"a": [0], "b": [1]}, 4, order=["a"])
