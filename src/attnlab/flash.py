@@ -14,13 +14,6 @@ https://arxiv.org/abs/2004.05150, and Mistral 7B, Jiang et al., 2023,
 https://arxiv.org/abs/2310.06825), the tiles outside the window are skipped, so the
 work grows linearly with the length at a fixed window.
 
-Two score changes of 2024-2025 models ride along in the tiles: logit softcapping
-(Gemma 2, Gemma Team, 2024, https://arxiv.org/abs/2408.00118), `c * tanh(x / c)` on each
-tile's scores, whose derivative $1 - \tanh^2$ the backward recomputes; and learned
-attention sinks (gpt-oss, OpenAI, 2025, https://arxiv.org/abs/2508.10925), one logit per
-head folded into each row's running statistics after its last tile, so that the saved
-log-sum-exp includes it and the backward needs nothing more for $dQ$, $dK$, $dV$.
-
 This is plain PyTorch: each block is a batched matmul over all batch and head dimensions
 at once, so the Python loop runs over blocks only. The chapter
 "FlashAttention from scratch" derives every line.
@@ -28,12 +21,11 @@ at once, so the Python loop runs over blocks only. The chapter
 Kernel API, for code in attnlab that runs the passes itself (ring attention) or has
 checked its inputs already (the backend registry): `flash_attention_impl` is
 `flash_attention` without the checks; `flash_forward(q, k, v, out, lse, is_causal, scale,
-block_q, block_k, window=None, offset=0, softcap=None, sinks=None)` fills `out (n, L,
-Ev)` and the log-sum-exp `lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`
-(`sinks (n,)`, one logit per row of `q`, enters `lse`); `flash_backward(q, k, v, out,
-lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None, offset=0,
-softcap=None)` adds the gradients into `dq`, `dk`, `dv`. `offset` places query `i` at
-key position `i + offset` for the causal and window rules (0: top-left; `S - L`:
+block_q, block_k, window=None, offset=0)` fills `out (n, L, Ev)` and the log-sum-exp
+`lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`; `flash_backward(q, k, v,
+out, lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None,
+offset=0)` adds the gradients into `dq`, `dk`, `dv`. `offset` places query `i` at key
+position `i + offset` for the causal and window rules (0: top-left; `S - L`:
 bottom-right, after a KV cache). Inputs must be float32 or float64 and contiguous in
 their last dimension.
 """
@@ -104,6 +96,15 @@ def flash_attention(
     the backward pass, so at a fixed window the work grows linearly with the length; see
     [`tile_map`][attnlab.flash.tile_map]. A query that sees no key at all (only possible
     when `L > S`, for queries $i \ge S - 1 + w$) gets zeros, as in PyTorch.
+
+    Two score changes of 2024-2025 models ride along in the tiles. `softcap=c`
+    (Gemma 2, Gemma Team, 2024, https://arxiv.org/abs/2408.00118) turns each tile's
+    scores into $c \tanh(x / c)$, and the backward pass recomputes the $\tanh$ for its
+    derivative $1 - \tanh^2$. `sinks` (gpt-oss, OpenAI, 2025,
+    https://arxiv.org/abs/2508.10925), one learned logit per head, is folded into each
+    row's running statistics after its last tile, so the saved log-sum-exp includes it
+    and the backward of $Q$, $K$, $V$ needs nothing more; the sinks' own gradient is
+    $-\sum_i p_{i,\text{sink}}\, (dO_i \cdot O_i)$.
 
     float16 and bfloat16 inputs are computed in float32 and the result cast back. Under
     `torch.autocast`, the inputs are first cast to the autocast dtype (float64 excepted),
