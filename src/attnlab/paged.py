@@ -364,6 +364,10 @@ class PagedKVCache:
         self._next_id = 0
         self._block_of_hash: dict[str, int] = {}
         self._hash_of_block: dict[int, str] = {}
+        # attend's last (seq_ids, tables tensor), valid while no table changed or freed:
+        # a decode step reads the same tables in every layer.
+        self._tables_version = 0
+        self._tables_memo: tuple[tuple[int, ...], int, Tensor] | None = None
 
     # --- sizes --------------------------------------------------------------------
 
@@ -464,6 +468,7 @@ class PagedKVCache:
         for block in seq.table:
             self.allocator.free(block)
         del self._sequences[seq_id]
+        self._tables_version += 1
 
     def block_table(self, seq_id: int) -> list[int]:
         """The block ids of sequence `seq_id`, in token order (a copy)."""
@@ -520,6 +525,13 @@ class PagedKVCache:
         if end == start:
             return
         self._make_room(seq, start, end)
+        if end == start + 1:  # a decode step: one slot, plain indexing
+            block, slot = seq.table[start // self.block_size], start % self.block_size
+            self.key_pools[layer, :, block, slot] = key[:, 0]  # (kv, head_dim)
+            self.value_pools[layer, :, block, slot] = value[:, 0]  # (kv, v_head_dim)
+            seq.filled[layer] = end
+            self._register_full_blocks(seq)
+            return
         device = self.key_pools.device
         positions = torch.arange(start, end, device=device)  # (t,)
         table = torch.tensor(seq.table, dtype=torch.long, device=device)
@@ -565,7 +577,10 @@ class PagedKVCache:
             if self.allocator.refcount(seq.table[i]) > 1
         ]
         new = max(0, last - len(seq.table))
+        if not shared and not new:
+            return
         fresh = self._allocate(len(shared) + new)  # all or nothing: raises before a write
+        self._tables_version += 1
         for i, copy in zip(shared, fresh[: len(shared)], strict=True):
             old = seq.table[i]
             # Copy-on-write, in every layer: the others keep the old block unchanged.
@@ -645,17 +660,34 @@ class PagedKVCache:
             `(b, num_heads, t_q, v_head_dim)`.
         """
         lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
-        return paged_attention(
+        key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
+        tables = self._attend_tables(seq_ids)
+        if is_validation_enabled():  # the tables and lengths are the cache's own
+            _check_paged(query, key_pool, value_pool, tables, lengths, query_lengths, own=True)
+            check_scale("scale", scale)
+            check_choice("method", method, _METHODS)
+            check_choice("backend", backend, _GATHER_BACKENDS)
+        return paged_attention_impl(
             query,
-            self.key_pools[layer],
-            self.value_pools[layer],
-            self.block_tables(seq_ids),
+            key_pool,
+            value_pool,
+            tables,
             lengths,
             query_lengths=query_lengths,
             scale=scale,
             method=method,
             backend=backend,
         )
+
+    def _attend_tables(self, seq_ids: Sequence[int]) -> Tensor:
+        """`block_tables(seq_ids)`, reused while no table changed (every layer asks)."""
+        key = tuple(seq_ids)
+        memo = self._tables_memo
+        if memo is not None and memo[0] == key and memo[1] == self._tables_version:
+            return memo[2]
+        tables = self.block_tables(seq_ids)
+        self._tables_memo = (key, self._tables_version, tables)
+        return tables
 
 
 # --- attention through the block table --------------------------------------------
@@ -700,7 +732,13 @@ def paged_attention(
       log-sum-exp, and fold it into the running result with
       [`merge_partials`][attnlab.distributed.merge_partials], the online-softmax rule of
       FlashAttention. The memory beyond the output is one tile per sequence. This is
-      what paged kernels do, one tile per thread block.
+      what paged kernels do, one tile per thread block. With `backend="scratch"` each
+      tile's scores, mask and softmax are spelled out (the teaching path); with
+      `"torch"` on the CPU a tile goes through PyTorch's fused CPU attention kernel,
+      which also returns the log-sum-exp, so a tile's keys are read once while they
+      are still in the cache; tiles wholly past every query are skipped and a tile
+      that every query sees whole gets no mask (elsewhere `"torch"` takes the
+      spelled-out path too).
 
     float16 and bfloat16 are computed in float32 and rounded back. No dropout, no
     gradient intended (inference).
@@ -719,10 +757,12 @@ def paged_attention(
         method: `"online"` (tile by tile) or `"gather"` (contiguous copy, then SDPA).
         blocks_per_tile: Blocks per tile of the `"online"` method; any positive number
             gives the same result (1: block by block). The default, 32 (512 keys at
-            block size 16), was among the fastest of 16, 32 and 64 for 4 sequences of
-            9 query and 3 key/value heads of 64 features at 512 to 8192 tokens, on a
+            block size 16), was among the fastest of 8 to 64 for 4 sequences of 9
+            query and 3 key/value heads of 64 features at 512 to 8192 tokens, on a
             shared 2-core CPU (no clear winner there).
-        backend: The attention of the `"gather"` method, `"torch"` or `"scratch"`.
+        backend: How a tile (`"online"`) or the whole copy (`"gather"`) is attended:
+            PyTorch's fused kernel (`"torch"`) or attnlab's spelled-out one
+            (`"scratch"`).
 
     Returns:
         The context vectors, shape `(b, num_heads, t_q, v_head_dim)`.
@@ -794,7 +834,7 @@ def paged_attention_impl(
         out = _gather_attention(query, key_pool, value_pool, block_tables, positions, s, backend)
     else:
         out = _online_attention(
-            query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile
+            query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile, backend
         )
     return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
 
@@ -880,8 +920,13 @@ def _online_attention(
     positions: Tensor,
     scale: float,
     blocks_per_tile: int,
+    backend: Backend = "scratch",
 ) -> Tensor:
     """Tile by tile through the block tables, merging partial results (online softmax)."""
+    if backend == "torch" and _fused_tiles(query, key_pool, value_pool):
+        return _fused_online_attention(
+            query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
+        )
     kv, _, bs, _ = key_pool.shape
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype
@@ -899,6 +944,69 @@ def _online_attention(
         hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T), broadcast over kv
         scores = scores.masked_fill(hidden, float("-inf"))
         tile_out, tile_lse = _partial_attention(scores, v)
+        if out is None or lse is None:  # the first tile holds key 0: every lse finite
+            out, lse = tile_out, tile_lse
+        else:
+            out, lse = merge_partials(out, lse, tile_out, tile_lse)
+    assert out is not None  # block_tables has at least one column (checked)
+    return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+
+
+# PyTorch's fused CPU attention (what SDPA runs on the CPU), which also returns the
+# log-sum-exp of each query's scores: what merging tiles needs, and what the public SDPA
+# does not return.
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _fused_tiles(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
+    """Whether the fused CPU kernel can attend the tiles (CPU, no gradient, same e)."""
+    return (
+        query.device.type == "cpu"
+        and key_pool.shape[-1] == value_pool.shape[-1]
+        and not (torch.is_grad_enabled() and query.requires_grad)
+        and not torch.compiler.is_compiling()  # it reads positions on the host
+    )
+
+
+def _fused_online_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    blocks_per_tile: int,
+) -> Tensor:
+    """`_online_attention` with each tile attended by PyTorch's fused CPU kernel.
+
+    Reads the positions on the host (free on the CPU) to skip the tiles no query sees
+    and the masks of tiles every query sees whole: a decode step of equal lengths
+    builds no mask at all.
+    """
+    kv, _, bs, _ = key_pool.shape
+    h, t_q = query.shape[1], query.shape[2]
+    dtype = query.dtype
+    wide = compute_dtype(dtype)
+    q = _group_queries(query.to(wide), kv)  # (kv, b, g * t_q, e)
+    rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
+    first, last = int(rows.min()), int(rows.max())
+    used = min(block_tables.shape[1], last // bs + 1)  # blocks some query sees
+    out = lse = None
+    for j0 in range(0, used, blocks_per_tile):
+        ids = block_tables[:, j0 : min(j0 + blocks_per_tile, used)]  # (b, n)
+        k = _blocks(key_pool, ids).to(wide)  # (kv, b, T, e), T = n * bs keys
+        v = _blocks(value_pool, ids).to(wide)  # (kv, b, T, e_v)
+        start, end = j0 * bs, j0 * bs + k.shape[2]
+        mask = None
+        if end - 1 > first:  # some query does not see every key of the tile
+            key_positions = torch.arange(start, end, device=query.device)  # (T,)
+            hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T)
+            mask = torch.zeros(hidden.shape, dtype=wide, device=query.device)
+            mask = mask.masked_fill(hidden, float("-inf"))[None]  # (1, b, g * t_q, T)
+        tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+        tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
+        if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
+            tile_lse = tile_lse.masked_fill((rows < start)[None], float("-inf"))
         if out is None or lse is None:  # the first tile holds key 0: every lse finite
             out, lse = tile_out, tile_lse
         else:
@@ -940,8 +1048,14 @@ def _check_paged(
     block_tables: object,
     lengths: object,
     query_lengths: object,
+    *,
+    own: bool = False,
 ) -> None:
-    """The checks of paged_attention's tensors (the last ones read values)."""
+    """The checks of paged_attention's tensors (the last ones read values).
+
+    `own=True`: the tables and lengths come from a `PagedKVCache`, right by
+    construction; their values are not read (query_lengths' still are).
+    """
     q = check_tensor("query", query)
     k = check_tensor("key_pool", key_pool)
     v = check_tensor("value_pool", value_pool)
@@ -981,11 +1095,11 @@ def _check_paged(
         return
     # Reads values: a host sync on an accelerator, skipped while compiling.
     capacity = tables.shape[1] * k.shape[2]
-    if int(n.min()) < 0 or int(n.max()) > capacity:
+    if not own and (int(n.min()) < 0 or int(n.max()) > capacity):
         raise ValueError(
             f"lengths must be in [0, max_blocks * block_size = {capacity}], got {n.tolist()}"
         )
-    if int(tables.min()) < 0 or int(tables.max()) >= k.shape[1]:
+    if not own and (int(tables.min()) < 0 or int(tables.max()) >= k.shape[1]):
         raise ValueError(
             f"block_tables must hold block ids in [0, num_blocks={k.shape[1]}), got ids "
             f"from {int(tables.min())} to {int(tables.max())}"
