@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlab
 from attnlab.flash import flash_attention, tile_map
-from attnlab.masks import sliding_window
+from attnlab.masks import Alignment, sliding_window
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -300,17 +300,24 @@ def _tiles_from_mask(mask: torch.Tensor, block_q: int, block_k: int) -> torch.Te
         (20, 6, False, 3),
     ],
 )
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
 def test_tile_map_matches_the_tiles_of_the_mask(
-    t_q: int, t_k: int, is_causal: bool, window: int | None, block_size: int | tuple[int, int]
+    t_q: int,
+    t_k: int,
+    is_causal: bool,
+    window: int | None,
+    block_size: int | tuple[int, int],
+    align: Alignment,
 ) -> None:
     if window is not None:
-        mask = sliding_window(t_q, t_k, window=window)
+        mask = sliding_window(t_q, t_k, window=window, align=align)
     elif is_causal:
-        mask = attnlab.masks.causal(t_q, t_k)
+        mask = attnlab.masks.causal(t_q, t_k, align=align)
     else:
         mask = torch.ones(t_q, t_k, dtype=torch.bool)
     block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
-    got = tile_map(t_q, t_k, block_size=block_size, is_causal=is_causal, window=window)
+    rules = {"is_causal": is_causal, "window": window, "align": align}
+    got = tile_map(t_q, t_k, block_size=block_size, **rules)
     torch.testing.assert_close(got, _tiles_from_mask(mask, block_q, block_k), rtol=0, atol=0)
 
 
@@ -338,23 +345,22 @@ class _CountScoreTiles(TorchDispatchMode):
         (40, 30, (4, 6), False, None),
     ],
 )
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
 def test_flash_attention_computes_only_the_tiles_of_tile_map(
     t_q: int,
     t_k: int,
     block_size: int | tuple[int, int],
     is_causal: bool,
     window: int | None,
+    align: Alignment,
 ) -> None:
     # The forward computes one score tile per visited tile, the backward two (P and dP),
     # all with bmm(out=tile): counting those calls counts the tiles actually computed.
     q, k, v = _inputs(t_q, t_k, 2, grad=True)
-    expected = int(
-        tile_map(
-            t_q, t_k, block_size=block_size, is_causal=is_causal, window=window
-        ).count_nonzero()
-    )
+    rules = {"is_causal": is_causal, "window": window, "align": align}
+    expected = int(tile_map(t_q, t_k, block_size=block_size, **rules).count_nonzero())
     with _CountScoreTiles() as forward:
-        out = flash_attention(q, k, v, is_causal=is_causal, window=window, block_size=block_size)
+        out = flash_attention(q, k, v, block_size=block_size, **rules)
     with _CountScoreTiles() as backward:
         out.backward(torch.randn_like(out))
     assert forward.count == expected
@@ -476,6 +482,7 @@ def test_flash_attention_rejects_bad_input_naming_it(
         ({"block_size": (4, 0)}, ValueError, r"block_size\[1\] must be a positive int"),
         ({"window": 0}, ValueError, "window must be a positive int, got 0"),
         ({"is_causal": None}, TypeError, "is_causal must be a bool"),
+        ({"align": "top_left"}, ValueError, "align must be one of 'top-left', 'bottom-right'"),
     ],
 )
 def test_tile_map_rejects_bad_input_naming_it(
@@ -522,21 +529,17 @@ def test_flash_attention_bottom_right_matches_torch_forward_and_backward(
 def test_flash_attention_bottom_right_equals_causal_lower_right(t_q: int, t_k: int) -> None:
     # Chunked prefill: t_q new tokens after t_k - t_q cached ones. PyTorch's own name for
     # that mask is causal_lower_right; attnlab's functional path takes it as attn_mask.
+    # (The gradients: the test above, against the same mask built by attnlab.masks.)
     from torch.nn.attention.bias import causal_lower_right
 
     from attnlab.functional import scaled_dot_product_attention
 
-    q, k, v = _inputs(t_q, t_k, 2, 3, grad=True)
+    q, k, v = _inputs(t_q, t_k, 2, 3)
     out = flash_attention(q, k, v, is_causal=True, align="bottom-right", block_size=(4, 3))
     expected = TorchSDPA(q, k, v, attn_mask=causal_lower_right(t_q, t_k))
     torch.testing.assert_close(out, expected, **TOL)
     scratch = scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(t_q, t_k))
     torch.testing.assert_close(out, scratch, **TOL)
-    grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad_out)
-    want = torch.autograd.grad(expected, (q, k, v), grad_out)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     if t_q < t_k:  # the two alignments differ: top-left would be wrong after a cache
         top_left = flash_attention(q, k, v, is_causal=True, block_size=(4, 3))
         assert (top_left - expected).abs().max() > 1e-2

@@ -432,6 +432,7 @@ def tile_map(
     block_size: int | tuple[int, int] = 256,
     is_causal: bool = False,
     window: int | None = None,
+    align: Alignment = "top-left",
 ) -> Tensor:
     """Which tiles `flash_attention` computes: 0 skipped, 1 computed, 2 computed and masked.
 
@@ -445,6 +446,7 @@ def tile_map(
         block_size: As for `flash_attention`: `(block_q, block_k)`, or one int for both.
         is_causal: As for `flash_attention`.
         window: As for `flash_attention`; implies `is_causal`.
+        align: As for `flash_attention`: where the diagonal sits when `L != S`.
 
     Returns:
         An int64 tensor of shape `(ceil(L / block_q), ceil(S / block_k))`: entry
@@ -452,7 +454,8 @@ def tile_map(
 
     Raises:
         TypeError: If a size or flag has the wrong type.
-        ValueError: If a length is negative or a block size or the window is not positive.
+        ValueError: If a length is negative, a block size or the window is not positive,
+            or `align` is not one of the two.
 
     Examples:
         >>> tile_map(8, block_size=2, window=3)
@@ -468,13 +471,15 @@ def tile_map(
     block_q, block_k = _check_block_size(block_size)
     check_bool("is_causal", is_causal)
     w = None if window is None else check_positive_int("window", window)
+    check_choice("align", align, ("top-left", "bottom-right"))
     causal = is_causal or w is not None
+    offset = t_k - t_q if align == "bottom-right" else 0  # as flash_attention places them
     grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
     for i0 in range(0, t_q, block_q):
-        i1 = min(i0 + block_q, t_q)
-        for j0 in _key_starts(i0, i1, t_k, causal, w, block_k):
+        a0, a1 = i0 + offset, min(i0 + block_q, t_q) + offset  # positions among the keys
+        for j0 in _key_starts(a0, a1, t_k, causal, w, block_k):
             j1 = min(j0 + block_k, t_k)
-            grid[i0 // block_q, j0 // block_k] = 1 + _needs_bias(i0, i1, j0, j1, causal, w)
+            grid[i0 // block_q, j0 // block_k] = 1 + _needs_bias(a0, a1, j0, j1, causal, w)
     return grid
 
 
