@@ -824,7 +824,7 @@ def block_tables_svg(
     defs = (
         f'<defs><pattern id="{pattern}" width="5" height="5" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="5" height="5" fill="#e3e3e3"/>'
-        '<line x1="0" y1="0" x2="0" y2="5" stroke="#8a8a8a" stroke-width="2"/></pattern></defs>'
+        '<line x1="0" y1="0" x2="0" y2="5" stroke="#b4b4b4" stroke-width="1.5"/></pattern></defs>'
     )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
