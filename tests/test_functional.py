@@ -609,3 +609,37 @@ def test_sdpa_window_is_checked() -> None:
         AF.scaled_dot_product_attention(q, q, q, window=0)
     with pytest.raises(ValueError, match="pass either attn_mask or window, not both"):
         AF.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4).bool(), window=2)
+
+
+# -- softcap and sinks (the transformers references are in test_softcap_sinks.py) ------------
+
+
+def test_sdpa_softcap_and_sinks_compose_with_window_dropout_and_float_masks() -> None:
+    q, k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 5)
+    extra = {"softcap": 1.5, "sinks": torch.tensor([0.5, -1.0, 2.0])}
+    band = masks.sliding_window(6, window=3)
+    windowed = AF.scaled_dot_product_attention(q, k, v, window=3, **extra)
+    torch.testing.assert_close(windowed, AF.scaled_dot_product_attention(q, k, v, band, **extra))
+    additive = masks.allowed_to_additive(band)
+    torch.testing.assert_close(
+        windowed, AF.scaled_dot_product_attention(q, k, v, additive, **extra)
+    )
+    # Dropout acts on the weights after the sink took its share: seeded the same,
+    # attention_weights draws the same dropout mask, and its weights times v are the output.
+    torch.manual_seed(7)
+    dropped = AF.scaled_dot_product_attention(q, k, v, band, dropout_p=0.5, **extra)
+    torch.manual_seed(7)
+    weights = AF.attention_weights(q, k, band, dropout_p=0.5, **extra)
+    torch.testing.assert_close(dropped, weights @ v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sdpa_softcap_and_sinks_in_half_precision_compute_in_float32(dtype: torch.dtype) -> None:
+    q, k, v = (torch.randn(2, 3, 5, 8).mul(20).to(dtype) for _ in range(3))
+    sinks = torch.tensor([1.0, 0.0, -3.0], dtype=dtype)
+    out = AF.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0, sinks=sinks)
+    wide = AF.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), is_causal=True, softcap=30.0, sinks=sinks.float()
+    )
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, wide.to(dtype), rtol=0, atol=0)
