@@ -30,6 +30,11 @@ or `(b, t)` (with `b = 1` broadcast over the batch) and, for layers, non-negativ
 once per forward ([`rope_cos_sin`][attnlab.rope.rope_cos_sin]) and rotates its queries and
 keys with them ([`rotate`][attnlab.rope.rotate]), or takes tables computed once per model
 forward, as Hugging Face passes `position_embeddings` to every layer.
+
+Context extension is one rule here as well: [`RopeScaling`][attnlab.rope.RopeScaling]
+changes the frequencies (position interpolation, dynamic NTK, YaRN, Llama 3.1's rule)
+and `rope_cos_sin(..., scaling=...)` applies it, for every layer that reads a scaled
+Hugging Face config.
 """
 
 from __future__ import annotations
@@ -661,9 +666,9 @@ class RopeScaling:
             check_device("device", device)
             if self.is_dynamic and dim <= 2:
                 raise ValueError(f"rope_type='dynamic' needs dim > 2, got dim={dim}")
-        return self._frequencies(dim, base, seq_len, device)
+        return self._scaled(dim, base, seq_len, device)
 
-    def _frequencies(
+    def _scaled(
         self,
         dim: int,
         base: float,
@@ -781,7 +786,7 @@ def rope_cos_sin(
         seq_len = None
         if scaling.is_dynamic and positions.numel():
             seq_len = positions.max() + 1  # the length this call sees, as transformers
-        frequencies = scaling._frequencies(head_dim, base, seq_len, positions.device)
+        frequencies = scaling._scaled(head_dim, base, seq_len, positions.device)
         factor = scaling.attention_scaling()
     if frequencies is None:
         frequencies = _frequencies(head_dim, base, positions.device)
