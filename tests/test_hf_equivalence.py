@@ -252,14 +252,17 @@ def test_from_hf_rejects_other_modules() -> None:
         GroupedQueryAttention.from_hf(nn.Linear(2, 3))
 
 
-def test_from_hf_rejects_scaled_rope() -> None:
+def test_from_hf_rejects_a_rope_scaling_it_does_not_implement() -> None:
     ref = Reference("llama", "eager")
+    pairs = HEAD_DIM // 2
     ref.attn.config.rope_parameters = {
-        "rope_type": "linear",
+        "rope_type": "longrope",
         "rope_theta": 500.0,
         "factor": 2.0,
+        "short_factor": [1.0] * pairs,
+        "long_factor": [1.0] * pairs,
     }
-    with pytest.raises(ValueError, match="RoPE type 'linear'; GroupedQueryAttention"):
+    with pytest.raises(ValueError, match=r"rope_type must be one of .* got 'longrope'"):
         GroupedQueryAttention.from_hf(ref.attn)
 
 

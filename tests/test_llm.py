@@ -228,18 +228,22 @@ def test_from_hf_equals_transformers(kind: str) -> None:
     assert decoder.config.out_bias == (kind == "llama-bias")
 
 
-def test_from_hf_refuses_other_models_and_scaled_rope() -> None:
+def test_from_hf_refuses_other_models_and_unknown_rope_scaling() -> None:
     with pytest.raises(TypeError, match="model must be a transformers LlamaForCausalLM"):
         Decoder.from_hf(torch.nn.Linear(2, 2))
+    # Phi-3's LongRoPE rescales per pair from two lists; attnlab implements the other four.
+    head_pairs = SIZES["head_dim"] // 2
     config = transformers.LlamaConfig(
         **SIZES,
         rope_parameters={
-            "rope_type": "linear",
+            "rope_type": "longrope",
             "factor": 2.0,
             "rope_theta": 10000.0,
+            "short_factor": [1.0] * head_pairs,
+            "long_factor": [1.0] * head_pairs,
         },
     )
-    with pytest.raises(ValueError, match="RoPE type 'linear'"):
+    with pytest.raises(ValueError, match=r"rope_type must be one of .* got 'longrope'"):
         Decoder.from_hf(transformers.LlamaForCausalLM(config))
 
 
