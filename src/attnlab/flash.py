@@ -33,7 +33,7 @@ their last dimension.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import Tensor
@@ -177,7 +177,7 @@ def flash_attention(
             check_positive_int("window", window)
         check_scale("scale", scale)
         block_q, block_k = _check_block_size(block_size)
-        check_choice("align", align, ("top-left", "bottom-right"))
+        check_choice("align", align, get_args(Alignment))
         check_softcap("softcap", softcap)
         check_sinks("sinks", sinks, query, query.shape[-3] if query.ndim > 2 else None)
     else:
@@ -471,7 +471,7 @@ def tile_map(
     block_q, block_k = _check_block_size(block_size)
     check_bool("is_causal", is_causal)
     w = None if window is None else check_positive_int("window", window)
-    check_choice("align", align, ("top-left", "bottom-right"))
+    check_choice("align", align, get_args(Alignment))
     causal = is_causal or w is not None
     offset = t_k - t_q if align == "bottom-right" else 0  # as flash_attention places them
     grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
