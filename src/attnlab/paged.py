@@ -35,7 +35,7 @@ import dataclasses
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import torch
@@ -836,20 +836,26 @@ def paged_attention_impl(
         out = _online_attention(
             query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile, backend
         )
+    if real is None:  # no padding rows
+        return out
     return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
 
 
 def _query_positions(
     lengths: Tensor, query_lengths: Tensor | None, t_q: int
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor | None]:
     """Position of each query row among its sequence's keys, and which rows are real.
 
-    Both `(b, t_q)`. A padding row takes the position of the sequence's last real
-    query (and at least 0), so that it sees key 0: every row of every tile sequence then
-    has a finite log-sum-exp from the first tile on, and the row is zeroed at the end.
+    Both `(b, t_q)`; None for the second when every row is real (no `query_lengths`). A
+    padding row takes the position of the sequence's last real query (and at least 0),
+    so that it sees key 0: every row of every tile sequence then has a finite
+    log-sum-exp from the first tile on, and the row is zeroed at the end.
     """
+    if query_lengths is None:  # the last t_q tokens: a decode step when t_q = 1
+        offsets = torch.arange(1 - t_q, 1, device=lengths.device)  # (t_q,)
+        return (lengths[:, None] - 1 + offsets).clamp_min(0), None  # (b, t_q)
     rows = torch.arange(t_q, device=lengths.device)  # (t_q,)
-    n = lengths.new_full(lengths.shape, t_q) if query_lengths is None else query_lengths
+    n = query_lengths
     real = rows < n[:, None]  # (b, t_q)
     last = (n - 1).clamp_min(0)[:, None]  # (b, 1)
     positions = (lengths - n)[:, None] + torch.minimum(rows, last)  # (b, t_q)
@@ -927,29 +933,47 @@ def _online_attention(
         return _fused_online_attention(
             query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
         )
-    kv, _, bs, _ = key_pool.shape
+    kv = key_pool.shape[0]
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype
     wide = compute_dtype(dtype)
     # Fold the scale into the queries once.
     q = _group_queries(query.to(wide) * scale, kv)  # (kv, b, g * t_q, e)
     rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
-    out = lse = None
-    for j0 in range(0, block_tables.shape[1], blocks_per_tile):
-        ids = block_tables[:, j0 : j0 + blocks_per_tile]  # (b, n)
-        k = _blocks(key_pool, ids).to(wide)  # (kv, b, T, e), T = n * bs keys
-        v = _blocks(value_pool, ids).to(wide)  # (kv, b, T, e_v)
+    merged = None
+    tiles = _tiles(key_pool, value_pool, block_tables, block_tables.shape[1], blocks_per_tile)
+    for start, k, v in tiles:
+        k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
         scores = q @ k.transpose(-1, -2)  # (kv, b, g * t_q, T)
-        key_positions = torch.arange(j0 * bs, j0 * bs + k.shape[2], device=query.device)
+        key_positions = torch.arange(start, start + k.shape[2], device=query.device)
         hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T), broadcast over kv
         scores = scores.masked_fill(hidden, float("-inf"))
-        tile_out, tile_lse = _partial_attention(scores, v)
-        if out is None or lse is None:  # the first tile holds key 0: every lse finite
-            out, lse = tile_out, tile_lse
-        else:
-            out, lse = merge_partials(out, lse, tile_out, tile_lse)
-    assert out is not None  # block_tables has at least one column (checked)
-    return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+        merged = _fold(merged, *_partial_attention(scores, v))
+    assert merged is not None  # block_tables has at least one column (checked)
+    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+
+
+def _tiles(
+    key_pool: Tensor, value_pool: Tensor, block_tables: Tensor, used: int, blocks_per_tile: int
+) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """The first `used` blocks of every table, `blocks_per_tile` at a time.
+
+    Yields `(start, keys, values)`: the position of the tile's first key and its keys
+    `(kv, b, T, e)` and values `(kv, b, T, e_v)`, `T = n * block_size`, copied out of the
+    pools.
+    """
+    bs = key_pool.shape[2]
+    for j0 in range(0, used, blocks_per_tile):
+        ids = block_tables[:, j0 : min(j0 + blocks_per_tile, used)]  # (b, n)
+        yield j0 * bs, _blocks(key_pool, ids), _blocks(value_pool, ids)
+
+
+def _fold(merged: tuple[Tensor, Tensor] | None, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Fold one tile's output and log-sum-exp into the running result (online softmax).
+
+    The first tile holds key 0, which every query sees, so every running lse is finite.
+    """
+    return (out, lse) if merged is None else merge_partials(*merged, out, lse)
 
 
 # PyTorch's fused CPU attention (what SDPA runs on the CPU), which also returns the
@@ -981,38 +1005,41 @@ def _fused_online_attention(
 
     Reads the positions on the host (free on the CPU) to skip the tiles no query sees
     and the masks of tiles every query sees whole: a decode step of equal lengths
-    builds no mask at all.
+    builds no mask at all, and one that fits in a tile needs no log-sum-exp either.
     """
     kv, _, bs, _ = key_pool.shape
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype
     wide = compute_dtype(dtype)
     q = _group_queries(query.to(wide), kv)  # (kv, b, g * t_q, e)
-    rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
-    first, last = int(rows.min()), int(rows.max())
+    low, high = positions.aminmax()
+    first, last = int(low), int(high)
     used = min(block_tables.shape[1], last // bs + 1)  # blocks some query sees
-    out = lse = None
-    for j0 in range(0, used, blocks_per_tile):
-        ids = block_tables[:, j0 : min(j0 + blocks_per_tile, used)]  # (b, n)
-        k = _blocks(key_pool, ids).to(wide)  # (kv, b, T, e), T = n * bs keys
-        v = _blocks(value_pool, ids).to(wide)  # (kv, b, T, e_v)
-        start, end = j0 * bs, j0 * bs + k.shape[2]
-        mask = None
+    # The position of each query row, (b, g * t_q); needed only where a tile is masked.
+    rows = positions.repeat(1, h // kv) if used * bs - 1 > first else positions
+    merged = None
+    for start, k, v in _tiles(key_pool, value_pool, block_tables, used, blocks_per_tile):
+        k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
+        end = start + k.shape[2]
+        hidden = None
         if end - 1 > first:  # some query does not see every key of the tile
             key_positions = torch.arange(start, end, device=query.device)  # (T,)
             hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T)
+        if used <= blocks_per_tile:  # one tile, which holds key 0: no merging
+            mask = None if hidden is None else ~hidden[None]  # (1, b, g * t_q, T)
+            out = attend("torch", q, k, v, attn_mask=mask, scale=scale)  # (kv, b, g*t_q, e_v)
+            return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+        mask = None
+        if hidden is not None:  # the kernel takes an additive mask of the query's dtype
             mask = torch.zeros(hidden.shape, dtype=wide, device=query.device)
             mask = mask.masked_fill(hidden, float("-inf"))[None]  # (1, b, g * t_q, T)
         tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
         tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
         if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
             tile_lse = tile_lse.masked_fill((rows < start)[None], float("-inf"))
-        if out is None or lse is None:  # the first tile holds key 0: every lse finite
-            out, lse = tile_out, tile_lse
-        else:
-            out, lse = merge_partials(out, lse, tile_out, tile_lse)
-    assert out is not None  # block_tables has at least one column (checked)
-    return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+        merged = _fold(merged, tile_out, tile_lse)
+    assert merged is not None  # block_tables has at least one column (checked)
+    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
 
 
 def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
