@@ -10,10 +10,14 @@ a page can inline.
 panel per head (or per layer and head), for pages that load the site's small script: it
 adds a head selector and a read-out of the cell under the pointer.
 
+[`block_tables_svg`][attnlab.plotting.block_tables_svg] draws another kind of state: the
+block pool of a paged KV cache and the block table of each sequence, shared blocks
+marked, as the chapter on serving shows them.
+
 Matplotlib is an optional dependency (`pip install "attnlab[plot]"`), imported only when
-`heatmap` or `figure_to_svg` is called; `interactive_heatmap` does not need it. The
-figures are built on `matplotlib.figure.Figure` directly, not through `pyplot`, so no GUI
-backend is needed and no global state changes.
+`heatmap` or `figure_to_svg` is called; `interactive_heatmap` and `block_tables_svg` do
+not need it. The figures are built on `matplotlib.figure.Figure` directly, not through
+`pyplot`, so no GUI backend is needed and no global state changes.
 """
 
 from __future__ import annotations
@@ -739,7 +743,7 @@ def block_tables_svg(
     Examples:
         >>> from attnlab.plotting import block_tables_svg
         >>> svg = block_tables_svg({"a": [0, 1], "b": [0, 3]}, num_blocks=4, title="t")
-        >>> svg.startswith("<svg"), svg.count('data-seq="b"')
+        >>> svg.startswith("<svg"), svg.count('data-seq="b" data-slot=')  # b's entries
         (True, 2)
         >>> '<g class="attn-block" data-block="0" data-holders="a b" data-shared=""' in svg
         True
