@@ -4,7 +4,8 @@ pytest-markdown-docs collects every Python fence of `docs/` and `README.md` as a
 this file makes those items run through one :class:`outputs.PageSession` per page, and
 adds one item per block that compares the output shown under it with what that same
 execution printed. So each block runs once per test session, however many items (and
-tests/test_notebook.py, through the `page_run` fixture) look at it. Fences are read by
+tests/test_notebook.py, through the `page_run` fixture, or the site's build in
+tests/test_site.py, through `page_record`) look at it. Fences are read by
 docs/hooks/blocks.py, the parser the site's build, notebooks and width test use.
 
 It lives at the repository root so that it applies to `docs/` and `README.md` as well as
@@ -41,6 +42,12 @@ def page_session(path: Path, markdown: str | None = None) -> outputs.PageSession
 def page_run() -> Callable[[str], outputs.PageRun]:
     """`page_run("docs/article/05-x.md")`: the page's run in this session (run if need be)."""
     return lambda page: page_session(ROOT / page).run_all()
+
+
+@pytest.fixture(scope="session")
+def page_record() -> Callable[[str], dict[str, Any]]:
+    """`page_record("docs/x.md")`: this session's run of the page, as a build can reuse it."""
+    return lambda page: outputs.record(page_session(ROOT / page))
 
 
 class ShownOutputItem(pytest.Item):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from hooks import blocks, outputs  # docs/hooks/, via pythonpath in pyproject.toml
 
@@ -169,3 +171,59 @@ def test_an_error_stops_only_the_blocks_that_continue_from_it(tmp_path: Path) ->
     assert run.results[2].error is None
     assert run.problems[0].startswith(f"{path}:1: the block raised")
     assert len(run.problems) == 2
+
+
+def test_a_recorded_run_is_checked_again_and_only_for_its_own_text(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(PAGE, encoding="utf-8")
+    entry = json.loads(json.dumps(outputs.record(outputs.PageSession(page, exec_blocks=True))))
+    run = outputs.from_record(page, PAGE, entry)
+    assert run is not None
+    assert run.problems == outputs.run_page(page).problems  # the wrong `0` at line 23
+    assert [r.printed for r in run.results] == [
+        "",
+        "??? success not a header: inside a fence\n",
+        "3\n",
+        "20\n",
+    ]
+    # Made from other text, or missing a block of this one: the page must run again.
+    assert outputs.from_record(page, PAGE.replace("x = 2", "x = 3"), entry) is None
+    entry["results"].pop()
+    assert outputs.from_record(page, PAGE, entry) is None
+
+
+def test_the_build_worker_runs_pages_ahead_and_a_lost_one_runs_in_the_build(
+    tmp_path: Path,
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tabs.md").write_text(TABS, encoding="utf-8")
+    (docs / "slow.md").write_text("```python\nimport time\ntime.sleep(60)\n```\n", "utf-8")
+    worker = outputs._Worker({"docs/tabs.md": str(docs / "tabs.md")})
+    try:
+        entry = worker.entry("docs/tabs.md")
+    finally:
+        worker.close()
+    assert entry == outputs.record(outputs.PageSession(docs / "tabs.md", exec_blocks=True))
+    assert not worker.out.exists()  # its records are removed with it
+
+    # A worker that dies before a page is done: the hook runs that page itself.
+    lost = outputs._Worker(
+        {"docs/slow.md": str(docs / "slow.md"), "docs/tabs.md": str(docs / "tabs.md")}
+    )
+    lost.proc.kill()
+    assert lost.entry("docs/tabs.md") is None
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="tabs.md", generated_by=None))
+    page.file.abs_src_path = str(docs / "tabs.md")
+    outputs._build.update(recorded={}, worker=lost)
+    try:
+        outputs.on_page_markdown(TABS, page, {"docs_dir": str(docs)}, None)
+    finally:
+        outputs.on_shutdown()
+    assert [r.printed for r in page.attnlab_run.results] == [
+        "1\n",
+        "2\n",
+        "<b>made by markdown-exec</b>\n",
+        "fresh\n",
+    ]
+    assert "worker" not in outputs._build

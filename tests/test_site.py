@@ -14,7 +14,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hooks import blocks  # docs/hooks/blocks.py, via pythonpath in pyproject.toml
@@ -25,10 +27,22 @@ NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
 pytestmark = pytest.mark.slow
 
 
+def _pages_with_code() -> list[str]:
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    return [str(p.relative_to(ROOT)) for p in pages if "```" in p.read_text("utf-8")]
+
+
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def site(
+    tmp_path_factory: pytest.TempPathFactory, page_record: Callable[[str], dict[str, Any]]
+) -> tuple[Path, str]:
+    # The build checks every page's blocks with this test session's run of them (the
+    # same execution the pages' own items use) instead of running them a second time.
+    runs = tmp_path_factory.mktemp("runs") / "runs.json"
+    records = {page: page_record(page) for page in _pages_with_code()}
+    runs.write_text(json.dumps(records), encoding="utf-8")
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "ATTNLAB_PAGE_RUNS": str(runs)}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
         cwd=ROOT,
@@ -51,6 +65,15 @@ def _text_of_code(page: Path) -> str:
     source = page.read_text(encoding="utf-8")
     blocks = re.findall(r"<pre[^>]*>(.*?)</pre>", source, flags=re.S)
     return html.unescape(re.sub(r"<[^>]+>", "", "\n".join(blocks)))
+
+
+def test_the_build_checked_this_sessions_runs_instead_of_running_pages(
+    site: tuple[Path, str],
+) -> None:
+    counts = re.search(r"pages with code: (\d+) to run, (\d+) from recorded runs", site[1])
+    assert counts is not None, "the outputs hook did not report its pages"
+    assert int(counts[1]) == 0
+    assert int(counts[2]) == len(_pages_with_code())
 
 
 def test_strict_build_has_no_warnings(site: tuple[Path, str]) -> None:

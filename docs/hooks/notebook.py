@@ -14,9 +14,8 @@ article, of beyond/ and of modern/ that has runnable code into
   displays the same figure inline;
 - the outputs stored in the notebook are those of the page's own run: the build's
   output check (``outputs.py``) has run every block of the chapter and left its run on
-  the page, so the notebook takes what each block printed from there rather than running
-  the chapter again; only the figure blocks, which markdown-exec runs for the page, are
-  run once more here to store their drawings;
+  the page (markdown-exec's figure blocks included), so the notebook takes what each
+  block printed or drew from there rather than running the chapter again;
 - in the downloaded file the images are embedded as cell attachments, so the notebook
   shows its figures offline.
 
@@ -300,16 +299,11 @@ def _results(
     if run is True or (run is not False and not run.results):
         run = outputs.PageSession(path, markdown, exec_blocks=True).run_all()
     found = {r.block.line: r for r in run.results} if run is not False else {}
-    if run is not False:
-        # The build's check leaves figure blocks to markdown-exec: run those here, each
-        # in a namespace of its own, as markdown-exec runs them.
-        for block in blocks.code_blocks(markdown, exec_blocks=True):
-            if block.line not in found:
-                if not block.is_exec:
-                    return _results(chapter, markdown, path, True)
-                result = outputs.Result(block)
-                outputs.execute(result, {"__name__": "__main__"}, path)
-                found[block.line] = result
+    if run is not False and any(
+        b.line not in found for b in blocks.code_blocks(markdown, exec_blocks=True)
+    ):
+        # A run without some blocks (the build's has markdown-exec's too): run them all.
+        return _results(chapter, markdown, path, True)
     for result in found.values():
         if result.error is not None:
             raise NotebookError(f"{path}:{result.block.line}: the cell raised\n{result.error}")

@@ -18,8 +18,12 @@ This module is used three ways, with one implementation (:class:`PageSession`):
 - as an MkDocs hook (``hooks:`` in ``mkdocs.yml``): each page's blocks run at build time,
   and a block that raises, prints something it does not show, or shows an output that
   differs from what it prints is a warning, so ``mkdocs build --strict`` fails; the run
-  is left on the page (``page.attnlab_run``), where ``notebook.py`` takes the chapter's
-  printed outputs from instead of running its code again;
+  (markdown-exec's blocks included) is left on the page (``page.attnlab_run``), where
+  ``notebook.py`` takes the chapter's outputs from instead of running its code again.
+  The pages run in a worker process, ahead of MkDocs in its reading order, so that
+  their code and the rendering share the machine's cores; a build given recorded runs
+  (``ATTNLAB_PAGE_RUNS``, as tests/test_site.py gives the test session's) checks those
+  instead of running the pages again;
 - as a script that rewrites the stored outputs after a deliberate change::
 
       python docs/hooks/outputs.py --update docs/article/*.md
@@ -41,10 +45,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
+import json
 import logging
+import os
 import re
+import subprocess
 import sys
+import tempfile
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +193,7 @@ class PageSession:
     ) -> None:
         self.path = Path(path)
         text = self.path.read_text(encoding="utf-8") if markdown is None else markdown
+        self.markdown = text  # the text its blocks come from
         self.blocks = blocks.code_blocks(text, exec_blocks=exec_blocks)
         self.filename = filename or str(self.path)  # what tracebacks name
         self.run = PageRun(str(self.path))
@@ -256,27 +267,182 @@ def update_page(path: str | Path) -> int:
     return changed
 
 
+# Recorded runs ---------------------------------------------------------------------------
+#
+# A page's run travels between processes as what each block printed or raised, keyed by
+# the page's path and the SHA-256 of its text: a record is used only for the text it was
+# made from. The shown-output check itself (`_check`) is redone where the record is read.
+
+
+def digest(markdown: str) -> str:
+    """The SHA-256 of a page's text: a record holds for that text only."""
+    return hashlib.sha256(markdown.encode("utf-8")).hexdigest()
+
+
+def record(session: PageSession) -> dict[str, Any]:
+    """What the session's blocks printed and raised (all run), as JSON, with its text's hash."""
+    return {
+        "sha256": digest(session.markdown),
+        "results": [
+            {"line": r.block.line, "printed": r.printed, "error": r.error}
+            for r in session.run_all().results
+        ],
+    }
+
+
+def from_record(path: str | Path, markdown: str, entry: Any) -> PageRun | None:
+    """The run that ``entry`` records for this page, checked again; None if it is not one.
+
+    None when the entry was made from other text, or lacks a block of this text: the page
+    must then run.
+    """
+    if not isinstance(entry, dict) or entry.get("sha256") != digest(markdown):
+        return None
+    by_line = {r["line"]: r for r in entry["results"]}
+    run = PageRun(str(path))
+    for block in blocks.code_blocks(markdown, exec_blocks=True):
+        found = by_line.get(block.line)
+        if found is None:
+            return None
+        result = Result(block, printed=found["printed"], error=found["error"])
+        if result.error is None:
+            _check(result, Path(path))
+        run.results.append(result)
+    return run
+
+
+def work(out_dir: Path, pages: list[str]) -> None:
+    """Run each page (markdown-exec blocks too) and write its record to ``out_dir``.
+
+    The build's worker process: ``k.json`` appears, whole, when page ``k`` has run.
+    """
+    for k, page in enumerate(pages):
+        entry = record(PageSession(page, exec_blocks=True))
+        tmp = out_dir / f"{k}.json.tmp"
+        tmp.write_text(json.dumps(entry), encoding="utf-8")
+        os.replace(tmp, out_dir / f"{k}.json")
+
+
+class _Worker:
+    """The pages of one build, run ahead in a second process while MkDocs renders.
+
+    Page code is most of a build's time and MkDocs renders on one core, so running the
+    blocks in a process of their own, in the order MkDocs reads the pages, takes them off
+    the build's critical path on a machine with two cores. If the worker dies, the pages
+    it did not finish run in the build's own process, as before.
+    """
+
+    def __init__(self, pages: dict[str, str]) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="attnlab-runs-")
+        self.out = Path(self._tmp.name)
+        self.index = {page: k for k, page in enumerate(pages)}
+        # In the build's working folder, as the pages' code would run in the build.
+        script = str(Path(__file__).resolve())
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--worker", str(self.out), *pages.values()],
+            stdout=sys.stderr,  # what page code writes past the capture goes to the log
+        )
+
+    def entry(self, page: str) -> Any:
+        """The record of ``page``, waiting for it; None if the worker cannot give it."""
+        k = self.index.get(page)
+        if k is None:
+            return None
+        done = self.out / f"{k}.json"
+        while not done.exists():
+            if self.proc.poll() is not None and not done.exists():
+                return None
+            time.sleep(0.02)
+        return json.loads(done.read_text(encoding="utf-8"))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._tmp.cleanup()
+
+
 # MkDocs hook ---------------------------------------------------------------------------
+
+RUNS_ENV = "ATTNLAB_PAGE_RUNS"
+"""A JSON file of recorded runs, ``{path: record(...)}``, that a build may use instead of
+running those pages again: tests/test_site.py passes the test session's own runs."""
+
+_build: dict[str, Any] = {}
+
+
+def _page_path(src_uri: str, config: Any) -> str:
+    """The page as its messages name it: ``docs/modern/rope.md``."""
+    docs_dir = Path(config["docs_dir"])
+    path = docs_dir / src_uri
+    return str(path.relative_to(docs_dir.parent) if docs_dir.is_absolute() else path)
+
+
+def _runs_page(file: Any) -> bool:
+    return bool(file.src_uri.endswith(".md") and not file.generated_by)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Start running the pages that no recorded run covers, in the order MkDocs reads them."""
+    on_shutdown()
+    recorded: dict[str, Any] = {}
+    if os.environ.get(RUNS_ENV):
+        recorded = json.loads(Path(os.environ[RUNS_ENV]).read_text(encoding="utf-8"))
+    pending: dict[str, str] = {}  # the page's name in messages: its file
+    reused = 0
+    for file in files.documentation_pages():
+        if not _runs_page(file):
+            continue
+        path = _page_path(file.src_uri, config)
+        text = Path(file.abs_src_path).read_text(encoding="utf-8")
+        if "```" not in text:
+            continue
+        if from_record(path, text, recorded.get(path)) is None:
+            pending[path] = file.abs_src_path
+        else:
+            reused += 1
+    log.info(f"pages with code: {len(pending)} to run, {reused} from recorded runs")
+    _build.update(recorded=recorded, worker=_Worker(pending) if pending else None)
+    return files
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if "```" not in markdown or not page.file.src_uri.endswith(".md") or page.file.generated_by:
+    if "```" not in markdown or not _runs_page(page.file):
         return markdown
     # Read the file itself: `markdown` has lost its front matter, which would shift lines.
-    docs_dir = Path(config["docs_dir"])
-    path = docs_dir / page.file.src_uri
-    run = run_page(path.relative_to(docs_dir.parent) if docs_dir.is_absolute() else path)
+    path = _page_path(page.file.src_uri, config)
+    text = Path(page.file.abs_src_path).read_text(encoding="utf-8")
+    run = from_record(path, text, _build.get("recorded", {}).get(path))
+    worker = _build.get("worker")
+    if run is None and worker is not None:
+        run = from_record(path, text, worker.entry(path))
+    if run is None:  # not recorded, and the worker did not run it: run it here
+        run = PageSession(path, text, exec_blocks=True).run_all()
     page.attnlab_run = run  # notebook.py builds the chapter's notebook from it
     for problem in run.problems:
         log.warning(problem)
     return markdown
 
 
+def on_shutdown() -> None:
+    worker = _build.pop("worker", None)
+    if worker is not None:
+        worker.close()
+
+
+def on_post_build(config: Any) -> None:
+    on_shutdown()  # `mkdocs serve` builds again: each build has its own worker
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--update", action="store_true", help="rewrite the stored outputs")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker is not None:
+        work(args.worker, [str(f) for f in args.files])
+        return 0
     status = 0
     for path in args.files:
         if args.update:
