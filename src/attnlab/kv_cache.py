@@ -13,18 +13,25 @@ Two caches share one interface, [`KVCache`][attnlab.kv_cache.KVCache]:
 - [`StaticKVCache`][attnlab.kv_cache.StaticKVCache] allocates `max_length` positions
   once and writes each step in place: fixed memory and fixed addresses (what
   `torch.compile` and CUDA graphs want), at the price of reserving the maximum up front.
+- [`RollingKVCache`][attnlab.kv_cache.RollingKVCache] serves a sliding-window layer: it
+  keeps only the last `window - 1` tokens (all a query can still see next to itself),
+  so its memory stops growing once the window is full, however long the context.
 
 The memory per token is pure arithmetic,
 [`kv_cache_bytes_per_token`][attnlab.kv_cache.kv_cache_bytes_per_token]: 2 tensors (keys
 and values) x layers x key/value heads x head size x bytes per element. Grouped-query
 attention (Ainslie et al., 2023, https://arxiv.org/abs/2305.13245) shrinks it by sharing
-each key/value head among several query heads.
+each key/value head among several query heads. For a stack that mixes sliding-window and
+global layers (Mistral 7B v0.1, Gemma 2/3, gpt-oss),
+[`kv_cache_bytes`][attnlab.kv_cache.kv_cache_bytes] sums what each layer holds at a given
+context.
 """
 
 from __future__ import annotations
 
 import abc
 import warnings
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -43,8 +50,10 @@ __all__ = [
     "CacheLayout",
     "DynamicKVCache",
     "KVCache",
+    "RollingKVCache",
     "StaticKVCache",
     "check_cache",
+    "kv_cache_bytes",
     "kv_cache_bytes_per_token",
 ]
 
@@ -133,6 +142,76 @@ def kv_cache_bytes_per_token(
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
     return num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype.itemsize
+
+
+def kv_cache_bytes(
+    windows: Sequence[int | None],
+    context: int,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    v_head_dim: int | None = None,
+) -> int:
+    r"""Bytes the caches of a stack of layers hold at `context` tokens, window by window.
+
+    A global layer (window None) keeps every token; a sliding-window layer keeps at most
+    its `window` (the last `window - 1` between steps plus the token being decoded, as
+    [`RollingKVCache`][attnlab.kv_cache.RollingKVCache] does):
+
+    $$
+    \text{bytes} = \sum_{\ell} \min(\text{context}, w_\ell) \cdot
+    \text{num\_kv\_heads} \cdot (\text{head\_dim} + \text{v\_head\_dim}) \cdot
+    \text{bytes per element}, \qquad w_\ell = \infty \text{ for a global layer.}
+    $$
+
+    Divided by `context`, it is the average bytes per token of context; with every
+    window None it is `context` times
+    [`kv_cache_bytes_per_token`][attnlab.kv_cache.kv_cache_bytes_per_token].
+
+    Args:
+        windows: One entry per layer: its sliding-window size, or None for a global
+            (full causal) layer, e.g. `DecoderConfig.windows`.
+        context: Tokens of context (prompt and generated).
+        num_kv_heads: Key/value heads per layer.
+        head_dim: Features per key.
+        dtype: Element type of the cache.
+        v_head_dim: Features per value; defaults to `head_dim`.
+
+    Returns:
+        The bytes held by all layers' caches together.
+
+    Raises:
+        TypeError: If `windows` is not a sequence of ints and Nones, a size not an int or
+            `dtype` not a `torch.dtype`.
+        ValueError: If `windows` is empty, or a window or size is not positive.
+
+    Examples:
+        >>> local, full = 4, None  # a 4-token window, and a global layer
+        >>> kv_cache_bytes([local, full], 10, num_kv_heads=1, head_dim=2,
+        ...                dtype=torch.float32)  # (4 + 10) tokens * (2 + 2) * 4 bytes
+        224
+    """
+    if isinstance(windows, str | bytes) or not isinstance(windows, Sequence):
+        raise TypeError(
+            f"windows must be a sequence with one window (or None) per layer, got "
+            f"{type(windows).__name__}"
+        )
+    if not windows:
+        raise ValueError("windows must have one entry per layer, got an empty sequence")
+    for i, w in enumerate(windows):
+        if w is not None:
+            check_positive_int(f"windows[{i}]", w)
+    check_positive_int("context", context)
+    per_token = kv_cache_bytes_per_token(
+        num_layers=1,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        v_head_dim=v_head_dim,
+    )
+    held = sum(context if w is None else min(w, context) for w in windows)
+    return held * per_token
 
 
 class KVCache(abc.ABC):
@@ -519,3 +598,123 @@ class StaticKVCache(KVCache):
     def reset(self) -> None:
         """Forget every cached token; the buffers stay allocated (their contents are stale)."""
         self._length = 0
+
+
+class RollingKVCache(KVCache):
+    r"""A KV cache for a sliding-window layer that keeps only the last `window - 1` tokens.
+
+    A layer with window $w$ lets each query see itself and the $w - 1$ tokens before it.
+    Once a token is $w - 1$ places behind the newest one, no later query can see it, so
+    the cache may forget it: the memory held stops growing at $w - 1$ tokens, however
+    long the context (Mistral 7B's "rolling buffer cache"; `transformers` keeps the same
+    `sliding_window - 1` tokens in its sliding-window cache layers).
+
+    Each [`update`][attnlab.kv_cache.RollingKVCache.update] returns the kept tokens
+    followed by all the new ones, in order, so a chunk of $t$ new queries gets the
+    $w - 1 + t$ keys its window can reach and the layer's bottom-right causal window
+    mask stays right. It then copies the last $w - 1$ of them into a buffer of fixed
+    size, allocated at the first update (which fixes the sizes, dtype and device):
+    a roll, not a ring, so the keys always come back oldest first. Keys are stored
+    already rotated by RoPE, so forgetting old ones changes no position.
+
+    [`length`][attnlab.kv_cache.RollingKVCache.length] counts every token seen (the next
+    token's position, what a model reads to place new tokens);
+    [`held`][attnlab.kv_cache.RollingKVCache.held] counts those kept. Only a layer with a
+    window of at most `window` may use it (a global layer would lose its old keys).
+    Like [`StaticKVCache`][attnlab.kv_cache.StaticKVCache], it is meant for inference.
+
+    Args:
+        window: The layer's window: keys per query, itself included.
+
+    Raises:
+        TypeError: If `window` is not an int.
+        ValueError: If it is not positive.
+
+    Examples:
+        >>> cache = RollingKVCache(window=4)
+        >>> keys, _ = cache.update(torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))
+        >>> tuple(keys.shape), cache.length, cache.held  # prefill: all 6 go to attention
+        ((1, 2, 6, 8), 6, 3)
+        >>> keys, _ = cache.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+        >>> tuple(keys.shape), cache.length, cache.held  # decode: the window, no more
+        ((1, 2, 4, 8), 7, 3)
+        >>> cache.nbytes  # 2 buffers of 1 * 2 * 3 * 8 float32 numbers, forever
+        384
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = check_positive_int("window", window)
+        self._keys: Tensor | None = None  # (b, h_kv, window - 1, head_dim)
+        self._values: Tensor | None = None  # (b, h_kv, window - 1, v_head_dim)
+        self._held = 0
+        self._seen = 0
+
+    def __repr__(self) -> str:
+        return f"RollingKVCache(window={self.window}, length={self._seen}, held={self._held})"
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far (kept or forgotten): the position of the next token."""
+        return self._seen
+
+    @property
+    def held(self) -> int:
+        """Tokens kept: `min(length, window - 1)`."""
+        return self._held
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two buffers (`window - 1` tokens each; 0 before the first update)."""
+        if self._keys is None or self._values is None:
+            return 0
+        return self._keys.nbytes + self._values.nbytes
+
+    @property
+    def layout(self) -> CacheLayout | None:
+        """What the first update fixed, or None before it."""
+        if self._keys is None or self._values is None:
+            return None
+        b, h, _, hd = self._keys.shape
+        return CacheLayout(b, h, hd, self._values.shape[-1], self._keys.dtype, self._keys.device)
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Return the kept tokens and the new ones; keep the last `window - 1` of them.
+
+        Args:
+            key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
+            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
+
+        Returns:
+            `(keys, values)`: the `held + t_new` latest tokens, oldest first,
+            `(b, num_kv_heads, held + t_new, head_dim)` and `(..., v_head_dim)`.
+
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: As [`check_update`][attnlab.kv_cache.KVCache.check_update].
+        """
+        if is_validation_enabled():
+            self.check_update(key, value)
+        if self._keys is None or self._values is None:
+            b, h, _, hd = key.shape
+            room = (b, h, self.window - 1)
+            self._keys = key.new_zeros(*room, hd)
+            self._values = value.new_zeros(*room, value.shape[-1])
+        held = self._held
+        if held:
+            keys = torch.cat([self._keys[:, :, :held], key], dim=2)  # (b, h_kv, held + t, d)
+            values = torch.cat([self._values[:, :, :held], value], dim=2)  # (.., held + t, d_v)
+        else:
+            keys, values = key, value
+        keep = min(self.window - 1, keys.shape[2])
+        if keep:
+            # keys is a new tensor (or the input): no overlap with the buffer it fills.
+            self._keys[:, :, :keep] = keys[:, :, -keep:]
+            self._values[:, :, :keep] = values[:, :, -keep:]
+        self._held = keep
+        self._seen += key.shape[2]
+        return keys, values
+
+    def reset(self) -> None:
+        """Forget every token, and the sizes, dtype and device of the first update."""
+        self._keys = self._values = None
+        self._held = self._seen = 0

@@ -41,7 +41,13 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import AttendingCache, DynamicKVCache, KVCache, StaticKVCache
+from attnlab.kv_cache import (
+    AttendingCache,
+    DynamicKVCache,
+    KVCache,
+    RollingKVCache,
+    StaticKVCache,
+)
 from attnlab.masks import combine_impl
 from attnlab.rope import RopeScaling, check_base, check_positions, rope_cos_sin
 
@@ -232,6 +238,10 @@ class DecoderBlock(nn.Module):
         cache: LayerCache | None = None,
         attn_mask: Tensor | None = None,
     ) -> Tensor:
+        if isinstance(cache, RollingKVCache) and attn_mask is not None and attn_mask.shape[-1] > 1:
+            # The model's mask covers every token seen; a rolling cache hands the layer
+            # only its held tokens and the new ones, the last columns.
+            attn_mask = attn_mask[..., -(cache.held + x.shape[1]) :]
         attn = self.self_attn.forward_impl(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
@@ -312,21 +322,31 @@ class Decoder(nn.Module):
     # -- caches --------------------------------------------------------------------------
 
     def make_cache(
-        self, batch_size: int = 1, max_length: int | None = None, *, kind: CacheKind = "static"
+        self,
+        batch_size: int = 1,
+        max_length: int | None = None,
+        *,
+        kind: CacheKind = "static",
+        rolling: bool = True,
     ) -> list[KVCache]:
         """One empty KV cache per layer, on the model's device and in its dtype.
+
+        A sliding-window layer gets a [`RollingKVCache`][attnlab.kv_cache.RollingKVCache]
+        (it keeps only the last `window - 1` tokens, whatever `kind`), unless `rolling`
+        is False; every other layer gets a cache of `kind`.
 
         Args:
             batch_size: Sequences decoded together (a static cache's batch size).
             max_length: Tokens a static cache holds; default `config.max_positions`.
             kind: `"static"` (preallocated, written in place) or `"dynamic"` (grows).
+            rolling: Whether sliding-window layers get a rolling cache (False: the same
+                kind as the others, holding every token).
 
         Returns:
             A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`.
         """
-        if kind == "dynamic":
-            return [DynamicKVCache() for _ in self.layers]
-        if kind != "static":
+        check_bool("rolling", rolling)
+        if kind not in ("static", "dynamic"):
             raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
         c = self.config
         length = c.max_positions if max_length is None else max_length
@@ -336,8 +356,14 @@ class Decoder(nn.Module):
                 f"max_length={length} is past the model's max_positions={c.max_positions}"
             )
         weight = self.embed_tokens.weight
-        return [
-            StaticKVCache(
+
+        def one(layer: int) -> KVCache:
+            window = c.window(layer)
+            if rolling and window is not None:
+                return RollingKVCache(window)
+            if kind == "dynamic":
+                return DynamicKVCache()
+            return StaticKVCache(
                 batch_size,
                 length,
                 c.num_kv_heads,
@@ -345,8 +371,8 @@ class Decoder(nn.Module):
                 dtype=weight.dtype,
                 device=weight.device,
             )
-            for _ in self.layers
-        ]
+
+        return [one(i) for i in range(c.num_layers)]
 
     # -- input checks --------------------------------------------------------------------
 
@@ -391,9 +417,16 @@ class Decoder(nn.Module):
                 f"make_cache), got {got}"
             )
         lengths = set()
-        for c in cache:
+        for i, c in enumerate(cache):
             if not isinstance(c, KVCache):
                 raise TypeError(f"cache must hold KVCache objects, got {type(c).__name__}")
+            window = self.config.window(i)
+            if isinstance(c, RollingKVCache) and (window is None or window > c.window):
+                raise ValueError(
+                    f"cache[{i}] is a RollingKVCache(window={c.window}) but layer {i} sees "
+                    f"{'every token' if window is None else f'{window} tokens'}: it would "
+                    "lose keys the layer attends to"
+                )
             lengths.add(c.length)
             layout = c.layout
             if layout is not None and layout.batch_size != batch:

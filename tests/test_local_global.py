@@ -1,0 +1,173 @@
+"""Local (sliding-window) and global layers: the rolling cache, its bytes, and Gemma 3.
+
+The rolling cache is checked against a full cache (the same logits and tokens for
+sequences longer than the window, prefill chunks longer than the window, a left-padded
+batch) and against transformers' own sliding-window cache, which keeps the same
+`window - 1` tokens; the bytes of whole stacks against numbers worked out by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.kv_cache import DynamicKVCache, RollingKVCache, kv_cache_bytes
+from attnlab.llm import Decoder
+
+transformers = pytest.importorskip("transformers")
+
+GIB = 2**30
+
+
+# -- the rolling cache on its own --------------------------------------------------------
+
+
+def test_rolling_cache_returns_the_reachable_keys_and_keeps_the_window() -> None:
+    torch.manual_seed(0)
+    window, b, h, d, d_v = 4, 2, 3, 5, 7
+    cache = RollingKVCache(window)
+    assert cache.nbytes == 0
+    assert cache.layout is None
+    keys = torch.randn(b, h, 20, d)
+    values = torch.randn(b, h, 20, d_v)
+    start = 0
+    for t in (2, 1, 6, 1, 1, 3, 1):  # chunks shorter and longer than the window
+        got_k, got_v = cache.update(keys[:, :, start : start + t], values[:, :, start : start + t])
+        held_before = min(start, window - 1)
+        torch.testing.assert_close(got_k, keys[:, :, start - held_before : start + t])
+        torch.testing.assert_close(got_v, values[:, :, start - held_before : start + t])
+        start += t
+        assert (cache.length, cache.held) == (start, min(start, window - 1))
+        # Two buffers of window - 1 tokens: (3 * 5 + 3 * 7) * 3 float32 numbers per row.
+        assert cache.nbytes == b * (window - 1) * h * (d + d_v) * 4 == 864
+    cache.reset()
+    assert (cache.length, cache.held, cache.nbytes) == (0, 0, 0)
+    one = RollingKVCache(1)  # a window of one: each query sees itself only
+    k, _ = one.update(keys[:, :, :3], values[:, :, :3])
+    k, _ = one.update(keys[:, :, 3:4], values[:, :, 3:4])
+    assert torch.equal(k, keys[:, :, 3:4])
+    assert one.held == 0
+
+
+def test_rolling_cache_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="window must be a positive int, got 0"):
+        RollingKVCache(0)
+    cache = RollingKVCache(3)
+    cache.update(torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+    with pytest.raises(ValueError, match="key has head_dim=5 but the cache holds head_dim=4"):
+        cache.update(torch.randn(1, 2, 1, 5), torch.randn(1, 2, 1, 4))
+
+
+# -- in a model, against a full cache and transformers' sliding cache ---------------------
+
+WINDOW = 4
+
+
+def _mistral() -> Any:
+    torch.manual_seed(3)
+    config = transformers.MistralConfig(
+        vocab_size=61,
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=WINDOW,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
+    return transformers.MistralForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def mistral() -> tuple[Any, Decoder]:
+    hf = _mistral()
+    return hf, Decoder.from_hf(hf)
+
+
+def test_rolling_decoding_equals_the_full_cache_and_transformers(
+    mistral: tuple[Any, Decoder],
+) -> None:
+    hf, decoder = mistral
+    ids = torch.randint(1, 61, (2, 7))  # a prompt longer than the window
+    rolling = decoder.make_cache(2, 30)
+    assert all(isinstance(c, RollingKVCache) for c in rolling)
+    full = decoder.make_cache(2, 30, kind="dynamic", rolling=False)
+    assert all(isinstance(c, DynamicKVCache) for c in full)
+    with torch.no_grad():
+        steps_r = [decoder(ids, cache=rolling)]
+        steps_f = [decoder(ids, cache=full)]
+        for i in range(8):
+            token = torch.randint(1, 61, (2, 1 + i % 2))  # one token, or a chunk of two
+            steps_r.append(decoder(token, cache=rolling))
+            steps_f.append(decoder(token, cache=full))
+            ids = torch.cat([ids, token], dim=1)
+        whole = hf(ids).logits
+    torch.testing.assert_close(torch.cat(steps_r, 1), whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps_f, 1), whole, atol=1e-5, rtol=1e-5)
+    # Bounded: WINDOW - 1 tokens per layer, against all 19 for the full cache.
+    per_token = 2 * 2 * 8 * 2 * 4  # (keys + values) * b * head_dim * kv heads * 4 bytes
+    assert sum(c.nbytes for c in rolling) == 2 * (WINDOW - 1) * per_token
+    assert sum(c.nbytes for c in full) == 2 * ids.shape[1] * per_token
+
+    # transformers' generate keeps its own sliding cache: the same tokens, the same held.
+    prompt = ids[:, :6]
+    out = hf.generate(prompt, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(decoder.generate(prompt, 10), out.sequences)
+    cache = decoder.make_cache(2, 16)
+    decoder.generate(prompt, 10, cache=cache)
+    held = out.past_key_values.layers[0].keys.shape[2]
+    assert held == cache[0].held == WINDOW - 1  # type: ignore[attr-defined]
+
+
+def test_rolling_cache_with_a_padded_batch(mistral: tuple[Any, Decoder]) -> None:
+    _, decoder = mistral
+    ids = torch.randint(1, 61, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :3] = 0  # the second prompt has 3 tokens, padded on the left
+    rolling = decoder.generate(ids, 9, padding_mask=mask)
+    caches = decoder.make_cache(2, 14, rolling=False)
+    full = decoder.generate(ids, 9, padding_mask=mask, cache=caches)
+    assert torch.equal(rolling, full)
+    assert torch.equal(rolling[1, 6:], decoder.generate(ids[1, 3:], 9)[3:])
+
+
+def test_a_rolling_cache_on_a_global_layer_is_refused(mistral: tuple[Any, Decoder]) -> None:
+    _, decoder = mistral
+    small = [RollingKVCache(WINDOW - 1), RollingKVCache(WINDOW)]
+    with pytest.raises(ValueError, match=r"cache\[0\] is a RollingKVCache\(window=3\)"):
+        decoder(torch.tensor([[1, 2]]), cache=small)
+
+
+# -- bytes of whole stacks ---------------------------------------------------------------
+
+
+def test_cache_bytes_of_llama_gemma_and_mistral_stacks() -> None:
+    context, bf16 = 128 * 1024, torch.bfloat16
+    # Llama-3-8B: 32 global layers, 8 kv heads of 128: 32 * 8 * 256 * 2 = 128 KiB a token.
+    llama = kv_cache_bytes([None] * 32, context, num_kv_heads=8, head_dim=128, dtype=bf16)
+    assert llama == 16 * GIB
+    # Gemma 3 12B: 48 layers, every sixth global (8 of them), window 1024, 8 kv heads of
+    # 256 (8 KiB a layer and token): 8 * 128k * 8 KiB + 40 * 1024 * 8 KiB.
+    gemma = [None if (i + 1) % 6 == 0 else 1024 for i in range(48)]
+    got = kv_cache_bytes(gemma, context, num_kv_heads=8, head_dim=256, dtype=bf16)
+    assert got == 8 * GIB + 320 * 2**20
+    # Mistral 7B v0.1: 32 layers of window 4096, Llama-3-8B's kv heads: 1/32 of Llama.
+    mistral = kv_cache_bytes([4096] * 32, context, num_kv_heads=8, head_dim=128, dtype=bf16)
+    assert mistral == llama // 32 == 512 * 2**20
+    # Below the window, a local layer holds the whole context like a global one.
+    short = kv_cache_bytes([4096, None], 100, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    assert short == 2 * 100 * 16
+
+
+def test_cache_bytes_checks_its_windows() -> None:
+    with pytest.raises(ValueError, match="windows must have one entry per layer"):
+        kv_cache_bytes([], 10, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"windows\[1\] must be a positive int"):
+        kv_cache_bytes([None, 0], 10, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    with pytest.raises(TypeError, match="windows must be a sequence"):
+        kv_cache_bytes(4, 10, num_kv_heads=1, head_dim=2, dtype=torch.float32)  # type: ignore[arg-type]
