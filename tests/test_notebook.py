@@ -406,21 +406,49 @@ def test_notebooks_run_in_jupyter(tmp_path: Path, page_run: PageRun) -> None:
     # text must equal what the build stored, and the figures must display.
     nbclient = pytest.importorskip("nbclient")
     import nbformat
+    from nbclient.util import run_sync
 
-    for chapter in KERNEL_CHAPTERS:
-        nb = notebook.build_notebook(
-            chapter, site_url=SITE, run=page_run(f"docs/{chapter}"), embed_images=True
-        )
-        stored = nbformat.from_dict(nb)
-        nbformat.validate(stored)
-        fresh = nbformat.from_dict(nb)
-        client = nbclient.NotebookClient(fresh, timeout=120, allow_errors=False)
-        client.execute(cwd=str(tmp_path))  # not the repository: it needs none of its files
-        for old, new in zip(_cells(stored, "code"), _cells(fresh, "code"), strict=True):
-            old_text = "".join(o.get("text", "") for o in old["outputs"])
-            new_text = "".join(o.get("text", "") for o in new["outputs"])
-            assert outputs.compare(old_text, new_text) is None, chapter
-            # Figures are drawn deterministically: the kernel's equals the stored one.
-            old_fig = [_rich(o["data"]) for o in old["outputs"] if "data" in o]
-            new_fig = [_rich(o["data"]) for o in new["outputs"] if "data" in o]
-            assert old_fig == new_fig, chapter
+    # One kernel for the five, its namespace and print options reset before each, as a
+    # fresh kernel has them: starting a kernel and importing torch in it is most of the
+    # cost of a notebook this small.
+    fresh_state = "%reset -f\nimport torch\ntorch.set_printoptions(profile='default')\ndel torch"
+    reset = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(fresh_state)])
+    km = nbclient.NotebookClient(reset).create_kernel_manager()
+    # In a folder that is not the repository: these notebooks need none of its files.
+    run_sync(km.start_kernel)(cwd=str(tmp_path))
+    try:
+        for chapter in KERNEL_CHAPTERS:
+            _run_in_kernel(nbclient, km, reset, chapter, page_run)
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)
+
+
+def _execute(nbclient: Any, nb: Any, km: Any) -> None:
+    client = nbclient.NotebookClient(nb, km=km, timeout=120, allow_errors=False)
+    try:
+        client.execute()
+    finally:  # the kernel stays up for the next notebook; this client's sockets do not
+        if client.kc is not None:
+            client.kc.stop_channels()
+
+
+def _run_in_kernel(nbclient: Any, km: Any, reset: Any, chapter: str, page_run: PageRun) -> None:
+    """Run the chapter's notebook in the kernel of ``km``, after ``reset``; compare outputs."""
+    import nbformat
+
+    _execute(nbclient, reset, km)
+    nb = notebook.build_notebook(
+        chapter, site_url=SITE, run=page_run(f"docs/{chapter}"), embed_images=True
+    )
+    stored = nbformat.from_dict(nb)
+    nbformat.validate(stored)
+    fresh = nbformat.from_dict(nb)
+    _execute(nbclient, fresh, km)
+    for old, new in zip(_cells(stored, "code"), _cells(fresh, "code"), strict=True):
+        old_text = "".join(o.get("text", "") for o in old["outputs"])
+        new_text = "".join(o.get("text", "") for o in new["outputs"])
+        assert outputs.compare(old_text, new_text) is None, chapter
+        # Figures are drawn deterministically: the kernel's equals the stored one.
+        old_fig = [_rich(o["data"]) for o in old["outputs"] if "data" in o]
+        new_fig = [_rich(o["data"]) for o in new["outputs"] if "data" in o]
+        assert old_fig == new_fig, chapter
