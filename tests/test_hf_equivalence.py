@@ -1,16 +1,21 @@
-"""GroupedQueryAttention equals Hugging Face's Llama, Mistral and Qwen2 attention layers.
+"""GroupedQueryAttention equals Hugging Face's Llama, Mistral, Qwen2, Qwen3, OLMo 2 and
+Gemma 3 attention layers.
 
 The reference layers are built by `transformers` from small random configs (nothing is
 downloaded), driven the way their models drive them: position embeddings from the
 model's rotary module, the 4-d mask from `transformers.masking_utils`
 (`create_causal_mask` for Llama, `create_sliding_window_causal_mask` for Mistral and
-Qwen2), and for decoding the library's own `DynamicCache` / `StaticCache`. With a sliding
+Qwen2 and Gemma 3's sliding layers), and for decoding the library's own `DynamicCache` /
+`StaticCache`. With a sliding
 window those caches keep only the last `window - 1` tokens (a rolling buffer) while
 attnlab's keep everything and mask; the outputs must agree anyway.
 
 Dimensions all differ: d_model 42 (transformers wants a multiple of the heads), 6 query
 heads, 2 (or 1, or 6) key/value heads, head_dim 12 (so num_heads * head_dim = 72 is not
-d_model), batch 3, 9 tokens, window 4.
+d_model), batch 3, 9 tokens, window 4. Qwen3 and Gemma 3 normalise each query and key
+head (Gemma by `1 + weight`), OLMo 2 the whole projections; Gemma 3 scales the scores by
+`query_pre_attn_scalar ** -0.5` (10 here, not head_dim) and has one RoPE per layer type
+(its full layer here with linear scaling), so its sliding and full layers are two cases.
 
 What the references lack, and is therefore tested elsewhere (tests/test_gqa.py against
 attnlab's own full forward): the interleaved RoPE layout (every Hugging Face layer here
@@ -28,10 +33,23 @@ from torch import Tensor, nn
 
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LlamaConfig, MistralConfig, Qwen2Config, StaticCache  # noqa: E402
+from transformers import (  # noqa: E402
+    DynamicCache,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    Olmo2Config,
+    Qwen2Config,
+    Qwen3Config,
+    StaticCache,
+)
 from transformers.masking_utils import (  # noqa: E402
     create_causal_mask,
     create_sliding_window_causal_mask,
+)
+from transformers.models.gemma3.modeling_gemma3 import (  # noqa: E402
+    Gemma3Attention,
+    Gemma3RotaryEmbedding,
 )
 from transformers.models.llama.modeling_llama import (  # noqa: E402
     LlamaAttention,
@@ -41,9 +59,17 @@ from transformers.models.mistral.modeling_mistral import (  # noqa: E402
     MistralAttention,
     MistralRotaryEmbedding,
 )
+from transformers.models.olmo2.modeling_olmo2 import (  # noqa: E402
+    Olmo2Attention,
+    Olmo2RotaryEmbedding,
+)
 from transformers.models.qwen2.modeling_qwen2 import (  # noqa: E402
     Qwen2Attention,
     Qwen2RotaryEmbedding,
+)
+from transformers.models.qwen3.modeling_qwen3 import (  # noqa: E402
+    Qwen3Attention,
+    Qwen3RotaryEmbedding,
 )
 
 from attnlab.gqa import GroupedQueryAttention  # noqa: E402
@@ -51,7 +77,18 @@ from attnlab.kv_cache import DynamicKVCache, StaticKVCache  # noqa: E402
 
 D_MODEL, NUM_HEADS, HEAD_DIM, B, T, WINDOW = 42, 6, 12, 3, 9, 4
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-KINDS = ["llama", "llama-bias", "mistral", "qwen2"]
+KINDS = [
+    "llama",
+    "llama-bias",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "olmo2",
+    "gemma3-local",
+    "gemma3-global",
+]
+WINDOWED = ("mistral", "qwen2", "gemma3-local")
+QK_NORM = {"qwen3": "head", "olmo2": "projection", "gemma3-local": "head", "gemma3-global": "head"}
 IMPLS = ["eager", "sdpa"]
 
 
@@ -71,7 +108,32 @@ class Reference:
             "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
         }
         config: Any
-        if kind.startswith("llama"):
+        layer_idx, self.rotary_args = 0, ()
+        if kind.startswith("gemma3"):
+            rope = {"rope_type": "default", "rope_theta": 500.0}
+            config = Gemma3TextConfig(
+                **common
+                | {
+                    "num_hidden_layers": 2,
+                    "rope_parameters": {
+                        "sliding_attention": rope,
+                        "full_attention": {**rope, "rope_type": "linear", "factor": 2.0},
+                    },
+                },
+                layer_types=["sliding_attention", "full_attention"],
+                sliding_window=WINDOW,
+                query_pre_attn_scalar=10,
+            )
+            layer, rotary = Gemma3Attention, Gemma3RotaryEmbedding
+            layer_idx = 0 if kind == "gemma3-local" else 1
+            self.rotary_args = (config.layer_types[layer_idx],)
+        elif kind == "qwen3":
+            config = Qwen3Config(**common)
+            layer, rotary = Qwen3Attention, Qwen3RotaryEmbedding
+        elif kind == "olmo2":
+            config = Olmo2Config(**common)
+            layer, rotary = Olmo2Attention, Olmo2RotaryEmbedding
+        elif kind.startswith("llama"):
             config = LlamaConfig(**common, attention_bias=kind == "llama-bias")
             layer, rotary = LlamaAttention, LlamaRotaryEmbedding
         elif kind == "mistral":
@@ -85,16 +147,17 @@ class Reference:
             layer, rotary = Qwen2Attention, Qwen2RotaryEmbedding
         config._attn_implementation = impl
         self.config = config
-        self.attn: nn.Module = layer(config, layer_idx=0).eval()
+        self.layer_idx = layer_idx  # Gemma 3's full layer is layer 1 of its cache
+        self.attn: nn.Module = layer(config, layer_idx=layer_idx).eval()
         with torch.no_grad():  # biases start at 0 in some versions: make them matter
             for p in self.attn.parameters():
                 p.normal_(0.0, 0.2)
         self.rotary = rotary(config)
-        self.windowed = kind in ("mistral", "qwen2")
+        self.windowed = kind in WINDOWED
 
     def __call__(self, x: Tensor, cache: Any = None, offset: int = 0) -> Tensor:
         """The layer on `x`; RoPE positions shifted by `offset` (the mask keeps token order)."""
-        past = 0 if cache is None else cache.get_seq_length()
+        past = 0 if cache is None else cache.get_seq_length(self.layer_idx)
         positions = torch.arange(past, past + x.shape[1])[None]  # (1, t)
         make_mask = create_sliding_window_causal_mask if self.windowed else create_causal_mask
         mask = make_mask(
@@ -104,7 +167,7 @@ class Reference:
             cache=cache,
             position_ids=positions,
         )
-        embeddings = self.rotary(x, positions + offset)
+        embeddings = self.rotary(x, positions + offset, *self.rotary_args)
         out: Tensor = self.attn(
             x, position_embeddings=embeddings, attention_mask=mask, cache=cache
         )[0]
@@ -149,6 +212,13 @@ def test_from_hf_copies_layout_and_biases(kind: str) -> None:
         2,
         HEAD_DIM,
     )
+    assert ours.qk_norm == QK_NORM.get(kind)
+    gemma = kind.startswith("gemma3")
+    assert (ours.scale, ours.q_norm is not None and ours.q_norm.unit_offset) == (
+        (10**-0.5, True) if gemma else (None, False)
+    )
+    scaled = ours.rope_scaling is not None
+    assert scaled == (kind == "gemma3-global")  # one RoPE per layer type
     has_bias = kind in ("llama-bias", "qwen2")
     assert ours.bias == has_bias
     assert ours.out_bias == (kind == "llama-bias")  # Qwen2: biases on q, k, v only
@@ -178,6 +248,10 @@ DECODE_CASES = [
     ("mistral", "sdpa", SCHEDULES[2]),
     ("qwen2", "eager", SCHEDULES[2]),
     ("qwen2", "sdpa", SCHEDULES[0]),
+    ("qwen3", "sdpa", SCHEDULES[1]),
+    ("olmo2", "eager", SCHEDULES[0]),
+    ("gemma3-local", "sdpa", SCHEDULES[2]),
+    ("gemma3-global", "eager", SCHEDULES[1]),
 ]
 
 

@@ -15,13 +15,20 @@ $$
 
 with rotary position embeddings applied to $Q$ and $K$ ([`attnlab.rope`][attnlab.rope])
 and $M$ a causal or sliding-window mask. The layer is the attention of Llama, Mistral and
-Qwen2; [`GroupedQueryAttention.from_hf`][attnlab.gqa.GroupedQueryAttention.from_hf]
-copies the weights of their Hugging Face implementations, and the tests check that the
-outputs, gradients and cached decoding agree.
+Qwen2. The options of the models of 2024-2025 ride along: QK-norm (an
+[`RMSNorm`][attnlab.gqa.RMSNorm] of queries and keys before RoPE, per head as in Qwen3
+and Gemma 3 or over the whole projection as in OLMo 2; Dehghani et al., 2023,
+https://arxiv.org/abs/2302.05442), a custom score scale (Gemma's `query_pre_attn_scalar`),
+logit softcapping (Gemma 2) and learned attention sinks (gpt-oss).
+[`GroupedQueryAttention.from_hf`][attnlab.gqa.GroupedQueryAttention.from_hf] copies the
+weights of their Hugging Face implementations, and the tests check that the outputs,
+gradients and cached decoding agree.
 """
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
 from typing import Any, Literal, overload
 
 import torch
@@ -37,8 +44,10 @@ from attnlab._backends import (
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
+    check_choice,
     check_positive_int,
     check_probability,
+    check_scale,
     check_tokens,
     is_validation_enabled,
 )
@@ -55,7 +64,7 @@ from attnlab.rope import (
     rotate,
 )
 
-__all__ = ["GroupedQueryAttention"]
+__all__ = ["QK_NORMS", "GroupedQueryAttention", "QKNorm", "RMSNorm"]
 
 _HF_CLASSES = (
     "LlamaAttention",
@@ -63,7 +72,72 @@ _HF_CLASSES = (
     "Qwen2Attention",
     "StableLmAttention",
     "SmolLM3Attention",
+    "Qwen3Attention",
+    "Olmo2Attention",
+    "Gemma3Attention",
 )
+
+QKNorm = Literal["head", "projection"]
+"""Where QK-norm normalises: `"head"`, each head's `head_dim` features (Qwen3, Gemma 3);
+`"projection"`, the whole query or key projection before the split into heads (OLMo 2)."""
+
+QK_NORMS: tuple[QKNorm, ...] = ("head", "projection")
+
+
+def _check_eps(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
+    eps = float(value)
+    if not (math.isfinite(eps) and eps > 0.0):
+        raise ValueError(f"{name} must be a positive finite float, got {eps}")
+    return eps
+
+
+class RMSNorm(nn.Module):
+    r"""Root-mean-square normalisation over the last dimension, as `transformers` computes it.
+
+    $$
+    y = \frac{x}{\sqrt{\operatorname{mean}(x^2) + \varepsilon}} \odot w
+    \quad\text{or, with `unit_offset`,}\quad
+    y = \frac{x}{\sqrt{\operatorname{mean}(x^2) + \varepsilon}} \odot (1 + w)
+    $$
+
+    The second form is Gemma's: its checkpoints store $w$ around zero, and a fresh norm
+    (`weight` zeros) is the identity scaling, as a plain one is with `weight` ones. Both
+    compute in float32 for half-precision input and cast the result back, as Hugging
+    Face's `Olmo2RMSNorm` and `Gemma3RMSNorm` do; in float32 and float64 this equals
+    `torch.nn.RMSNorm` (and `Qwen3RMSNorm`) exactly in form.
+
+    Args:
+        dim: Size of the last dimension, the features normalised together.
+        eps: Added to the mean square; positive.
+        unit_offset: Scale by `1 + weight` (Gemma) instead of `weight`.
+
+    Examples:
+        >>> x = torch.tensor([[3.0, -3.0, 3.0, -3.0]])
+        >>> RMSNorm(4)(x).detach()
+        tensor([[ 1.0000, -1.0000,  1.0000, -1.0000]])
+        >>> torch.equal(RMSNorm(4)(x), RMSNorm(4, unit_offset=True)(x))  # fresh: w=1, 1+w=1
+        True
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, unit_offset: bool = False) -> None:
+        super().__init__()
+        self.dim = check_positive_int("dim", dim)
+        self.eps = _check_eps("eps", eps)
+        self.unit_offset = check_bool("unit_offset", unit_offset)
+        init = torch.zeros if self.unit_offset else torch.ones
+        self.weight = nn.Parameter(init(self.dim))
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, unit_offset={self.unit_offset}"
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise `x` `(..., dim)` over its last dimension; the same shape and dtype."""
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight.to(wide.dtype)
+        return (normed * (1.0 + weight if self.unit_offset else weight)).to(x.dtype)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -108,8 +182,17 @@ class GroupedQueryAttention(nn.Module):
             ones (partial RoPE: `head_dim * partial_rotary_factor` in GPT-NeoX, StableLM
             or Phi); the rest pass unrotated. Default `head_dim`; even.
         window: Sliding-window size (keys per query, itself included), or None.
-        dropout: Probability of dropping an attention weight, in training mode only.
-        backend: `"torch"`, `"scratch"` or `"flash"`.
+        scale: The factor of the scores $q \cdot k$; default $1 / \sqrt{\text{head\_dim}}$
+            (Gemma: `query_pre_attn_scalar ** -0.5`).
+        qk_norm: QK-norm: an [`RMSNorm`][attnlab.gqa.RMSNorm] of the queries and the
+            keys before RoPE, learned weights `q_norm` and `k_norm`. `"head"` normalises
+            each head's `head_dim` features (weights of shape `(head_dim,)`, shared by
+            the heads; Qwen3, Gemma 3), `"projection"` the whole projection before the
+            split into heads (weights `(num_heads * head_dim,)` and
+            `(num_kv_heads * head_dim,)`; OLMo 2); None for none.
+        qk_norm_eps: The epsilon of those norms (`rms_norm_eps` of the config).
+        qk_norm_unit_offset: The norms scale by `1 + weight` (Gemma 3) instead of
+            `weight`.
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -150,6 +233,10 @@ class GroupedQueryAttention(nn.Module):
         rope_scaling: RopeScaling | None = None,
         rope_dims: int | None = None,
         window: int | None = None,
+        scale: float | None = None,
+        qk_norm: QKNorm | None = None,
+        qk_norm_eps: float = 1e-6,
+        qk_norm_unit_offset: bool = False,
         dropout: float = 0.0,
         backend: Backend = "torch",
     ) -> None:
@@ -191,6 +278,12 @@ class GroupedQueryAttention(nn.Module):
         if self.rope:
             check_head_dim(self.rope_dims, "head_dim" if rope_dims is None else "rope_dims")
         self.window = None if window is None else check_positive_int("window", window)
+        self.scale = check_scale("scale", scale)
+        if qk_norm is not None:
+            check_choice("qk_norm", qk_norm, QK_NORMS)
+        self.qk_norm = qk_norm
+        eps = _check_eps("qk_norm_eps", qk_norm_eps)
+        unit_offset = check_bool("qk_norm_unit_offset", qk_norm_unit_offset)
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
         q_features = self.num_heads * self.head_dim
@@ -199,6 +292,13 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.o_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if self.qk_norm is not None:
+            per_head = self.qk_norm == "head"
+            q_dim, k_dim = (self.head_dim, self.head_dim) if per_head else (q_features, kv_features)
+            self.q_norm = RMSNorm(q_dim, eps, unit_offset=unit_offset)
+            self.k_norm = RMSNorm(k_dim, eps, unit_offset=unit_offset)
 
     backend = BackendProperty()
     """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
@@ -220,7 +320,9 @@ class GroupedQueryAttention(nn.Module):
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {rope}, "
             f"window={self.window}, bias={self.bias}, out_bias={self.out_bias}, "
-            f"dropout={self.dropout}, backend={self.backend!r}"
+            + ("" if self.scale is None else f"scale={self.scale}, ")
+            + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm!r}, ")
+            + f"dropout={self.dropout}, backend={self.backend!r}"
         )
 
     # -- input checks --------------------------------------------------------------------
@@ -378,9 +480,12 @@ class GroupedQueryAttention(nn.Module):
             x = x.unsqueeze(0)  # (1, t, d_model)
         b, t, _ = x.shape
         h, h_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_proj(x).view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
-        k = self.k_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)  # (b, t, h * head_dim), (b, t, h_kv * head_dim)
+        q, k = self._qk_normed(q, k, "projection")  # OLMo 2: over all heads' features
+        q = q.view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
+        k = k.view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
         v = self.v_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+        q, k = self._qk_normed(q, k, "head")  # Qwen3, Gemma 3: each head on its own
 
         if self.rope:
             if position_embeddings is None:
@@ -400,10 +505,16 @@ class GroupedQueryAttention(nn.Module):
             k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
         window = self.window if is_causal else None
         if isinstance(cache, AttendingCache):  # e.g. paged: it stores and attends itself
-            if attn_mask is not None or self.window is not None or dropout_p or need_weights:
+            if (
+                attn_mask is not None
+                or self.window is not None
+                or dropout_p
+                or need_weights
+                or self.scale is not None
+            ):
                 raise ValueError(
                     f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                    "window, dropout or need_weights"
+                    "window, dropout, need_weights or scale"
                 )
             heads = cache.attend(q, k, v)  # (b, h, t, head_dim)
         else:
@@ -427,6 +538,7 @@ class GroupedQueryAttention(nn.Module):
                 attn_mask=attn_mask,
                 dropout_p=dropout_p,
                 is_causal=is_causal,
+                scale=self.scale,
                 window=window,
                 enable_gqa=True,
                 align="bottom-right",
@@ -441,11 +553,18 @@ class GroupedQueryAttention(nn.Module):
             k,
             attn_mask=attn_mask,
             is_causal=is_causal,
+            scale=self.scale,
             window=window,
             enable_gqa=True,
             align="bottom-right",
         )  # (b, h, t, t_k)
         return out, weights[0] if unbatched else weights
+
+    def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:
+        """QK-norm of `q` and `k` if this module normalises at `where`; else them unchanged."""
+        if self.qk_norm != where or self.q_norm is None or self.k_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
 
     def _rotate(self, x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
         """RoPE on the first `rope_dims` features of each head; the rest pass (partial RoPE)."""
@@ -462,10 +581,12 @@ class GroupedQueryAttention(nn.Module):
         """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
 
         Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
-        `StableLmAttention` (partial RoPE, without its `qk_layernorm`) and
-        `SmolLM3Attention` (NoPE layers), and subclasses. The weights map one to one,
-        as `nn.Linear` weights of shape `(out_features, in_features)`, with no
-        permutation (both use the `"half"` RoPE layout):
+        `StableLmAttention` (partial RoPE, without its `qk_layernorm`),
+        `SmolLM3Attention` (NoPE layers), `Qwen3Attention` and `Gemma3Attention`
+        (QK-norm per head), `Olmo2Attention` (QK-norm over the projections), and
+        subclasses. The weights map one to one, as `nn.Linear` weights of shape
+        `(out_features, in_features)`, with no permutation (all use the `"half"` RoPE
+        layout):
 
         | Hugging Face | attnlab | weight shape |
         |---|---|---|
@@ -473,21 +594,28 @@ class GroupedQueryAttention(nn.Module):
         | `k_proj` | `k_proj` | `(num_kv_heads * head_dim, d_model)` |
         | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
         | `o_proj` | `o_proj` | `(d_model, num_heads * head_dim)` |
+        | `q_norm`, `k_norm` | `q_norm`, `k_norm` | `(head_dim,)`; OLMo 2: the projections' |
 
         Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
         `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
         (`config.attention_bias`); Mistral has none.
 
-        From the config: `hidden_size` (`d_model`), `num_attention_heads`,
-        `num_key_value_heads`, the layer's `head_dim`, `rope_parameters["rope_theta"]`
-        (`rope_theta` in older versions), `attention_dropout`, and the sliding window:
-        Mistral's `config.sliding_window`, or Qwen2's and SmolLM3's per-layer
-        `module.sliding_window` (set only on layers whose `layer_types` entry is
-        `"sliding_attention"`); partial RoPE (`module.rotary_ndims`, StableLM's
-        `head_dim * partial_rotary_factor`) as `rope_dims`; SmolLM3's NoPE layers
-        (`module.use_rope` False, from `config.no_rope_layers`) as `rope=False`; and
-        RoPE's context extension ([`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]:
-        `"linear"`, `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2).
+        From the config and the layer: `hidden_size` (`d_model`), `num_attention_heads`,
+        `num_key_value_heads`, the layer's `head_dim`, its `scaling` (as `scale` where it
+        is not `head_dim ** -0.5`: Gemma's `query_pre_attn_scalar ** -0.5`),
+        `rope_parameters["rope_theta"]` (`rope_theta` in older versions; Gemma 3's
+        `rope_parameters` hold one entry per layer type, read for this layer's
+        `layer_type`), `attention_dropout`, and the sliding window: the layer's
+        `sliding_window` (Qwen2, Qwen3, SmolLM3, Gemma 3 set it only on layers whose
+        `layer_types` entry is `"sliding_attention"`), else Mistral's
+        `config.sliding_window`; QK-norm from the layer's `q_norm` and `k_norm` (their
+        epsilon, and Gemma's `1 + weight` as `qk_norm_unit_offset`); partial RoPE
+        (`module.rotary_ndims`, StableLM's `head_dim * partial_rotary_factor`) as
+        `rope_dims`; SmolLM3's NoPE layers (`module.use_rope` False, from
+        `config.no_rope_layers`) as `rope=False`; and RoPE's context extension
+        ([`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]: `"linear"`,
+        `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2). Gemma 3's layer keeps
+        `attn_logit_softcapping` but does not apply it, so neither does the port.
 
         Args:
             module: The Hugging Face attention layer.
@@ -500,7 +628,8 @@ class GroupedQueryAttention(nn.Module):
             TypeError: If `module` is not one of the supported classes.
             ValueError: If it uses a RoPE type `RopeScaling` does not implement (e.g.
                 `"longrope"`), or its scaling misses a key, or it normalises its queries
-                and keys (StableLM's `qk_layernorm`).
+                and keys by LayerNorm (StableLM's `qk_layernorm`), or it attends both ways
+                (`use_bidirectional_attention`).
         """
         names = {c.__name__ for c in type(module).__mro__}
         if not names & set(_HF_CLASSES):
@@ -510,25 +639,48 @@ class GroupedQueryAttention(nn.Module):
             )
         hf: Any = module
         config: Any = hf.config
-        rope_parameters = getattr(config, "rope_parameters", None) or {}
-        scaling = RopeScaling.from_hf(config)
-        rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         if getattr(hf, "qk_layernorm", False):
             raise ValueError(
                 f"module normalises queries and keys (qk_layernorm=True); "
                 f"GroupedQueryAttention.from_hf does not port that from {type(module).__name__}"
             )
-        rope_dims = int(getattr(hf, "rotary_ndims", hf.head_dim))
-        if names & {"Qwen2Attention", "SmolLM3Attention"}:
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError(
+                f"module attends both ways (config.use_bidirectional_attention=True); "
+                f"GroupedQueryAttention is causal: call forward(..., is_causal=False) on a "
+                f"port of the causal {type(module).__name__}"
+            )
+        rope_config = config
+        per_type = getattr(config, "rope_parameters", None) or {}
+        if isinstance(per_type.get(getattr(hf, "layer_type", None)), dict):
+            # Gemma 3: one RoPE per layer type (local layers 1e4, global 1e6 and scaling).
+            rope_config = SimpleNamespace(
+                rope_parameters=per_type[hf.layer_type],
+                max_position_embeddings=config.max_position_embeddings,
+            )
+        rope_parameters = getattr(rope_config, "rope_parameters", None) or {}
+        scaling = RopeScaling.from_hf(rope_config)
+        rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        head_dim = int(hf.head_dim)
+        rope_dims = int(getattr(hf, "rotary_ndims", head_dim))
+        if hasattr(hf, "sliding_window"):  # per layer: None on full-attention layers
             window = hf.sliding_window
         else:
             window = getattr(config, "sliding_window", None)
+        scale = float(getattr(hf, "scaling", head_dim**-0.5))
+        qk_norm: QKNorm | None = None
+        norm_eps, unit_offset = 1e-6, False
+        q_norm: Any = getattr(hf, "q_norm", None)
+        if q_norm is not None:
+            qk_norm = "head" if q_norm.weight.numel() == head_dim else "projection"
+            norm_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6)))
+            unit_offset = "Gemma3Attention" in names  # Gemma's RMSNorm scales by 1 + weight
         weight = hf.q_proj.weight
         new = cls(
             config.hidden_size,
             config.num_attention_heads,
             config.num_key_value_heads,
-            head_dim=int(hf.head_dim),
+            head_dim=head_dim,
             bias=hf.q_proj.bias is not None,
             out_bias=hf.o_proj.bias is not None,
             rope=bool(getattr(hf, "use_rope", True)),
@@ -537,15 +689,14 @@ class GroupedQueryAttention(nn.Module):
             rope_scaling=None if scaling.rope_type == "default" else scaling,
             rope_dims=rope_dims,
             window=window,
+            scale=None if scale == head_dim**-0.5 else scale,
+            qk_norm=qk_norm,
+            qk_norm_eps=norm_eps,
+            qk_norm_unit_offset=unit_offset,
             dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
             backend=backend,
         ).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                theirs: nn.Linear = getattr(module, name)
-                ours: nn.Linear = getattr(new, name)
-                ours.weight.copy_(theirs.weight)
-                if theirs.bias is not None:
-                    assert ours.bias is not None
-                    ours.bias.copy_(theirs.bias)
+            for name, ours_p in new.named_parameters():
+                ours_p.copy_(module.get_parameter(name))
         return new.train(module.training)
