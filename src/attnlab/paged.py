@@ -736,9 +736,12 @@ def paged_attention(
       tile's scores, mask and softmax are spelled out (the teaching path); with
       `"torch"` on the CPU a tile goes through PyTorch's fused CPU attention kernel,
       which also returns the log-sum-exp, so a tile's keys are read once while they
-      are still in the cache; tiles wholly past every query are skipped and a tile
-      that every query sees whole gets no mask (elsewhere `"torch"` takes the
-      spelled-out path too).
+      are still in the processor's cache; tiles wholly past every query are skipped
+      and a tile that every query sees whole gets no mask. A decode step (`t_q = 1`,
+      float32 or float64) over more than one tile keeps its few scores whole instead:
+      the keys are copied tile by tile for the products, one softmax follows, and the
+      values are summed where they lie in the pool by `embedding_bag`, never copied.
+      Off the CPU, `"torch"` takes the spelled-out path too.
 
     float16 and bfloat16 are computed in float32 and rounded back. No dropout, no
     gradient intended (inference).
@@ -930,6 +933,11 @@ def _online_attention(
 ) -> Tensor:
     """Tile by tile through the block tables, merging partial results (online softmax)."""
     if backend == "torch" and _fused_tiles(query, key_pool, value_pool):
+        one_query = query.shape[2] == 1 and query.dtype in (torch.float32, torch.float64)
+        if one_query and block_tables.shape[1] > blocks_per_tile:  # several tiles
+            return _decode_attention(
+                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
+            )
         return _fused_online_attention(
             query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
         )
@@ -941,8 +949,8 @@ def _online_attention(
     q = _group_queries(query.to(wide) * scale, kv)  # (kv, b, g * t_q, e)
     rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
     merged = None
-    tiles = _tiles(key_pool, value_pool, block_tables, block_tables.shape[1], blocks_per_tile)
-    for start, k, v in tiles:
+    tiles = _tiles(block_tables, block_tables.shape[1], blocks_per_tile, key_pool, value_pool)
+    for start, (k, v) in tiles:
         k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
         scores = q @ k.transpose(-1, -2)  # (kv, b, g * t_q, T)
         key_positions = torch.arange(start, start + k.shape[2], device=query.device)
@@ -954,18 +962,17 @@ def _online_attention(
 
 
 def _tiles(
-    key_pool: Tensor, value_pool: Tensor, block_tables: Tensor, used: int, blocks_per_tile: int
-) -> Iterator[tuple[int, Tensor, Tensor]]:
+    block_tables: Tensor, used: int, blocks_per_tile: int, *pools: Tensor
+) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
     """The first `used` blocks of every table, `blocks_per_tile` at a time.
 
-    Yields `(start, keys, values)`: the position of the tile's first key and its keys
-    `(kv, b, T, e)` and values `(kv, b, T, e_v)`, `T = n * block_size`, copied out of the
-    pools.
+    Yields `(start, tiles)`: the position of the tile's first key and, per pool
+    `(kv, num_blocks, bs, e)`, the tile copied out of it, `(kv, b, n * bs, e)`.
     """
-    bs = key_pool.shape[2]
+    bs = pools[0].shape[2]
     for j0 in range(0, used, blocks_per_tile):
         ids = block_tables[:, j0 : min(j0 + blocks_per_tile, used)]  # (b, n)
-        yield j0 * bs, _blocks(key_pool, ids), _blocks(value_pool, ids)
+        yield j0 * bs, tuple(_blocks(pool, ids) for pool in pools)
 
 
 def _fold(merged: tuple[Tensor, Tensor] | None, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
@@ -990,6 +997,52 @@ def _fused_tiles(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
         and not (torch.is_grad_enabled() and query.requires_grad)
         and not torch.compiler.is_compiling()  # it reads positions on the host
     )
+
+
+def _decode_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    blocks_per_tile: int,
+) -> Tensor:
+    """One query per sequence: scores tile by tile, one softmax, values summed in place.
+
+    A decode step's scores are small (`b * num_heads` rows of the context), so they are
+    kept whole and normalised once: no merging. The keys are copied out tile by tile for
+    the products, but the values are not copied at all: `embedding_bag` sums the pool's
+    rows, weighted by the softmax, through the table's row ids (one bag per query row).
+    """
+    kv, num_blocks, bs, _ = key_pool.shape
+    b, h = query.shape[0], query.shape[1]
+    g = h // kv
+    low, high = positions.aminmax()
+    first, last = int(low), int(high)
+    used = min(block_tables.shape[1], last // bs + 1)  # blocks some query sees
+    q = _group_queries(query * scale, kv)  # (kv, b, g, e): row r of a group is head r
+    tiles = _tiles(block_tables, used, blocks_per_tile, key_pool)
+    parts = [q @ k.transpose(-1, -2) for _, (k,) in tiles]  # (kv, b, g, n * bs) each
+    scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (kv, b, g, T)
+    t = scores.shape[-1]
+    if t - 1 > first:  # some sequence is shorter than the tiles read
+        hidden = torch.arange(t, device=query.device) > positions  # (b, T)
+        scores = scores.masked_fill(hidden[None, :, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (kv, b, g, T)
+    # Row of pool value_pool.view(-1, e_v) holding token p of sequence i in head j.
+    ids = torch.int32 if value_pool.numel() // value_pool.shape[-1] < 2**31 else torch.long
+    slots = block_tables[:, :used].to(ids)[:, :, None] * bs + torch.arange(bs, dtype=ids)
+    heads = torch.arange(kv, dtype=ids).view(kv, 1, 1, 1) * (num_blocks * bs)
+    rows = (slots.view(1, b, 1, t) + heads).expand(kv, b, g, t)  # (kv, b, g, T)
+    out = torch.nn.functional.embedding_bag(
+        rows.reshape(-1),
+        value_pool.view(-1, value_pool.shape[-1]),
+        torch.arange(0, rows.numel(), t, dtype=ids),  # a bag per query row
+        mode="sum",
+        per_sample_weights=weights.reshape(-1),
+    )  # (kv * b * g, e_v)
+    return _ungroup(out.view(kv, b, g, -1), h, 1)  # (b, num_heads, 1, v_head_dim)
 
 
 def _fused_online_attention(
@@ -1018,7 +1071,7 @@ def _fused_online_attention(
     # The position of each query row, (b, g * t_q); needed only where a tile is masked.
     rows = positions.repeat(1, h // kv) if used * bs - 1 > first else positions
     merged = None
-    for start, k, v in _tiles(key_pool, value_pool, block_tables, used, blocks_per_tile):
+    for start, (k, v) in _tiles(block_tables, used, blocks_per_tile, key_pool, value_pool):
         k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
         end = start + k.shape[2]
         hidden = None
