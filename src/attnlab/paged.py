@@ -1074,18 +1074,17 @@ def _fused_online_attention(
     for start, (k, v) in _tiles(block_tables, used, blocks_per_tile, key_pool, value_pool):
         k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
         end = start + k.shape[2]
-        hidden = None
+        seen = None
         if end - 1 > first:  # some query does not see every key of the tile
             key_positions = torch.arange(start, end, device=query.device)  # (T,)
-            hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T)
+            seen = _visible(key_positions, rows)[None]  # (1, b, g * t_q, T)
         if used <= blocks_per_tile:  # one tile, which holds key 0: no merging
-            mask = None if hidden is None else ~hidden[None]  # (1, b, g * t_q, T)
-            out = attend("torch", q, k, v, attn_mask=mask, scale=scale)  # (kv, b, g*t_q, e_v)
+            out = attend("torch", q, k, v, attn_mask=seen, scale=scale)  # (kv, b, g*t_q, e_v)
             return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
         mask = None
-        if hidden is not None:  # the kernel takes an additive mask of the query's dtype
-            mask = torch.zeros(hidden.shape, dtype=wide, device=query.device)
-            mask = mask.masked_fill(hidden, float("-inf"))[None]  # (1, b, g * t_q, T)
+        if seen is not None:  # the kernel takes an additive mask of the query's dtype
+            mask = torch.full(seen.shape, float("-inf"), dtype=wide, device=query.device)
+            mask = mask.masked_fill(seen, 0.0)  # (1, b, g * t_q, T)
         tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
         tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
         if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
