@@ -999,6 +999,15 @@ def _fused_tiles(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
     )
 
 
+def _reach(positions: Tensor, max_blocks: int, block_size: int) -> tuple[int, int]:
+    """The first query position, and how many leading blocks of the tables any query sees.
+
+    Reads the positions on the host (free on the CPU).
+    """
+    low, high = positions.aminmax()
+    return int(low), min(max_blocks, int(high) // block_size + 1)
+
+
 def _decode_attention(
     query: Tensor,
     key_pool: Tensor,
@@ -1018,9 +1027,7 @@ def _decode_attention(
     kv, num_blocks, bs, _ = key_pool.shape
     b, h = query.shape[0], query.shape[1]
     g = h // kv
-    low, high = positions.aminmax()
-    first, last = int(low), int(high)
-    used = min(block_tables.shape[1], last // bs + 1)  # blocks some query sees
+    first, used = _reach(positions, block_tables.shape[1], bs)
     q = _group_queries(query * scale, kv)  # (kv, b, g, e): row r of a group is head r
     tiles = _tiles(block_tables, used, blocks_per_tile, key_pool)
     parts = [q @ k.transpose(-1, -2) for _, (k,) in tiles]  # (kv, b, g, n * bs) each
@@ -1065,9 +1072,7 @@ def _fused_online_attention(
     dtype = query.dtype
     wide = compute_dtype(dtype)
     q = _group_queries(query.to(wide), kv)  # (kv, b, g * t_q, e)
-    low, high = positions.aminmax()
-    first, last = int(low), int(high)
-    used = min(block_tables.shape[1], last // bs + 1)  # blocks some query sees
+    first, used = _reach(positions, block_tables.shape[1], bs)
     # The position of each query row, (b, g * t_q); needed only where a tile is masked.
     rows = positions.repeat(1, h // kv) if used * bs - 1 > first else positions
     merged = None
