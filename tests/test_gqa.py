@@ -27,6 +27,11 @@ from attnlab.rope import apply_rope, rope_cos_sin
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread: None) -> None:
+    """Every test here runs tiny layers (see conftest's `one_thread`)."""
+
+
 def _module(num_kv_heads: int = 3, **kwargs: object) -> GroupedQueryAttention:
     module = GroupedQueryAttention(D_MODEL, H, num_kv_heads, head_dim=HD, **kwargs)  # type: ignore[arg-type]
     return module.eval()
@@ -112,6 +117,53 @@ def test_backends_agree_in_gradients() -> None:
         assert p1.grad is not None, name
         assert p2.grad is not None, name
         torch.testing.assert_close(p2.grad, p1.grad, msg=name)
+
+
+def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
+    """PyTorch's SDPA has no sinks: the torch backend adds one key of zeros whose score is
+    the sink logit (a float-mask column). It must equal the scratch kernel's sinks on the
+    fused causal path, with a bool padding mask and with a float one, gradients included."""
+    torch_module = _module(sinks=True)
+    with torch.no_grad():
+        assert torch_module.sinks is not None
+        torch_module.sinks.normal_(0.0, 2.0)
+    scratch = _module(sinks=True, backend="scratch")
+    scratch.load_state_dict(torch_module.state_dict())
+    x1 = torch.randn(B, T, D_MODEL, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    pad = masks.key_padding([T, 6], max_len=T)
+    outs = []
+    for mask in (None, pad, masks.allowed_to_additive(pad)):
+        outs.append((torch_module(x1, attn_mask=mask), scratch(x2, attn_mask=mask)))
+        torch.testing.assert_close(*outs[-1])
+    torch.stack([a.square().sum() for a, _ in outs]).sum().backward()
+    torch.stack([b.square().sum() for _, b in outs]).sum().backward()
+    assert x1.grad is not None
+    assert x2.grad is not None
+    assert torch_module.sinks is not None
+    assert scratch.sinks is not None
+    torch.testing.assert_close(x1.grad, x2.grad)
+    torch.testing.assert_close(torch_module.sinks.grad, scratch.sinks.grad)
+    # The sink takes its share: every row of weights sums to less than 1.
+    _, weights = torch_module.forward_impl(x1, need_weights=True)
+    assert weights.sum(-1).max() < 1.0
+
+
+def test_softcap_runs_on_scratch_and_flash_and_torch_refuses_it() -> None:
+    scratch = _module(softcap=0.5, backend="scratch")
+    flash = _module(softcap=0.5, backend="flash")
+    plain = _module(backend="scratch")
+    flash.load_state_dict(scratch.state_dict())
+    plain.load_state_dict(scratch.state_dict())
+    x = torch.randn(B, T, D_MODEL)
+    out = scratch(x)
+    torch.testing.assert_close(flash(x), out)
+    assert (plain(x) - out).abs().max() > 1e-3  # the cap changed the scores
+    scratch.backend = "torch"
+    with pytest.raises(
+        ValueError, match=r"backend='torch' has no softcap .* use backend='scratch' or 'flash'"
+    ):
+        scratch(x)
 
 
 def test_group_size_and_repr() -> None:
@@ -322,6 +374,9 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
         ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
         ({"bias": 1}, TypeError, r"bias must be a bool, got 1 \(int\)"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
+        ({"softcap": 0.0}, ValueError, r"softcap must be a positive finite float .* got 0.0"),
+        ({"softcap": 30.0}, ValueError, r"backend='torch' has no softcap .* softcap=30.0"),
+        ({"sinks": 1}, TypeError, r"sinks must be a bool, got 1 \(int\)"),
     ],
 )
 def test_constructor_rejects_bad_configuration(
@@ -547,6 +602,10 @@ def test_forward_rejects_other_inputs() -> None:
         match=re.escape("does not broadcast to the attention weights' shape (2, 6, 9, 9)"),
     ):
         module(torch.randn(B, T, D_MODEL), attn_mask=torch.ones(T, T + 1, dtype=torch.bool))
+    with_sinks = _module(sinks=True)
+    with_sinks.sinks = torch.nn.Parameter(torch.zeros(3))  # one per key/value head: wrong
+    with pytest.raises(ValueError, match=r"sinks must hold one logit per query head, shape \(6,\)"):
+        with_sinks(torch.randn(B, T, D_MODEL))
 
 
 def test_validation_off_gives_the_same_outputs() -> None:

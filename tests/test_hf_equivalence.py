@@ -1,5 +1,5 @@
-"""GroupedQueryAttention equals Hugging Face's Llama, Mistral, Qwen2, Qwen3, OLMo 2 and
-Gemma 3 attention layers.
+"""GroupedQueryAttention equals Hugging Face's Llama, Mistral, Qwen2, Qwen3, OLMo 2,
+Gemma 2, Gemma 3 and gpt-oss attention layers.
 
 The reference layers are built by `transformers` from small random configs (nothing is
 downloaded), driven the way their models drive them: position embeddings from the
@@ -16,6 +16,10 @@ d_model), batch 3, 9 tokens, window 4. Qwen3 and Gemma 3 normalise each query an
 head (Gemma by `1 + weight`), OLMo 2 the whole projections; Gemma 3 scales the scores by
 `query_pre_attn_scalar ** -0.5` (10 here, not head_dim) and has one RoPE per layer type
 (its full layer here with linear scaling), so its sliding and full layers are two cases.
+Gemma 2 caps its scores (softcap 2 here, so the cap bites on these scores) and runs only
+eagerly in transformers, as does gpt-oss (learned sinks, biases, YaRN, sliding and full
+layers); they are ported onto the three backends: scratch (softcap), torch (sinks
+emulated as an extra key) and flash (sinks in the tiles).
 
 What the references lack, and is therefore tested elsewhere (tests/test_gqa.py against
 attnlab's own full forward): the interleaved RoPE layout (every Hugging Face layer here
@@ -35,7 +39,9 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import (  # noqa: E402
     DynamicCache,
+    Gemma2Config,
     Gemma3TextConfig,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
     Olmo2Config,
@@ -47,9 +53,17 @@ from transformers.masking_utils import (  # noqa: E402
     create_causal_mask,
     create_sliding_window_causal_mask,
 )
+from transformers.models.gemma2.modeling_gemma2 import (  # noqa: E402
+    Gemma2Attention,
+    Gemma2RotaryEmbedding,
+)
 from transformers.models.gemma3.modeling_gemma3 import (  # noqa: E402
     Gemma3Attention,
     Gemma3RotaryEmbedding,
+)
+from transformers.models.gpt_oss.modeling_gpt_oss import (  # noqa: E402
+    GptOssAttention,
+    GptOssRotaryEmbedding,
 )
 from transformers.models.llama.modeling_llama import (  # noqa: E402
     LlamaAttention,
@@ -87,9 +101,16 @@ KINDS = [
     "gemma3-local",
     "gemma3-global",
 ]
-WINDOWED = ("mistral", "qwen2", "gemma3-local")
+EAGER_KINDS = ["gemma2-local", "gptoss-local", "gptoss-global"]  # no sdpa in transformers
+WINDOWED = ("mistral", "qwen2", "gemma3-local", "gemma2-local", "gptoss-local")
+BACKEND = {"gemma2-local": "scratch", "gptoss-local": "torch", "gptoss-global": "flash"}
 QK_NORM = {"qwen3": "head", "olmo2": "projection", "gemma3-local": "head", "gemma3-global": "head"}
 IMPLS = ["eager", "sdpa"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread: None) -> None:
+    """Every test here runs tiny layers (see conftest's `one_thread`)."""
 
 
 class Reference:
@@ -109,7 +130,27 @@ class Reference:
         }
         config: Any
         layer_idx, self.rotary_args = 0, ()
-        if kind.startswith("gemma3"):
+        if kind.startswith("gptoss"):
+            yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+            config = GptOssConfig(
+                **common
+                | {"num_hidden_layers": 2, "rope_parameters": {**yarn, "rope_theta": 500.0}},
+                layer_types=["sliding_attention", "full_attention"],
+                sliding_window=WINDOW,
+                num_local_experts=2,
+                num_experts_per_tok=1,
+            )
+            layer, rotary = GptOssAttention, GptOssRotaryEmbedding
+            layer_idx = 0 if kind == "gptoss-local" else 1
+        elif kind == "gemma2-local":
+            config = Gemma2Config(
+                **common,
+                sliding_window=WINDOW,
+                query_pre_attn_scalar=10,
+                attn_logit_softcapping=2.0,
+            )
+            layer, rotary = Gemma2Attention, Gemma2RotaryEmbedding
+        elif kind.startswith("gemma3"):
             rope = {"rope_type": "default", "rope_theta": 500.0}
             config = Gemma3TextConfig(
                 **common
@@ -174,11 +215,17 @@ class Reference:
         return out
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kind", KINDS)
+def _port(ref: Reference, kind: str) -> GroupedQueryAttention:
+    return GroupedQueryAttention.from_hf(ref.attn, backend=BACKEND.get(kind, "torch"))  # type: ignore[arg-type]
+
+
+OUTPUT_CASES = [(k, i) for k in KINDS for i in IMPLS] + [(k, "eager") for k in EAGER_KINDS]
+
+
+@pytest.mark.parametrize(("kind", "impl"), OUTPUT_CASES, ids=[f"{k}-{i}" for k, i in OUTPUT_CASES])
 def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
     ref = Reference(kind, impl)
-    ours = GroupedQueryAttention.from_hf(ref.attn)
+    ours = _port(ref, kind)
     assert ours.window == (WINDOW if ref.windowed else None)
     assert ours.rope_base == 500.0
     x = torch.randn(B, T, D_MODEL, requires_grad=True)
@@ -202,10 +249,10 @@ def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
         torch.testing.assert_close(ours_grad, p.grad, **TOL, msg=name)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + EAGER_KINDS)
 def test_from_hf_copies_layout_and_biases(kind: str) -> None:
     ref = Reference(kind, "eager")
-    ours = GroupedQueryAttention.from_hf(ref.attn)
+    ours = _port(ref, kind)
     assert (ours.d_model, ours.num_heads, ours.num_kv_heads, ours.head_dim) == (
         D_MODEL,
         NUM_HEADS,
@@ -213,15 +260,15 @@ def test_from_hf_copies_layout_and_biases(kind: str) -> None:
         HEAD_DIM,
     )
     assert ours.qk_norm == QK_NORM.get(kind)
-    gemma = kind.startswith("gemma3")
-    assert (ours.scale, ours.q_norm is not None and ours.q_norm.unit_offset) == (
-        (10**-0.5, True) if gemma else (None, False)
-    )
+    gemma, gpt_oss = kind.startswith("gemma"), kind.startswith("gptoss")
+    assert ours.scale == (10**-0.5 if gemma else None)  # query_pre_attn_scalar = 10
+    assert (ours.q_norm is not None and ours.q_norm.unit_offset) == kind.startswith("gemma3")
+    assert ours.softcap == (2.0 if kind == "gemma2-local" else None)
+    assert (ours.sinks is not None) == gpt_oss
     scaled = ours.rope_scaling is not None
-    assert scaled == (kind == "gemma3-global")  # one RoPE per layer type
-    has_bias = kind in ("llama-bias", "qwen2")
-    assert ours.bias == has_bias
-    assert ours.out_bias == (kind == "llama-bias")  # Qwen2: biases on q, k, v only
+    assert scaled == (kind == "gemma3-global" or gpt_oss)  # Gemma 3: one RoPE per layer type
+    assert ours.bias == (kind in ("llama-bias", "qwen2") or gpt_oss)
+    assert ours.out_bias == (kind == "llama-bias" or gpt_oss)  # Qwen2: on q, k, v only
     for name, p in ref.attn.named_parameters():
         assert torch.equal(ours.get_parameter(name), p), name
         assert ours.get_parameter(name).data_ptr() != p.data_ptr()
@@ -252,6 +299,9 @@ DECODE_CASES = [
     ("olmo2", "eager", SCHEDULES[0]),
     ("gemma3-local", "sdpa", SCHEDULES[2]),
     ("gemma3-global", "eager", SCHEDULES[1]),
+    ("gemma2-local", "eager", SCHEDULES[0]),
+    ("gptoss-local", "eager", SCHEDULES[2]),
+    ("gptoss-global", "eager", SCHEDULES[1]),
 ]
 
 
@@ -262,7 +312,7 @@ DECODE_CASES = [
 )
 def test_cached_decode_equals_hf_dynamic_cache(kind: str, impl: str, schedule: list[int]) -> None:
     ref = Reference(kind, impl)
-    ours = GroupedQueryAttention.from_hf(ref.attn)
+    ours = _port(ref, kind)
     x = torch.randn(B, sum(schedule), D_MODEL)
     with torch.no_grad():
         expected = _decode(ref, x, schedule, DynamicCache(config=ref.config))

@@ -22,6 +22,11 @@ from attnlab.gqa import GroupedQueryAttention, RMSNorm
 D_MODEL, H, KV, HD, B, T = 20, 6, 3, 4, 2, 7
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread: None) -> None:
+    """Every test here runs tiny layers (see conftest's `one_thread`)."""
+
+
 def test_rms_norm_equals_torch_and_gemma_formula() -> None:
     x = torch.randn(B, T, 7) * 3.0
     plain, gemma, theirs = (

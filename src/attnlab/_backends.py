@@ -16,6 +16,16 @@ names the backend and the argument, even with validation off: silently ignoring 
 would give wrong results, and falling back to another kernel would hide that the memory
 saving the user chose is not there.
 
+Two score changes of 2024-2025 models pass through to every kernel that has them:
+`softcap` (Gemma 2's $c \tanh(x / c)$ on the scaled scores) and `sinks` (gpt-oss's one
+learned logit per query head, shape `(Hq,)`, in every row's softmax). PyTorch's fused
+SDPA has neither. For `"torch"`, sinks are emulated exactly: one extra key of zeros with
+a zero value, whose score (0) plus a float-mask column holding the sink logit gives the
+sink's share of the softmax and adds nothing to the output, so PyTorch's kernel still
+runs (and differentiates the sinks through the mask). A tanh of the scores cannot be
+written as a mask, so `"torch"` refuses `softcap` with a `ValueError` naming the backend
+and the two that have it, rather than quietly running another kernel.
+
 API (internal; modules import these names):
 
 - `Backend`: `Literal["torch", "scratch", "flash"]`, re-exported as
@@ -30,16 +40,17 @@ API (internal; modules import these names):
   every instance a `backend` attribute checked by `check_backend` on each assignment
   (stored as `_backend`).
 - `attend(backend, query, key, value, *, attn_mask=None, dropout_p=0.0,
-  is_causal=False, scale=None, window=None, enable_gqa=False, align="top-left")`: run
+  is_causal=False, scale=None, window=None, enable_gqa=False, align="top-left",
+  softcap=None, sinks=None)`: run
   attention on the named backend without validating (the caller checked at its public
   boundary). `query (..., L, E)`, `key (..., S, E)`, `value (..., S, Ev)`; with
   `enable_gqa`, `H` key/value heads at dim -3 serve `Hq` query heads.
 - `attention_weights(query, key, *, ...)`: the weights `(..., L, S)` that `attend` mixes
   the values with, whatever the backend (computed from scratch: fused kernels do not
   return them); same keywords as `attend`.
-- `check_backend_call(backend, *, attn_mask, dropout_p)`: the `ValueError` of a request
-  the backend cannot serve; `attend` calls it, modules may call it before their
-  projections.
+- `check_backend_call(backend, *, attn_mask, dropout_p, softcap=None)`: the `ValueError`
+  of a request the backend cannot serve; `attend` calls it, modules may call it before
+  their projections.
 - `materialize(attn_mask, device)`: PyTorch's `CausalBias` as its bool mask (other
   masks unchanged), for combining it with another mask.
 
@@ -111,6 +122,8 @@ class AttentionFunction(Protocol):
         window: int | None,
         enable_gqa: bool,
         align: Alignment,
+        softcap: float | None,
+        sinks: Tensor | None,
     ) -> Tensor: ...
 
 
@@ -154,11 +167,19 @@ class BackendProperty:
         obj.__dict__[self._slot] = check_backend(value)
 
 
-def check_backend_call(backend: Backend, *, attn_mask: object, dropout_p: float) -> None:
-    """Raise `ValueError` if `backend` cannot serve a call with this mask and dropout.
+def check_backend_call(
+    backend: Backend, *, attn_mask: object, dropout_p: float, softcap: float | None = None
+) -> None:
+    """Raise `ValueError` if `backend` cannot serve a call with this mask, dropout, softcap.
 
     Cheap (attribute reads only), so it runs with validation off too.
     """
+    if backend == "torch" and softcap is not None:
+        raise ValueError(
+            f"backend='torch' has no softcap (PyTorch's scaled_dot_product_attention cannot "
+            f"apply tanh to the scores), but softcap={softcap}; use backend='scratch' or "
+            "'flash'"
+        )
     if backend != "flash":
         return
     if attn_mask is not None and not isinstance(attn_mask, CausalBias):
@@ -213,7 +234,7 @@ def _positional_mask(
 
 class _SDPAKernel(Protocol):
     """An SDPA-style kernel: `(query, key, value, attn_mask, dropout_p, is_causal, scale,
-    enable_gqa)`, with PyTorch's top-left `is_causal`."""
+    enable_gqa, *, softcap, sinks)`, with PyTorch's top-left `is_causal`."""
 
     def __call__(
         self,
@@ -225,6 +246,9 @@ class _SDPAKernel(Protocol):
         is_causal: bool,
         scale: float | Tensor | None,
         enable_gqa: bool,
+        *,
+        softcap: float | None,
+        sinks: Tensor | None,
     ) -> Tensor: ...
 
 
@@ -243,12 +267,48 @@ def _with_positional_mask(kernel: _SDPAKernel) -> AttentionFunction:
         window: int | None,
         enable_gqa: bool,
         align: Alignment,
+        softcap: float | None,
+        sinks: Tensor | None,
     ) -> Tensor:
         t_q, t_k = query.shape[-2], key.shape[-2]
         mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
-        return kernel(query, key, value, mask, dropout_p, causal, scale, enable_gqa)
+        opts = (dropout_p, causal, scale, enable_gqa)
+        return kernel(query, key, value, mask, *opts, softcap=softcap, sinks=sinks)
 
     return run
+
+
+def _sink_as_key(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    sinks: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Learned sinks for a kernel without them: one more key and value of zeros per row.
+
+    The extra key's score is 0 whatever the query, so a float-mask column holding the
+    sink logit makes it exactly that logit; its value of zeros adds nothing to the
+    output. Returns `(key, value, attn_mask)` with `S + 1` keys and a float mask
+    `(..., Hq, L, S + 1)`; `is_causal` (top-left) is folded into the mask.
+    """
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    if is_causal:
+        attn_mask = F.causal_mask(t_q, t_k, device=query.device)  # (L, S)
+    bias = torch.zeros((t_q, t_k), dtype=query.dtype, device=query.device)  # (L, S)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        bias = bias.masked_fill(~attn_mask, float("-inf"))  # (..., L, S)
+    elif attn_mask is not None:
+        bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
+    sink = sinks.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
+    lead = torch.broadcast_shapes(bias.shape[:-2], sink.shape[:-2])  # type: ignore[no-untyped-call]
+    bias = bias.expand(*lead, t_q, t_k)  # (..., Hq, L, S)
+    column = sink.expand(*lead, t_q, 1)  # (..., Hq, L, 1)
+    zeros = key.new_zeros(*key.shape[:-2], 1, key.shape[-1])  # (..., H, 1, E)
+    nothing = value.new_zeros(*value.shape[:-2], 1, value.shape[-1])  # (..., H, 1, Ev)
+    key, value = torch.cat([key, zeros], dim=-2), torch.cat([value, nothing], dim=-2)
+    return key, value, torch.cat([bias, column], dim=-1)  # (..., Hq, L, S + 1)
 
 
 def _torch_sdpa(
@@ -260,7 +320,14 @@ def _torch_sdpa(
     is_causal: bool,
     scale: float | Tensor | None,
     enable_gqa: bool,
+    *,
+    softcap: float | None,
+    sinks: Tensor | None,
 ) -> Tensor:
+    check_backend_call("torch", attn_mask=attn_mask, dropout_p=dropout_p, softcap=softcap)
+    if sinks is not None:
+        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sinks)
+        is_causal = False
     return torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
@@ -285,6 +352,8 @@ def _flash(
     window: int | None,
     enable_gqa: bool,
     align: Alignment,
+    softcap: float | None,
+    sinks: Tensor | None,
 ) -> Tensor:
     check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
     if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
@@ -311,6 +380,8 @@ def _flash(
         window=window,
         scale=None if scale is None else float(scale),
         offset=t_k - t_q if align == "bottom-right" else 0,
+        softcap=softcap,
+        sinks=sinks,  # one per query head: after repeat_heads as before
     )
 
 
@@ -337,11 +408,14 @@ def attend(
     window: int | None = None,
     enable_gqa: bool = False,
     align: Alignment = "top-left",
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention on `backend`, after the caller's checks.
 
-    See the module docstring for the arguments and the causal rule. Raises `ValueError`
-    only for a request the backend cannot serve (`"flash"` with a mask or dropout).
+    See the module docstring for the arguments, the causal rule, `softcap` and `sinks`
+    (`(Hq,)`, one per query head). Raises `ValueError` only for a request the backend
+    cannot serve (`"flash"` with a mask or dropout, `"torch"` with a softcap).
 
     Examples:
         >>> q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
@@ -360,6 +434,8 @@ def attend(
         window=window,
         enable_gqa=enable_gqa,
         align=align,
+        softcap=softcap,
+        sinks=sinks,
     )
 
 
@@ -374,6 +450,8 @@ def attention_weights(
     window: int | None = None,
     enable_gqa: bool = False,
     align: Alignment = "top-left",
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """The weights `(..., L, S)` that [`attend`][attnlab._backends.attend] mixes values with.
 
@@ -383,4 +461,5 @@ def attention_weights(
     """
     t_q, t_k = query.shape[-2], key.shape[-2]
     mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
-    return F.attention_weights_impl(query, key, mask, dropout_p, causal, scale, enable_gqa)
+    opts = (dropout_p, causal, scale, enable_gqa)
+    return F.attention_weights_impl(query, key, mask, *opts, softcap=softcap, sinks=sinks)

@@ -48,6 +48,7 @@ from attnlab._validation import (
     check_positive_int,
     check_probability,
     check_scale,
+    check_softcap,
     check_tokens,
     is_validation_enabled,
 )
@@ -74,7 +75,9 @@ _HF_CLASSES = (
     "SmolLM3Attention",
     "Qwen3Attention",
     "Olmo2Attention",
+    "Gemma2Attention",
     "Gemma3Attention",
+    "GptOssAttention",
 )
 
 QKNorm = Literal["head", "projection"]
@@ -193,6 +196,12 @@ class GroupedQueryAttention(nn.Module):
         qk_norm_eps: The epsilon of those norms (`rms_norm_eps` of the config).
         qk_norm_unit_offset: The norms scale by `1 + weight` (Gemma 3) instead of
             `weight`.
+        softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
+            $c \tanh(x / c)$ with $c$ = `softcap` before the mask; a positive float, or
+            None. PyTorch's SDPA cannot do it: needs `backend="scratch"` or `"flash"`.
+        sinks: Learned attention sinks (gpt-oss): a parameter `sinks` of shape
+            `(num_heads,)`, one logit per query head that joins every row's softmax
+            with no value (initialised to zeros), on every backend.
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -237,6 +246,8 @@ class GroupedQueryAttention(nn.Module):
         qk_norm: QKNorm | None = None,
         qk_norm_eps: float = 1e-6,
         qk_norm_unit_offset: bool = False,
+        softcap: float | None = None,
+        sinks: bool = False,
         dropout: float = 0.0,
         backend: Backend = "torch",
     ) -> None:
@@ -284,8 +295,13 @@ class GroupedQueryAttention(nn.Module):
         self.qk_norm = qk_norm
         eps = _check_eps("qk_norm_eps", qk_norm_eps)
         unit_offset = check_bool("qk_norm_unit_offset", qk_norm_unit_offset)
+        self.softcap = check_softcap("softcap", softcap)
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
+        check_backend_call(backend, attn_mask=None, dropout_p=0.0, softcap=self.softcap)
+        self.sinks: nn.Parameter | None = None
+        if check_bool("sinks", sinks):
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
         q_features = self.num_heads * self.head_dim
         kv_features = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, q_features, bias=bias)
@@ -322,6 +338,8 @@ class GroupedQueryAttention(nn.Module):
             f"window={self.window}, bias={self.bias}, out_bias={self.out_bias}, "
             + ("" if self.scale is None else f"scale={self.scale}, ")
             + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm!r}, ")
+            + ("" if self.softcap is None else f"softcap={self.softcap}, ")
+            + ("" if self.sinks is None else "sinks=True, ")
             + f"dropout={self.dropout}, backend={self.backend!r}"
         )
 
@@ -352,6 +370,11 @@ class GroupedQueryAttention(nn.Module):
         target = (b, self.num_heads, t, past + t)  # (b, h, t_q, t_k)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
         check_causal_window(is_causal, self.window)
+        if self.sinks is not None and tuple(self.sinks.shape) != (self.num_heads,):
+            raise ValueError(  # a user may have assigned another tensor to module.sinks
+                f"sinks must hold one logit per query head, shape ({self.num_heads},), got "
+                f"sinks.shape={tuple(self.sinks.shape)}"
+            )
 
     # -- computation ---------------------------------------------------------------------
 
@@ -474,7 +497,9 @@ class GroupedQueryAttention(nn.Module):
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0
-        check_backend_call(self.backend, attn_mask=attn_mask, dropout_p=dropout_p)
+        check_backend_call(
+            self.backend, attn_mask=attn_mask, dropout_p=dropout_p, softcap=self.softcap
+        )
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
@@ -511,10 +536,12 @@ class GroupedQueryAttention(nn.Module):
                 or dropout_p
                 or need_weights
                 or self.scale is not None
+                or self.softcap is not None
+                or self.sinks is not None
             ):
                 raise ValueError(
                     f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                    "window, dropout, need_weights or scale"
+                    "window, dropout, need_weights, scale, softcap or sinks"
                 )
             heads = cache.attend(q, k, v)  # (b, h, t, head_dim)
         else:
@@ -542,6 +569,8 @@ class GroupedQueryAttention(nn.Module):
                 window=window,
                 enable_gqa=True,
                 align="bottom-right",
+                softcap=self.softcap,
+                sinks=self.sinks,
             )  # (b, h, t, head_dim)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
         out: Tensor = self.o_proj(concat)  # (b, t, d_model)
@@ -557,6 +586,8 @@ class GroupedQueryAttention(nn.Module):
             window=window,
             enable_gqa=True,
             align="bottom-right",
+            softcap=self.softcap,
+            sinks=self.sinks,
         )  # (b, h, t, t_k)
         return out, weights[0] if unbatched else weights
 
@@ -583,7 +614,8 @@ class GroupedQueryAttention(nn.Module):
         Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
         `StableLmAttention` (partial RoPE, without its `qk_layernorm`),
         `SmolLM3Attention` (NoPE layers), `Qwen3Attention` and `Gemma3Attention`
-        (QK-norm per head), `Olmo2Attention` (QK-norm over the projections), and
+        (QK-norm per head), `Olmo2Attention` (QK-norm over the projections),
+        `Gemma2Attention` (logit softcapping), `GptOssAttention` (learned sinks), and
         subclasses. The weights map one to one, as `nn.Linear` weights of shape
         `(out_features, in_features)`, with no permutation (all use the `"half"` RoPE
         layout):
@@ -595,6 +627,7 @@ class GroupedQueryAttention(nn.Module):
         | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
         | `o_proj` | `o_proj` | `(d_model, num_heads * head_dim)` |
         | `q_norm`, `k_norm` | `q_norm`, `k_norm` | `(head_dim,)`; OLMo 2: the projections' |
+        | `sinks` | `sinks` | `(num_heads,)` |
 
         Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
         `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
@@ -611,7 +644,8 @@ class GroupedQueryAttention(nn.Module):
         `config.sliding_window`; QK-norm from the layer's `q_norm` and `k_norm` (their
         epsilon, and Gemma's `1 + weight` as `qk_norm_unit_offset`); partial RoPE
         (`module.rotary_ndims`, StableLM's `head_dim * partial_rotary_factor`) as
-        `rope_dims`; SmolLM3's NoPE layers (`module.use_rope` False, from
+        `rope_dims`; Gemma 2's `attn_logit_softcapping` as `softcap`; gpt-oss's `sinks`;
+        SmolLM3's NoPE layers (`module.use_rope` False, from
         `config.no_rope_layers`) as `rope=False`; and RoPE's context extension
         ([`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]: `"linear"`,
         `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2). Gemma 3's layer keeps
@@ -619,7 +653,8 @@ class GroupedQueryAttention(nn.Module):
 
         Args:
             module: The Hugging Face attention layer.
-            backend: Backend of the new module.
+            backend: Backend of the new module; a softcapped layer (Gemma 2) needs
+                `"scratch"` or `"flash"`.
 
         Returns:
             A new module on the same device and dtype, in the same training mode.
@@ -629,7 +664,8 @@ class GroupedQueryAttention(nn.Module):
             ValueError: If it uses a RoPE type `RopeScaling` does not implement (e.g.
                 `"longrope"`), or its scaling misses a key, or it normalises its queries
                 and keys by LayerNorm (StableLM's `qk_layernorm`), or it attends both ways
-                (`use_bidirectional_attention`).
+                (`use_bidirectional_attention`), or `backend="torch"` is asked for a
+                softcapped layer.
         """
         names = {c.__name__ for c in type(module).__mro__}
         if not names & set(_HF_CLASSES):
@@ -693,6 +729,11 @@ class GroupedQueryAttention(nn.Module):
             qk_norm=qk_norm,
             qk_norm_eps=norm_eps,
             qk_norm_unit_offset=unit_offset,
+            # Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
+            softcap=getattr(hf, "attn_logit_softcapping", None)
+            if "Gemma2Attention" in names
+            else None,
+            sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
             dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
             backend=backend,
         ).to(device=weight.device, dtype=weight.dtype)
