@@ -58,7 +58,12 @@ def _contiguous(pool: Tensor, table: list[int], length: int) -> Tensor:
 @pytest.mark.parametrize(
     ("method", "option"),
     [("gather", {"backend": "torch"}), ("gather", {"backend": "scratch"})]
-    + [("online", {"blocks_per_tile": n}) for n in (1, 3)],
+    # The online method's torch path (fused tiles) and its spelled-out scratch path.
+    + [
+        ("online", {"blocks_per_tile": n, "backend": b})
+        for n in (1, 3)
+        for b in ("torch", "scratch")
+    ],
 )
 @pytest.mark.parametrize("t_q", [1, 3])
 def test_paged_attention_equals_sdpa(
