@@ -14,11 +14,17 @@ import pytest
 import torch
 
 from attnlab.kv_cache import DynamicKVCache, RollingKVCache, kv_cache_bytes
-from attnlab.llm import Decoder
+from attnlab.llm import Decoder, DecoderConfig
+from attnlab.rope import RopeScaling
 
 transformers = pytest.importorskip("transformers")
 
 GIB = 2**30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread: None) -> None:
+    """Every test here runs tiny models (see conftest's `one_thread`)."""
 
 
 # -- the rolling cache on its own --------------------------------------------------------
@@ -171,3 +177,83 @@ def test_cache_bytes_checks_its_windows() -> None:
         kv_cache_bytes([None, 0], 10, num_kv_heads=1, head_dim=2, dtype=torch.float32)
     with pytest.raises(TypeError, match="windows must be a sequence"):
         kv_cache_bytes(4, 10, num_kv_heads=1, head_dim=2, dtype=torch.float32)  # type: ignore[arg-type]
+
+
+# -- Gemma 3: five local layers to one global, end to end ---------------------------------
+
+GEMMA_WINDOW = 4
+
+
+def _gemma3() -> Any:
+    torch.manual_seed(5)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=67,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=12,
+        query_pre_attn_scalar=20,  # not head_dim: the scale must come from it
+        sliding_window=GEMMA_WINDOW,
+        max_position_embeddings=64,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # norms start at zero (1 + 0 = 1): make the offset matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def test_gemma3_equals_transformers_end_to_end() -> None:
+    hf = _gemma3()
+    decoder = Decoder.from_hf(hf)
+    c = decoder.config
+    assert c.windows == (4, 4, 4, 4, 4, None)
+    assert (c.rope(0)[0], c.rope(5)[0]) == (1e4, 1e6)
+    assert c.rope(5)[1] == RopeScaling("linear", 8.0)
+    assert c.rope(0)[1] is None
+    assert c.scale == 20**-0.5
+    ids = torch.randint(1, 67, (2, 9))  # longer than the window
+    with torch.no_grad():
+        torch.testing.assert_close(decoder(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
+        theirs = hf.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    cache = decoder.make_cache(2, 16)
+    assert sum(isinstance(k, RollingKVCache) for k in cache) == 5
+    assert torch.equal(decoder.generate(ids, 8, cache=cache), theirs)
+    # The five local layers hold WINDOW - 1 tokens each; the global one all 16.
+    per_token = 2 * 2 * 2 * 12 * 4  # (keys + values) * b * kv heads * head_dim * 4 bytes
+    assert sum(k.nbytes for k in cache) == (5 * (GEMMA_WINDOW - 1) + 16) * per_token
+
+
+def test_per_layer_settings_are_checked() -> None:
+    sizes: dict[str, Any] = {
+        "vocab_size": 10,
+        "d_model": 8,
+        "num_layers": 2,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "head_dim": 4,
+        "hidden_dim": 12,
+    }
+    linear = RopeScaling("linear", 8.0)
+    with pytest.raises(ValueError, match="local_rope_scaling needs local_rope_base"):
+        DecoderConfig(**sizes, local_rope_scaling=linear)
+    with pytest.raises(ValueError, match="query_pre_attn_scalar must be a positive number"):
+        DecoderConfig(**sizes, query_pre_attn_scalar=0)
+    with pytest.raises(ValueError, match="family must be one of"):
+        DecoderConfig(**sizes, family="gemma2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="qk_norm must be one of"):
+        DecoderConfig(**sizes, qk_norm="layer")  # type: ignore[arg-type]
+    # Local layers rotate as the global ones unless given their own base.
+    config = DecoderConfig(**sizes, windows=(4, None), rope_base=5e5, rope_scaling=linear)
+    assert config.rope(0) == config.rope(1) == (5e5, linear)
+    config = DecoderConfig(**sizes, windows=(4, None), rope_base=1e6, local_rope_base=1e4)
+    assert (config.rope(0), config.rope(1)) == ((1e4, None), (1e6, None))

@@ -371,6 +371,19 @@ def check_cache(cache: object, name: str = "cache") -> KVCache | None:
     return cache
 
 
+def _nbytes(keys: Tensor | None, values: Tensor | None) -> int:
+    """Bytes of a cache's key and value tensors (0 before they exist)."""
+    return 0 if keys is None or values is None else keys.nbytes + values.nbytes
+
+
+def _layout(keys: Tensor | None, values: Tensor | None) -> CacheLayout | None:
+    """The layout of a cache's `(b, h_kv, length, head_dim)` tensors, None before they exist."""
+    if keys is None or values is None:
+        return None
+    b, h, _, hd = keys.shape
+    return CacheLayout(b, h, hd, values.shape[-1], keys.dtype, keys.device)
+
+
 class DynamicKVCache(KVCache):
     r"""A KV cache that grows by concatenation: allocate nothing in advance.
 
@@ -415,17 +428,12 @@ class DynamicKVCache(KVCache):
     @property
     def nbytes(self) -> int:
         """Bytes held by the cached keys and values (0 when empty)."""
-        if self._keys is None or self._values is None:
-            return 0
-        return self._keys.nbytes + self._values.nbytes
+        return _nbytes(self._keys, self._values)
 
     @property
     def layout(self) -> CacheLayout | None:
         """What the first update fixed, or None while the cache is empty."""
-        if self._keys is None or self._values is None:
-            return None
-        b, h, _, hd = self._keys.shape
-        return CacheLayout(b, h, hd, self._values.shape[-1], self._keys.dtype, self._keys.device)
+        return _layout(self._keys, self._values)
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append the keys and values of new tokens; return everything cached.
@@ -665,17 +673,12 @@ class RollingKVCache(KVCache):
     @property
     def nbytes(self) -> int:
         """Bytes of the two buffers (`window - 1` tokens each; 0 before the first update)."""
-        if self._keys is None or self._values is None:
-            return 0
-        return self._keys.nbytes + self._values.nbytes
+        return _nbytes(self._keys, self._values)
 
     @property
     def layout(self) -> CacheLayout | None:
         """What the first update fixed, or None before it."""
-        if self._keys is None or self._values is None:
-            return None
-        b, h, _, hd = self._keys.shape
-        return CacheLayout(b, h, hd, self._values.shape[-1], self._keys.dtype, self._keys.device)
+        return _layout(self._keys, self._values)
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Return the kept tokens and the new ones; keep the last `window - 1` of them.

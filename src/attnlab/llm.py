@@ -22,12 +22,29 @@ their unchecked [`forward_impl`][attnlab.gqa.GroupedQueryAttention.forward_impl]
 static or dynamic [`KVCache`][attnlab.kv_cache.KVCache] per layer, for one prompt or a
 left-padded batch; [`Decoder.stream`][attnlab.llm.Decoder.stream] yields the tokens as
 they come. Real weights: [`attnlab.pretrained`][attnlab.pretrained].
+
+The same file runs Gemma 3's text decoder (Gemma Team, 2025,
+https://arxiv.org/abs/2503.19786) with `family="gemma"`: its RMSNorms scale by
+$1 + w$, the embedding is multiplied by $\sqrt{d_\text{model}}$, the MLP's gate is a tanh
+GELU, and each block normalises the outputs of its attention and its MLP too, four norms
+in all:
+
+$$
+h = x + \operatorname{RMSNorm}(\operatorname{GQA}(\operatorname{RMSNorm}(x))), \qquad
+y = h + \operatorname{RMSNorm}(\operatorname{MLP}(\operatorname{RMSNorm}(h))).
+$$
+
+Its attention normalises each query and key head (QK-norm) and scales the scores by
+`query_pre_attn_scalar`$^{-1/2}$; five sliding-window layers with RoPE base $10^4$
+alternate with one global layer with base $10^6$, and each sliding layer decodes from a
+[`RollingKVCache`][attnlab.kv_cache.RollingKVCache] that keeps only its window.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any, Literal, cast
 
 import torch
@@ -40,7 +57,7 @@ from attnlab._validation import (
     is_validation_enabled,
     value_checks_enabled,
 )
-from attnlab.gqa import GroupedQueryAttention
+from attnlab.gqa import QK_NORMS, GroupedQueryAttention, QKNorm, RMSNorm
 from attnlab.kv_cache import (
     AttendingCache,
     DynamicKVCache,
@@ -54,8 +71,10 @@ from attnlab.rope import RopeScaling, check_base, check_positions, rope_cos_sin
 __all__ = ["Decoder", "DecoderBlock", "DecoderConfig", "SwiGLU"]
 
 CacheKind = Literal["static", "dynamic"]
+Family = Literal["llama", "gemma"]
 LayerCache = KVCache | AttendingCache
-_HF_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+_HF_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM")
+_FAMILIES: tuple[Family, ...] = ("llama", "gemma")
 
 
 @dataclass(frozen=True)
@@ -82,6 +101,18 @@ class DecoderConfig:
         mlp_bias: Bias on the MLP's projections.
         windows: Per layer, its sliding-window size or None (full causal attention);
             None: every layer full.
+        local_rope_base: RoPE's base in the sliding-window layers, with
+            `local_rope_scaling` (Gemma 3: $10^4$ and none, its global layers $10^6$ and
+            linear scaling); None: they rotate as the global layers do.
+        local_rope_scaling: The sliding-window layers' context extension, with
+            `local_rope_base`.
+        query_pre_attn_scalar: Scores are scaled by its $-1/2$ power instead of
+            `head_dim`'s (Gemma); None: `head_dim`.
+        qk_norm: QK-norm in every layer (`"head"`: Qwen3, Gemma 3; `"projection"`:
+            OLMo 2), with `norm_eps`; None for none.
+        family: `"llama"`, or `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
+            the embedding times $\\sqrt{d_\\text{model}}$, a tanh-GELU gate and four
+            norms per block.
     """
 
     vocab_size: int
@@ -100,6 +131,11 @@ class DecoderConfig:
     mlp_bias: bool = False
     windows: tuple[int | None, ...] | None = None
     rope_scaling: RopeScaling | None = None
+    local_rope_base: float | None = None
+    local_rope_scaling: RopeScaling | None = None
+    query_pre_attn_scalar: float | None = None
+    qk_norm: QKNorm | None = None
+    family: Family = "llama"
 
     def __post_init__(self) -> None:
         for name in (
@@ -116,11 +152,26 @@ class DecoderConfig:
         for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
             check_bool(name, getattr(self, name))
         check_base(self.rope_base, "rope_base")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
-            raise TypeError(
-                f"rope_scaling must be a RopeScaling or None, got "
-                f"{type(self.rope_scaling).__name__}"
+        for name in ("rope_scaling", "local_rope_scaling"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, RopeScaling):
+                raise TypeError(f"{name} must be a RopeScaling or None, got {type(value).__name__}")
+        if self.local_rope_base is not None:
+            check_base(self.local_rope_base, "local_rope_base")
+        elif self.local_rope_scaling is not None:
+            raise ValueError(
+                "local_rope_scaling needs local_rope_base (else local layers "
+                "rotate as the global ones do)"
             )
+        qpas = self.query_pre_attn_scalar
+        if qpas is not None and (
+            isinstance(qpas, bool) or not isinstance(qpas, float | int) or not qpas > 0
+        ):
+            raise ValueError(f"query_pre_attn_scalar must be a positive number, got {qpas!r}")
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
+        if self.family not in _FAMILIES:
+            raise ValueError(f"family must be one of {_FAMILIES}, got {self.family!r}")
         if not isinstance(self.norm_eps, float | int) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         if self.windows is not None and len(self.windows) != self.num_layers:
@@ -133,13 +184,29 @@ class DecoderConfig:
         """The sliding-window size of block `layer`, or None for full causal attention."""
         return None if self.windows is None else self.windows[layer]
 
+    def rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """RoPE's base and context extension in block `layer` (local or global)."""
+        if self.window(layer) is not None and self.local_rope_base is not None:
+            return self.local_rope_base, self.local_rope_scaling
+        return self.rope_base, self.rope_scaling
+
+    @property
+    def scale(self) -> float | None:
+        """The factor of the attention scores, or None for `head_dim ** -0.5`."""
+        qpas = self.query_pre_attn_scalar
+        return None if qpas is None else float(qpas) ** -0.5
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict, e.g. for a JSON record."""
         return asdict(self)
 
     @classmethod
     def from_hf(cls, config: Any) -> DecoderConfig:
-        """The settings of a Hugging Face Llama, Mistral or Qwen2 config.
+        """The settings of a Hugging Face Llama, Mistral, Qwen2 or Gemma 3 (text) config.
+
+        Gemma 3's `rope_parameters` hold one entry per layer type: `"full_attention"`
+        gives `rope_base` and `rope_scaling`, `"sliding_attention"` `local_rope_base`
+        and `local_rope_scaling`; `layer_types` gives `windows`.
 
         RoPE's context extension comes from
         [`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]. With `"dynamic"`,
@@ -151,6 +218,9 @@ class DecoderConfig:
             ValueError: If the config uses a RoPE type `RopeScaling` does not implement
                 (e.g. `"longrope"`) or an activation other than SiLU.
         """
+        model_type = config.model_type
+        if model_type == "gemma3_text":
+            return cls._from_gemma3(config)
         rope = dict(getattr(config, "rope_parameters", None) or {})
         scaling = RopeScaling.from_hf(config)
         max_positions = int(config.max_position_embeddings)
@@ -160,7 +230,6 @@ class DecoderConfig:
             raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        model_type = config.model_type
         qwen2 = model_type == "qwen2"
         windows: tuple[int | None, ...] | None = None
         if qwen2 and getattr(config, "use_sliding_window", False):
@@ -190,19 +259,91 @@ class DecoderConfig:
             rope_scaling=None if scaling.rope_type == "default" else scaling,
         )
 
+    @classmethod
+    def _from_gemma3(cls, config: Any) -> DecoderConfig:
+        if config.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(
+                f"config.hidden_activation must be 'gelu_pytorch_tanh', got "
+                f"{config.hidden_activation!r}"
+            )
+        for name in ("final_logit_softcapping", "use_bidirectional_attention"):
+            if getattr(config, name, None):
+                raise ValueError(
+                    f"config.{name}={getattr(config, name)!r}: Decoder does not port it"
+                )
+        kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
+        if not set(config.layer_types) <= set(kinds):
+            raise ValueError(
+                f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}"
+            )
+
+        def rope(kind: str) -> tuple[float, RopeScaling | None]:
+            params = config.rope_parameters[kind]
+            one = SimpleNamespace(
+                rope_parameters=params, max_position_embeddings=config.max_position_embeddings
+            )
+            scaling = RopeScaling.from_hf(one)
+            return float(params["rope_theta"]), None if scaling.rope_type == "default" else scaling
+
+        (base, scaling), (local_base, local_scaling) = (
+            rope("full_attention"),
+            rope("sliding_attention"),
+        )
+        bias = bool(config.attention_bias)
+        return cls(
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=int(config.head_dim),
+            hidden_dim=config.intermediate_size,
+            rope_base=base,
+            rope_scaling=scaling,
+            local_rope_base=local_base,
+            local_rope_scaling=local_scaling,
+            norm_eps=float(config.rms_norm_eps),
+            max_positions=int(config.max_position_embeddings),
+            tie_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=bias,
+            out_bias=bias,
+            windows=tuple(kinds[kind] for kind in config.layer_types),
+            query_pre_attn_scalar=float(config.query_pre_attn_scalar),
+            qk_norm="head",
+            family="gemma",
+        )
+
 
 class SwiGLU(nn.Module):
     r"""The gated MLP of Llama: $W_{\text{down}}(\operatorname{silu}(W_{\text{gate}} x)
-    \odot W_{\text{up}} x)$ (Shazeer, 2020, https://arxiv.org/abs/2002.05202)."""
+    \odot W_{\text{up}} x)$ (Shazeer, 2020, https://arxiv.org/abs/2002.05202).
 
-    def __init__(self, d_model: int, hidden_dim: int, *, bias: bool = False) -> None:
+    With `activation="gelu_tanh"` the gate is the tanh approximation of GELU (GeGLU,
+    Gemma's `gelu_pytorch_tanh`).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden_dim: int,
+        *,
+        bias: bool = False,
+        activation: Literal["silu", "gelu_tanh"] = "silu",
+    ) -> None:
         super().__init__()
+        if activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+        self.activation = activation
         self.gate_proj = nn.Linear(d_model, hidden_dim, bias=bias)
         self.up_proj = nn.Linear(d_model, hidden_dim, bias=bias)
         self.down_proj = nn.Linear(hidden_dim, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate = nn.functional.silu(self.gate_proj(x))  # (b, t, hidden_dim)
+        g = self.gate_proj(x)  # (b, t, hidden_dim)
+        if self.activation == "silu":
+            gate = nn.functional.silu(g)
+        else:
+            gate = nn.functional.gelu(g, approximate="tanh")
         out: Tensor = self.down_proj(gate * self.up_proj(x))  # (b, t, d_model)
         return out
 
@@ -210,13 +351,19 @@ class SwiGLU(nn.Module):
 class DecoderBlock(nn.Module):
     """One pre-norm block: attention, then the MLP, each added to the residual stream.
 
+    In the Gemma family the outputs of the attention and of the MLP are normalised too
+    before they are added (`post_attention_layernorm`, `post_feedforward_layernorm`;
+    `pre_feedforward_layernorm` is the MLP's input norm), as in `Gemma3DecoderLayer`.
+
     `forward` does not check its input: it runs inside a
     [`Decoder`][attnlab.llm.Decoder], which checked the tokens at its boundary.
     """
 
     def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
-        self.input_layernorm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        gemma = config.family == "gemma"
+        base, scaling = config.rope(layer)
+        self.input_layernorm = _norm(config)
         self.self_attn = GroupedQueryAttention(
             config.d_model,
             config.num_heads,
@@ -224,12 +371,33 @@ class DecoderBlock(nn.Module):
             head_dim=config.head_dim,
             bias=config.qkv_bias,
             out_bias=config.out_bias,
-            rope_base=config.rope_base,
-            rope_scaling=config.rope_scaling,
+            rope_base=base,
+            rope_scaling=scaling,
             window=config.window(layer),
+            scale=config.scale,
+            qk_norm=config.qk_norm,
+            qk_norm_eps=float(config.norm_eps),
+            qk_norm_unit_offset=gemma,
         )
-        self.post_attention_layernorm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.d_model, config.hidden_dim, bias=config.mlp_bias)
+        self.post_attention_layernorm = _norm(config)
+        self.pre_feedforward_layernorm = _norm(config) if gemma else None
+        self.post_feedforward_layernorm = _norm(config) if gemma else None
+        activation: Literal["silu", "gelu_tanh"] = "gelu_tanh" if gemma else "silu"
+        self.mlp = SwiGLU(
+            config.d_model, config.hidden_dim, bias=config.mlp_bias, activation=activation
+        )
+
+    def _residual(self, x: Tensor, attn: Tensor) -> Tensor:
+        """Add the attention's output, then the MLP's, to the residual stream."""
+        pre, post = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
+        if pre is None or post is None:
+            h = x + attn  # (b, t, d_model)
+            mlp = self.mlp(self.post_attention_layernorm(h))
+        else:  # Gemma: the outputs are normalised before they are added
+            h = x + self.post_attention_layernorm(attn)  # (b, t, d_model)
+            mlp = post(self.mlp(pre(h)))
+        out: Tensor = h + mlp
+        return out
 
     def forward(
         self,
@@ -248,9 +416,7 @@ class DecoderBlock(nn.Module):
             cache=cache,
             attn_mask=attn_mask,
         )
-        h = x + attn  # (b, t, d_model)
-        out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+        return self._residual(x, attn)
 
     def forward_with_weights(
         self,
@@ -265,8 +431,7 @@ class DecoderBlock(nn.Module):
             attn_mask=attn_mask,
             need_weights=True,
         )
-        h = x + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), weights
+        return self._residual(x, attn), weights
 
 
 class Decoder(nn.Module):
@@ -300,7 +465,7 @@ class Decoder(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(DecoderBlock(config, i) for i in range(config.num_layers))
-        self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.norm = _norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         # Every matrix is stored transposed in memory (same shape, strides (1, rows)):
         # decoding multiplies one token's row by each matrix, and on the CPU the
@@ -502,20 +667,19 @@ class Decoder(nn.Module):
         padding_mask: Tensor | None,
         attn_mask: Tensor | None,
         validate: bool,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
-        """Embed; build the RoPE tables and the mask every layer shares, once."""
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None]:
+        """Embed; build the RoPE tables (one per kind of layer) and the mask, once."""
         c = self.config
         b, t = ids.shape
         if cache and isinstance(cache[0], AttendingCache):
             # A paged cache of sequences of different lengths: the caller places every
             # token, and the cache decides what each query sees.
-            x = self.embed_tokens(ids)  # (b, t, d_model)
+            x = self._embed(ids)  # (b, t, d_model)
             if validate:
                 self._check_attending(cache, positions, padding_mask, attn_mask)
                 check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
             assert positions is not None
-            tables = rope_cos_sin(positions, c.head_dim, base=c.rope_base, scaling=c.rope_scaling)
-            return x, tables, None
+            return x, self._rope_tables(positions), None
         kv = cast("Sequence[KVCache] | None", cache)
         past = self._check_cache(kv, b) if validate else (kv[0].length if kv else 0)
         if validate and past + t > c.max_positions:
@@ -523,7 +687,7 @@ class Decoder(nn.Module):
                 f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
                 f"the model's max_positions={c.max_positions}"
             )
-        x = self.embed_tokens(ids)  # (b, t, d_model)
+        x = self._embed(ids)  # (b, t, d_model)
         mask = None
         if padding_mask is not None:
             pad = self._check_padding(padding_mask, b, past + t) if validate else padding_mask
@@ -545,9 +709,27 @@ class Decoder(nn.Module):
             positions = torch.arange(past, past + t, device=ids.device)  # (t,)
         elif validate:
             check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
-        # (..., t, head_dim / 2) each
-        tables = rope_cos_sin(positions, c.head_dim, base=c.rope_base, scaling=c.rope_scaling)
-        return x, tables, mask
+        return x, self._rope_tables(positions), mask
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        x: Tensor = self.embed_tokens(ids)  # (b, t, d_model)
+        if self.config.family == "gemma":
+            # Gemma scales the embedding by sqrt(d_model), rounded to the weights' dtype.
+            x = x * x.new_tensor(self.config.d_model**0.5)
+        return x
+
+    def _rope_tables(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
+        c = self.config
+        tables: dict[tuple[float, RopeScaling | None], tuple[Tensor, Tensor]] = {}
+        per_layer = []
+        for i in range(c.num_layers):
+            key = c.rope(i)
+            if key not in tables:
+                base, scaling = key  # (..., t, head_dim / 2) each
+                tables[key] = rope_cos_sin(positions, c.head_dim, base=base, scaling=scaling)
+            per_layer.append(tables[key])
+        return per_layer
 
     def forward(
         self,
@@ -625,7 +807,7 @@ class Decoder(nn.Module):
         """`forward` on batched `(b, t)` ids that were checked; the rest checked if `validate`."""
         x, tables, mask = self._prepare(ids, cache, positions, padding_mask, attn_mask, validate)
         for i, layer in enumerate(self.layers):
-            x = layer(x, tables, None if cache is None else cache[i], mask)  # (b, t, d_model)
+            x = layer(x, tables[i], None if cache is None else cache[i], mask)  # (b, t, d_model)
         if logits_at is not None:
             rows = torch.arange(x.shape[0], device=x.device)  # (b,)
             x = x[rows, logits_at][:, None]  # (b, 1, d_model)
@@ -663,9 +845,9 @@ class Decoder(nn.Module):
         with torch.no_grad():
             validate = is_validation_enabled()
             x, tables, mask = self._prepare(ids2, None, None, padding_mask, attn_mask, validate)
-            for layer in self.layers:
+            for layer, table in zip(self.layers, tables, strict=True):
                 assert isinstance(layer, DecoderBlock)
-                x, weights = layer.forward_with_weights(x, tables, mask)
+                x, weights = layer.forward_with_weights(x, table, mask)
                 maps.append(weights[0] if unbatched else weights)
         return maps
 
@@ -838,8 +1020,9 @@ class Decoder(nn.Module):
     def from_hf(cls, model: nn.Module) -> Decoder:
         """A `Decoder` with the weights and settings of a Hugging Face causal LM.
 
-        Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM` and
-        `Qwen2ForCausalLM` (and subclasses): the state dict maps key for key, less the
+        Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
+        `Qwen2ForCausalLM` and `Gemma3ForCausalLM` (text only; and subclasses): the
+        state dict maps key for key, less the
         `model.` prefix ([`DecoderConfig.from_hf`][attnlab.llm.DecoderConfig.from_hf]
         reads the settings). The attention layers are the ones
         [`GroupedQueryAttention.from_hf`][attnlab.gqa.GroupedQueryAttention.from_hf]
@@ -875,6 +1058,13 @@ class Decoder(nn.Module):
         }
         new.load_state_dict(state, strict=True)
         return new.train(model.training)
+
+
+def _norm(config: DecoderConfig) -> nn.Module:
+    """The RMSNorm of the family: `weight` (Llama) or `1 + weight` (Gemma)."""
+    if config.family == "gemma":
+        return RMSNorm(config.d_model, float(config.norm_eps), unit_offset=True)
+    return nn.RMSNorm(config.d_model, eps=config.norm_eps)
 
 
 def _column_major(weight: Tensor) -> nn.Parameter:
