@@ -323,3 +323,46 @@ def test_bad_attention_inputs(qkv: Any) -> None:
         flex.attention(q, k, v, sinks=torch.zeros(2))
     with pytest.raises(ValueError, match=r"query must be \(b, H, L, E\) for FlexAttention"):
         flex.attention(q[0], k[0], v[0])
+
+
+# -- the benchmark's pieces (the timing itself runs as python -m attnlab.bench.flex) ----
+
+
+def test_bench_settings_and_documents() -> None:
+    from attnlab.bench.flex import FlexSettings, document_lengths
+
+    for t in (1024, 1000, 4096):
+        parts = document_lengths(t)
+        assert len(parts) == 5
+        assert sum(parts) == t
+        assert min(parts) > 0
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        FlexSettings(window=0)
+    with pytest.raises(ValueError, match="lengths must be ints of at least 16"):
+        FlexSettings(lengths=(8,))
+
+
+def test_bench_plot_draws_every_mask(tmp_path: Any) -> None:
+    from attnlab.bench.flex import IMPLS, MASKS, write_flex_plot
+
+    def stats(x: float) -> dict[str, float]:
+        return {"median": x, "min": x * 0.9, "max": x * 1.1}
+
+    cases = [
+        {
+            "mask": m,
+            "t": t,
+            "time_s": {impl: stats(t * 1e-5 * (i + 1)) for i, impl in enumerate(IMPLS)},
+        }
+        for m in MASKS
+        for t in (1024, 2048)
+    ]
+    path = write_flex_plot({"settings": {"window": 256}, "cases": cases}, tmp_path)
+    svg = path.read_text("utf-8")
+    for text in (
+        "causal",
+        "sliding window of 256",
+        "five documents packed",
+        "flex_attention (compiled)",
+    ):
+        assert text in svg

@@ -784,7 +784,9 @@ def attention(
     [`apply_sinks`][attnlab.flex.apply_sinks]. Eager by default (PyTorch then warns that
     it materialises the scores); `compiled=True` runs the kernel compiled by
     `torch.compile` (once per shape and mask: seconds on a CPU), for inference only on
-    a CPU.
+    a CPU. Each compile is a new entry for the same function in dynamo's cache, whose
+    default limit is 8 (`torch._dynamo.config.recompile_limit`); past it, PyTorch
+    warns and the calls run eagerly.
 
     Args:
         query: Queries `(b, H, L, E)`.
