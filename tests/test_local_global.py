@@ -8,6 +8,7 @@ batch) and against transformers' own sliding-window cache, which keeps the same
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -257,3 +258,42 @@ def test_per_layer_settings_are_checked() -> None:
     assert config.rope(0) == config.rope(1) == (5e5, linear)
     config = DecoderConfig(**sizes, windows=(4, None), rope_base=1e6, local_rope_base=1e4)
     assert (config.rope(0), config.rope(1)) == ((1e4, None), (1e6, None))
+
+
+def test_gemma2_softcaps_equal_transformers() -> None:
+    torch.manual_seed(6)
+    config = transformers.Gemma2Config(
+        vocab_size=53,
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=12,
+        sliding_window=3,
+        max_position_embeddings=64,
+        attn_logit_softcapping=0.5,  # small caps, so that both bite on a random model
+        final_logit_softcapping=0.3,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
+    hf = transformers.Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():  # scores of a fresh model are tiny: make them reach the cap
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40.0)
+    decoder = Decoder.from_hf(hf)
+    c = decoder.config
+    assert (c.windows, c.attn_softcap, c.final_softcap) == ((3, None, 3, None), 0.5, 0.3)
+    assert c.qk_norm is None
+    ids = torch.randint(1, 53, (2, 8))
+    with torch.no_grad():
+        logits = decoder(ids)
+        torch.testing.assert_close(logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+        theirs = hf.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert float(logits.abs().max()) < 0.3  # the final cap holds
+    assert torch.equal(decoder.generate(ids, 6), theirs)
+    uncapped = Decoder(dataclasses.replace(c, attn_softcap=None)).eval()
+    uncapped.load_state_dict(decoder.state_dict())
+    with torch.no_grad():  # the attention cap bites: without it the logits move
+        assert float((uncapped(ids) - logits).abs().max()) > 1e-3

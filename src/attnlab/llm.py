@@ -37,7 +37,9 @@ $$
 Its attention normalises each query and key head (QK-norm) and scales the scores by
 `query_pre_attn_scalar`$^{-1/2}$; five sliding-window layers with RoPE base $10^4$
 alternate with one global layer with base $10^6$, and each sliding layer decodes from a
-[`RollingKVCache`][attnlab.kv_cache.RollingKVCache] that keeps only its window.
+[`RollingKVCache`][attnlab.kv_cache.RollingKVCache] that keeps only its window. Gemma 2
+(https://arxiv.org/abs/2408.00118) has the same block without QK-norm, local and global
+layers one to one, and caps its scores and logits by $c \tanh(x / c)$.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_positive_int,
+    check_softcap,
     is_validation_enabled,
     value_checks_enabled,
 )
@@ -73,7 +76,13 @@ __all__ = ["Decoder", "DecoderBlock", "DecoderConfig", "SwiGLU"]
 CacheKind = Literal["static", "dynamic"]
 Family = Literal["llama", "gemma"]
 LayerCache = KVCache | AttendingCache
-_HF_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM")
+_HF_CLASSES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 _FAMILIES: tuple[Family, ...] = ("llama", "gemma")
 
 
@@ -110,6 +119,10 @@ class DecoderConfig:
             `head_dim`'s (Gemma); None: `head_dim`.
         qk_norm: QK-norm in every layer (`"head"`: Qwen3, Gemma 3; `"projection"`:
             OLMo 2), with `norm_eps`; None for none.
+        attn_softcap: Logit softcapping of every layer's scores, $c \\tanh(x / c)$
+            (Gemma 2: 50); the layers then run attnlab's own kernel
+            (`backend="scratch"`: PyTorch's has no softcap).
+        final_softcap: The same cap on the output logits (Gemma 2: 30).
         family: `"llama"`, or `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
             the embedding times $\\sqrt{d_\\text{model}}$, a tanh-GELU gate and four
             norms per block.
@@ -135,6 +148,8 @@ class DecoderConfig:
     local_rope_scaling: RopeScaling | None = None
     query_pre_attn_scalar: float | None = None
     qk_norm: QKNorm | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
     family: Family = "llama"
 
     def __post_init__(self) -> None:
@@ -170,6 +185,8 @@ class DecoderConfig:
             raise ValueError(f"query_pre_attn_scalar must be a positive number, got {qpas!r}")
         if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
+        check_softcap("attn_softcap", self.attn_softcap)
+        check_softcap("final_softcap", self.final_softcap)
         if self.family not in _FAMILIES:
             raise ValueError(f"family must be one of {_FAMILIES}, got {self.family!r}")
         if not isinstance(self.norm_eps, float | int) or not self.norm_eps > 0:
@@ -202,7 +219,7 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, config: Any) -> DecoderConfig:
-        """The settings of a Hugging Face Llama, Mistral, Qwen2 or Gemma 3 (text) config.
+        """The settings of a Hugging Face Llama, Mistral, Qwen2, Gemma 2 or Gemma 3 config.
 
         Gemma 3's `rope_parameters` hold one entry per layer type: `"full_attention"`
         gives `rope_base` and `rope_scaling`, `"sliding_attention"` `local_rope_base`
@@ -219,8 +236,8 @@ class DecoderConfig:
                 (e.g. `"longrope"`) or an activation other than SiLU.
         """
         model_type = config.model_type
-        if model_type == "gemma3_text":
-            return cls._from_gemma3(config)
+        if model_type in ("gemma2", "gemma3_text"):
+            return cls._from_gemma(config)
         rope = dict(getattr(config, "rope_parameters", None) or {})
         scaling = RopeScaling.from_hf(config)
         max_positions = int(config.max_position_embeddings)
@@ -260,35 +277,40 @@ class DecoderConfig:
         )
 
     @classmethod
-    def _from_gemma3(cls, config: Any) -> DecoderConfig:
+    def _from_gemma(cls, config: Any) -> DecoderConfig:
+        """Gemma 2 and Gemma 3 (text): the same block; Gemma 3 adds QK-norm and a RoPE
+        per layer type, Gemma 2 caps its scores (Gemma 3 keeps the setting unused)."""
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(
                 f"config.hidden_activation must be 'gelu_pytorch_tanh', got "
                 f"{config.hidden_activation!r}"
             )
-        for name in ("final_logit_softcapping", "use_bidirectional_attention"):
-            if getattr(config, name, None):
-                raise ValueError(
-                    f"config.{name}={getattr(config, name)!r}: Decoder does not port it"
-                )
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError(
+                "config.use_bidirectional_attention=True: Decoder is causal and does not port it"
+            )
         kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
         if not set(config.layer_types) <= set(kinds):
             raise ValueError(
                 f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}"
             )
+        gemma3 = config.model_type == "gemma3_text"
 
-        def rope(kind: str) -> tuple[float, RopeScaling | None]:
-            params = config.rope_parameters[kind]
+        def rope(kind: str | None) -> tuple[float, RopeScaling | None]:
+            params = config.rope_parameters if kind is None else config.rope_parameters[kind]
             one = SimpleNamespace(
                 rope_parameters=params, max_position_embeddings=config.max_position_embeddings
             )
             scaling = RopeScaling.from_hf(one)
             return float(params["rope_theta"]), None if scaling.rope_type == "default" else scaling
 
-        (base, scaling), (local_base, local_scaling) = (
-            rope("full_attention"),
-            rope("sliding_attention"),
-        )
+        if gemma3:  # one RoPE per layer type
+            (base, scaling), (local_base, local_scaling) = (
+                rope("full_attention"),
+                rope("sliding_attention"),
+            )
+        else:
+            (base, scaling), local_base, local_scaling = rope(None), None, None
         bias = bool(config.attention_bias)
         return cls(
             vocab_size=config.vocab_size,
@@ -309,7 +331,9 @@ class DecoderConfig:
             out_bias=bias,
             windows=tuple(kinds[kind] for kind in config.layer_types),
             query_pre_attn_scalar=float(config.query_pre_attn_scalar),
-            qk_norm="head",
+            qk_norm="head" if gemma3 else None,
+            attn_softcap=None if gemma3 else config.attn_logit_softcapping,
+            final_softcap=config.final_logit_softcapping,
             family="gemma",
         )
 
@@ -378,6 +402,8 @@ class DecoderBlock(nn.Module):
             qk_norm=config.qk_norm,
             qk_norm_eps=float(config.norm_eps),
             qk_norm_unit_offset=gemma,
+            softcap=config.attn_softcap,
+            backend="torch" if config.attn_softcap is None else "scratch",
         )
         self.post_attention_layernorm = _norm(config)
         self.pre_feedforward_layernorm = _norm(config) if gemma else None
@@ -814,6 +840,9 @@ class Decoder(nn.Module):
         elif last_only:
             x = x[:, -1:]  # (b, 1, d_model)
         logits: Tensor = self.lm_head(self.norm(x))  # (b, t, vocab_size)
+        cap = self.config.final_softcap
+        if cap is not None:  # Gemma 2: the logits squashed into (-cap, cap)
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
     def attention_maps(
@@ -1021,7 +1050,8 @@ class Decoder(nn.Module):
         """A `Decoder` with the weights and settings of a Hugging Face causal LM.
 
         Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
-        `Qwen2ForCausalLM` and `Gemma3ForCausalLM` (text only; and subclasses): the
+        `Qwen2ForCausalLM`, `Gemma2ForCausalLM` and `Gemma3ForCausalLM` (text only;
+        and subclasses): the
         state dict maps key for key, less the
         `model.` prefix ([`DecoderConfig.from_hf`][attnlab.llm.DecoderConfig.from_hf]
         reads the settings). The attention layers are the ones
