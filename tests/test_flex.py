@@ -323,6 +323,8 @@ def test_bad_attention_inputs(qkv: Any) -> None:
         flex.attention(q, k, v, sinks=torch.zeros(2))
     with pytest.raises(ValueError, match=r"query must be \(b, H, L, E\) for FlexAttention"):
         flex.attention(q[0], k[0], v[0])
+    with pytest.raises(NotImplementedError, match="sinks with compiled=True"):
+        flex.attention(q, k, v, sinks=torch.zeros(H), compiled=True)  # before compiling
 
 
 # -- the benchmark's pieces (the timing itself runs as python -m attnlab.bench.flex) ----

@@ -36,7 +36,9 @@ row $i$'s scores and $s_h$ the sink, the sink only enlarges the softmax's denomi
 from $e^{\ell_i}$ to $e^{\ell_i} + e^{s_h}$, so the output is FlexAttention's times
 $\sigma(\ell_i - s_h)$ ([`apply_sinks`][attnlab.flex.apply_sinks]). A row whose keys
 are all masked has $\ell_i = -\infty$ and stays zero, as in
-[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention].
+[`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention]. The
+compiled CPU kernel does not return the log-sum-exp (PyTorch 2.13), so there the sink
+must be one more key instead, whose score a `score_mod` sets to the sink's logit.
 
 On a CPU, FlexAttention runs compiled (`torch.compile`, inference only: its CPU backward
 raises `NotImplementedError`) or eagerly, where it materialises the whole score matrix
@@ -811,6 +813,8 @@ def attention(
             not a bool.
         ValueError: If the inputs are not 4-d or do not fit together, or `sinks` is not
             one logit per head.
+        NotImplementedError: For `sinks` with `compiled=True` on a CPU, whose compiled
+            kernel does not return the log-sum-exp (PyTorch 2.13).
 
     Examples:
         >>> import warnings
@@ -838,6 +842,13 @@ def attention(
     check_scale("scale", scale)
     check_bool("enable_gqa", enable_gqa)
     check_bool("compiled", compiled)
+    if compiled and sinks is not None and q.device.type == "cpu":
+        raise NotImplementedError(
+            "sinks with compiled=True need FlexAttention's log-sum-exp, which its compiled "
+            "CPU kernel does not return (PyTorch: 'return_lse is not supported yet'); run "
+            "it eagerly (compiled=False), or add the sink as one more key whose score a "
+            "score_mod sets to the sink's logit, with a zero value"
+        )
     kernel: Callable[..., Any] = flex_attention
     if compiled:
         kernel = _compiled_flex()
