@@ -207,12 +207,15 @@ class GroupedQueryAttention(nn.Module):
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
 
     Raises:
-        TypeError: If a size is not an int, a flag not a bool or `dropout` not a number.
+        TypeError: If a size is not an int, a flag not a bool, or `dropout`, `scale`,
+            `softcap` or `qk_norm_eps` not a number.
         ValueError: If a size is not positive, `num_heads` is not a multiple of
             `num_kv_heads`, `d_model` is not a multiple of `num_heads` without
             `head_dim`, `head_dim` is odd with `rope`, `rope_dims` is odd or above
-            `head_dim`, `rope_base` is not above 1, or
-            `dropout`, `rope_layout` or `backend` is out of range.
+            `head_dim`, `rope_base` is not above 1, `scale` is not finite, `softcap` or
+            `qk_norm_eps` is not positive, `qk_norm` is not `"head"`, `"projection"`
+            or None, `dropout`, `rope_layout` or `backend` is out of range, or
+            `backend="torch"` comes with a `softcap`.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -427,7 +430,9 @@ class GroupedQueryAttention(nn.Module):
                 with `position_embeddings` (or those do not fit); the cache cannot take
                 the new keys and values (batch size, heads, head size, dtype, device, or
                 a full static cache); the mask does not broadcast; `is_causal=False` with
-                a window; or `backend="flash"` gets a mask or dropout.
+                a window; `sinks` was replaced by a tensor not of shape `(num_heads,)`;
+                `backend="flash"` gets a mask or dropout; or `backend="torch"` is set on
+                a module with a `softcap`.
         """
         if is_validation_enabled():
             self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
