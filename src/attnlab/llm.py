@@ -466,7 +466,9 @@ class Decoder(nn.Module):
     Parameters are named as in `LlamaForCausalLM` without its `model.` prefix:
     `embed_tokens`, `layers.{i}.input_layernorm`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
     `layers.{i}.post_attention_layernorm`, `layers.{i}.mlp.{gate,up,down}_proj`, `norm`
-    and `lm_head` (the embedding's own weight when `tie_embeddings`).
+    and `lm_head` (the embedding's own weight when `tie_embeddings`). The Gemma family
+    adds `layers.{i}.pre_feedforward_layernorm` and `post_feedforward_layernorm`, and
+    QK-norm `layers.{i}.self_attn.{q,k}_norm`, as in `Gemma3ForCausalLM`.
 
     Args:
         config: The sizes and settings.
