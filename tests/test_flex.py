@@ -87,6 +87,21 @@ def test_band_mods_equal_dense_masks(t_q: int, t_k: int, align: Any) -> None:
         assert torch.equal(dense(mod), want)
 
 
+def test_to_dense_equals_torch_create_mask() -> None:
+    """to_dense broadcasts index tensors; torch's create_mask vmaps over them: the same."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    mods: list[tuple[flex.MaskMod, int]] = [
+        (flex.causal_mod(5, 9, align="bottom-right"), 1),
+        (flex.sink_window_mod(window=2, sinks=1), 1),
+        (flex.padding_mod([3, 9]), 2),
+        (flex.prefix_lm_mod([2, 4]), 2),
+        (flex.document_mod(torch.tensor([[0, 0, 1, 1, 1, 2, 2, 2, 2]] * 2)), 2),
+    ]
+    for mod, b in mods:
+        assert torch.equal(flex.to_dense(mod, 5, 9, b=b), create_mask(mod, b, 1, 5, 9, "cpu"))
+
+
 def test_padding_mod_equals_key_padding() -> None:
     lengths = [4, 0, 7]
     got = flex.to_dense(flex.padding_mod(lengths), 5, 7, b=3)  # (3, 1, 5, 7)
