@@ -18,8 +18,9 @@ import re
 import pytest
 import torch
 from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
 
-from attnlab import masks, validation
+from attnlab import _backends, masks, validation
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
 from attnlab.rope import apply_rope, rope_cos_sin
@@ -147,6 +148,19 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     # The sink takes its share: every row of weights sums to less than 1.
     _, weights = torch_module.forward_impl(x1, need_weights=True)
     assert weights.sum(-1).max() < 1.0
+
+
+def test_sinks_agree_on_every_backend_with_a_causal_bias() -> None:
+    """The torch backend's extra sink key also under PyTorch's CausalBias (bottom-right)."""
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 6)
+    sinks = torch.randn(4)
+    bias = causal_lower_right(3, 5)
+    expected = _backends.attend(
+        "flash", q, k, v, is_causal=True, align="bottom-right", enable_gqa=True, sinks=sinks
+    )
+    for backend in ("torch", "scratch"):
+        got = _backends.attend(backend, q, k, v, attn_mask=bias, enable_gqa=True, sinks=sinks)
+        torch.testing.assert_close(got, expected, msg=backend)
 
 
 def test_softcap_runs_on_scratch_and_flash_and_torch_refuses_it() -> None:
