@@ -543,8 +543,9 @@ class Decoder(nn.Module):
             raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
         c = self.config
         length = c.max_positions if max_length is None else max_length
-        check_positive_int("max_length", length)
-        if length > c.max_positions:
+        if kind == "static":  # a dynamic or rolling cache sizes itself
+            check_positive_int("max_length", length)
+        if kind == "static" and length > c.max_positions:
             raise ValueError(
                 f"max_length={length} is past the model's max_positions={c.max_positions}"
             )
