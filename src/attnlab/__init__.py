@@ -5,7 +5,14 @@ from attnlab._validation import is_validation_enabled, set_validation, validatio
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
 from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache, kv_cache_bytes_per_token
+from attnlab.kv_cache import (
+    DynamicKVCache,
+    KVCache,
+    RollingKVCache,
+    StaticKVCache,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+)
 from attnlab.llm import Decoder, DecoderConfig
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.multihead import MultiHeadAttention
@@ -22,10 +29,12 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
     "MultiHeadLatentAttention",
+    "RollingKVCache",
     "SelfAttention",
     "StaticKVCache",
     "functional",
     "is_validation_enabled",
+    "kv_cache_bytes",
     "kv_cache_bytes_per_token",
     "masks",
     "rope",
