@@ -111,7 +111,7 @@ KV_NAMES: dict[str, Any] = {"names": {"k": "key", "v": "value"}, "query": None}
 D_MODEL, GQA_HEADS, KV_HEADS = 12, 4, 2
 
 
-def _gqa(backend: str, window: int | None = None) -> Callable[[], nn.Module]:
+def _gqa(backend: str, window: int | None = None, **options: Any) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         return GroupedQueryAttention(
             D_MODEL,
@@ -120,6 +120,7 @@ def _gqa(backend: str, window: int | None = None) -> Callable[[], nn.Module]:
             head_dim=4,
             window=window,
             backend=backend,  # type: ignore[arg-type]
+            **options,
         ).eval()
 
     return build
@@ -365,6 +366,12 @@ ENTRIES: dict[str, Entry] = {
     "GroupedQueryAttention": Entry(X_GQA, lambda m, i: _m(m)(i["x"]), _gqa("torch")),
     "GroupedQueryAttention[scratch] window": Entry(
         X_GQA, lambda m, i: _m(m)(i["x"]), _gqa("scratch", window=2)
+    ),
+    # Qwen3/Gemma 3's QK-norm, Gemma 2's softcap and gpt-oss's sinks on one layer.
+    "GroupedQueryAttention[scratch] qk_norm, softcap, sinks": Entry(
+        X_GQA,
+        lambda m, i: _m(m)(i["x"]),
+        _gqa("scratch", qk_norm="head", softcap=2.0, sinks=True),
     ),
     "GroupedQueryAttention decode after a cache": Entry(
         X_GQA, lambda m, i: _decode(_m(m), i["x"]), _gqa("torch"), query=None
