@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import DynamicKVCache, RollingKVCache, kv_cache_bytes
 from attnlab.llm import Decoder, DecoderConfig
 from attnlab.rope import RopeScaling
@@ -141,6 +142,25 @@ def test_rolling_cache_with_a_padded_batch(mistral: tuple[Any, Decoder]) -> None
     full = decoder.generate(ids, 9, padding_mask=mask, cache=caches)
     assert torch.equal(rolling, full)
     assert torch.equal(rolling[1, 6:], decoder.generate(ids[1, 3:], 9)[3:])
+
+
+def test_a_layer_alone_with_a_rolling_cache_and_a_mask_equals_the_full_cache() -> None:
+    # The mask spans every token seen; the rolling cache returns only the last window.
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(16, 4, 2, window=3).eval()
+    x = torch.randn(2, 9, 16)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[0, 5] = False  # one key hidden from every query of row 0
+    outs = []
+    for cache in (DynamicKVCache(), RollingKVCache(window=3)):
+        steps = [layer(x[:, :4], cache=cache, attn_mask=keep[:, None, None, :4])]
+        for i in range(4, 9):  # decode past the window
+            mask = keep[:, None, None, : i + 1]  # (b, 1, 1, i + 1): every key seen
+            steps.append(layer(x[:, i : i + 1], cache=cache, attn_mask=mask))
+        outs.append(torch.cat(steps, dim=1))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-5)
+    full = layer(x, attn_mask=keep[:, None, None, :])  # no cache at all
+    torch.testing.assert_close(outs[1], full, atol=1e-6, rtol=1e-5)
 
 
 def test_a_rolling_cache_on_a_global_layer_is_refused(mistral: tuple[Any, Decoder]) -> None:

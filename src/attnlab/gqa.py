@@ -558,8 +558,10 @@ class GroupedQueryAttention(nn.Module):
                 # query: drop them, so that a decode step costs O(window), not O(context).
                 drop = t_k - (t + window - 1)
                 k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
-                if attn_mask is not None and attn_mask.shape[-1] != 1:
-                    attn_mask = attn_mask[..., drop:]
+            if attn_mask is not None and attn_mask.shape[-1] > k.shape[2]:
+                # The mask spans every token seen (as checked); the keys are the last of
+                # them: the window dropped the oldest, or a RollingKVCache forgot them.
+                attn_mask = attn_mask[..., -k.shape[2] :]
             # The new queries are the last t of the t_k keys: the causal mask is
             # bottom-right.
             heads = attend(
