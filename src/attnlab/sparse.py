@@ -1,0 +1,515 @@
+r"""DeepSeek Sparse Attention (DSA): a lightning indexer picks each query's top-k keys.
+
+DeepSeek-V3.2 (DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language
+Models", 2025, https://arxiv.org/abs/2512.02556) keeps the multi-head latent attention of
+DeepSeek-V3 but lets each query attend to only `topk` past tokens (2048 in the
+released model). Which ones is decided by a *lightning indexer*: a second, much smaller
+attention with a few heads $j$ of its own queries $q_{t,j}$, one key $k_s$ per token shared
+by all heads, a ReLU instead of a softmax, and a weight $w_{t,j}$ per query and head:
+
+$$
+I_{t,s} = \sum_{j} w_{t,j} \, \operatorname{ReLU}\left(q_{t,j} \cdot k_s\right)
+$$
+
+The main attention then runs over the `topk` keys $s \le t$ of highest $I_{t,s}$
+only. The indexer is still quadratic, but its heads are few, narrow and (in DeepSeek's
+kernels) FP8, so the expensive attention costs $O(t \cdot k)$ instead of $O(t^2)$.
+
+Here: [`LightningIndexer`][attnlab.sparse.LightningIndexer] computes $I$ (causal),
+[`topk_indices`][attnlab.sparse.topk_indices] picks the keys per query,
+[`selection_mask`][attnlab.sparse.selection_mask] turns them into a boolean mask and
+[`DeepSeekSparseAttention`][attnlab.sparse.DeepSeekSparseAttention] runs attnlab's
+[`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention] under that mask,
+equal to `transformers`' `DeepseekV32Attention` after
+[`from_hf`][attnlab.sparse.DeepSeekSparseAttention.from_hf].
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab._validation import (
+    check_features,
+    check_positive_int,
+    check_rank,
+    check_tensor,
+    check_tokens,
+    is_validation_enabled,
+)
+from attnlab.mla import MultiHeadLatentAttention
+from attnlab.rope import check_head_dim, rotate
+
+__all__ = [
+    "DeepSeekSparseAttention",
+    "LightningIndexer",
+    "selection_mask",
+    "topk_indices",
+]
+
+
+def _hide_future(scores: Tensor) -> Tensor:
+    """`scores` `(..., t, s)` with -inf at each query's future keys.
+
+    The `t` queries are the last `t` of the `s` positions (bottom-right alignment), so
+    query `i` may see keys `0 .. i + s - t`.
+    """
+    t, s = scores.shape[-2], scores.shape[-1]
+    rows = torch.arange(t, device=scores.device)[:, None] + (s - t)  # (t, 1)
+    future = torch.arange(s, device=scores.device)[None, :] > rows  # (t, s)
+    return scores.masked_fill(future, float("-inf"))
+
+
+def _check_scores(scores: object) -> Tensor:
+    scores = check_tensor("scores", scores)
+    check_rank("scores", scores, (3,), "(b, t, s)")
+    t, s = scores.shape[-2], scores.shape[-1]
+    if t > s:
+        raise ValueError(
+            f"scores must have at least as many keys as queries (the queries are the last "
+            f"t of the s tokens), got t={t} > s={s} (scores.shape={tuple(scores.shape)})"
+        )
+    return scores
+
+
+def topk_indices(scores: Tensor, k: int) -> Tensor:
+    """The `k` keys of highest score for each query, never a future one.
+
+    The queries are the last `t` of the `s` tokens (bottom-right aligned, as with a
+    cache), so query `i` may pick among keys `0 .. i + s - t`. A query with fewer than
+    `k` such keys gets all of them, and the remaining slots hold -1. Keys whose score is
+    -inf (e.g. padding) are never picked either.
+
+    Args:
+        scores: Indexer scores `(b, t, s)`, e.g. from
+            [`LightningIndexer`][attnlab.sparse.LightningIndexer].
+        k: Keys per query, a positive int (`index_topk`); may exceed `s`.
+
+    Returns:
+        Key indices `(b, t, min(k, s))`, int64, in decreasing order of score; -1 marks an
+        empty slot.
+
+    Raises:
+        TypeError: If `scores` is not a floating-point tensor or `k` not an int.
+        ValueError: If `k` is not positive, `scores` is not 3-d or has more queries than
+            keys.
+
+    Examples:
+        >>> scores = torch.tensor([[[5.0, 9.0, 1.0], [3.0, 2.0, 7.0], [4.0, 8.0, 6.0]]])
+        >>> topk_indices(scores, 2)
+        tensor([[[ 0, -1],
+                 [ 0,  1],
+                 [ 1,  2]]])
+    """
+    check_positive_int("k", k)
+    scores = _check_scores(scores)
+    masked = _hide_future(scores)
+    values, indices = masked.topk(min(k, scores.shape[-1]), dim=-1)  # (b, t, k)
+    # topk fills a short row with hidden keys (score -inf): mark those slots empty.
+    return indices.masked_fill(values == float("-inf"), -1)
+
+
+def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
+    """A boolean mask `(b, t, num_keys)`, True at the keys each query selected.
+
+    Args:
+        indices: Key indices `(b, t, k)` from [`topk_indices`][attnlab.sparse.topk_indices];
+            -1 marks an empty slot.
+        num_keys: Keys `s` of the mask.
+
+    Returns:
+        The allowed-convention bool mask (True = attend).
+
+    Raises:
+        TypeError: If `indices` is not an integer tensor or `num_keys` not an int.
+        ValueError: If `indices` is not 3-d or holds an index outside `-1 .. num_keys - 1`.
+
+    Examples:
+        >>> selection_mask(torch.tensor([[[0, -1], [1, 0]]]), 3)
+        tensor([[[ True, False, False],
+                 [ True,  True, False]]])
+    """
+    check_positive_int("num_keys", num_keys)
+    if not isinstance(indices, Tensor) or indices.is_floating_point() or indices.is_complex():
+        raise TypeError(f"indices must be an integer tensor, got {indices!r:.60}")
+    check_rank("indices", indices, (3,), "(b, t, k)")
+    if (
+        is_validation_enabled()
+        and indices.numel()
+        and (int(indices.min()) < -1 or int(indices.max()) >= num_keys)
+    ):  # reads the values: a host sync
+        raise ValueError(
+            f"indices must lie in -1 .. num_keys - 1 = {num_keys - 1}, got values in "
+            f"{int(indices.min())} .. {int(indices.max())}"
+        )
+    b, t, _ = indices.shape
+    # An extra column takes the empty slots (-1), then is dropped: scattering into the
+    # real columns would let an empty slot overwrite a selected key.
+    slots = torch.where(indices < 0, num_keys, indices).long()
+    mask = torch.zeros(b, t, num_keys + 1, dtype=torch.bool, device=indices.device)
+    return mask.scatter(-1, slots, True)[..., :num_keys]  # (b, t, s)
+
+
+class LightningIndexer(nn.Module):
+    r"""DeepSeek-V3.2's lightning indexer: causal scores $I_{t,s}$ of every past key.
+
+    Per query token $t$ and indexer head $j$ a query $q_{t,j}$ (from `q_input`, in
+    DeepSeek-V3.2 the normed low-rank query latent of the main attention); per key token
+    one key $k_s$ shared by all heads (LayerNorm of a projection of $x_s$); per query
+    token and head a weight $w_{t,j}$ (a projection of $x_t$). The first `rope_dim`
+    features of queries and keys are rotated (RoPE, half-split layout, as in
+    `transformers`). Then
+
+    $$
+    I_{t,s} = \sum_j w_{t,j} \, h^{-1/2} \operatorname{ReLU}\left(
+        \frac{q_{t,j} \cdot k_s}{\sqrt{d}}\right)
+    $$
+
+    ($h$ heads of $d$ = `head_dim` features; both constant factors are DeepSeek's and
+    change no ranking), with -inf at future keys.
+
+    | attnlab | shape of `weight` | Hugging Face `DeepseekV32Indexer` |
+    | --- | --- | --- |
+    | `q_proj` | `(num_heads * head_dim, d_query)` | `wq_b` |
+    | `k_proj` | `(head_dim, d_model)` | `wk` |
+    | `k_norm` (LayerNorm) | `(head_dim,)`, and a bias | `k_norm` |
+    | `weights_proj` | `(num_heads, d_model)` | `weights_proj` |
+
+    Args:
+        d_model: Features per token of `x`.
+        num_heads: Indexer heads (`index_n_heads`, 64 in DeepSeek-V3.2).
+        head_dim: Features per indexer head (`index_head_dim`, 128).
+        d_query: Features of `q_input`; default `d_model`.
+        rope_dim: Leading features of each head that RoPE rotates; even, at most
+            `head_dim` (0: none).
+        norm_eps: Epsilon of the keys' LayerNorm.
+
+    Shapes:
+        x: `(b, t, d_model)`; q_input: `(b, t, d_query)`. Output: `(b, t, t)`.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a size is not positive, `rope_dim` is odd or above `head_dim`.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> indexer = LightningIndexer(d_model=16, num_heads=2, head_dim=8)
+        >>> scores = indexer(torch.randn(1, 4, 16))
+        >>> scores.shape, bool(scores[0, 0, 1] == float("-inf"))
+        (torch.Size([1, 4, 4]), True)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        d_query: int | None = None,
+        rope_dim: int = 0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.d_query = d_model if d_query is None else check_positive_int("d_query", d_query)
+        if rope_dim != 0:
+            check_head_dim(rope_dim, "rope_dim")
+        if rope_dim > head_dim:
+            raise ValueError(f"rope_dim must be at most head_dim={head_dim}, got {rope_dim}")
+        self.rope_dim = rope_dim
+        self.softmax_scale = float(head_dim) ** -0.5
+        self.q_proj = nn.Linear(self.d_query, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps)
+        self.weights_proj = nn.Linear(d_model, num_heads, bias=False)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"d_query={self.d_query}, rope_dim={self.rope_dim}"
+        )
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        rot, rest = torch.split(x, [self.rope_dim, self.head_dim - self.rope_dim], -1)
+        return torch.cat([rotate(rot, cos, sin, layout="half"), rest], dim=-1)
+
+    def forward(
+        self,
+        x: Tensor,
+        q_input: Tensor | None = None,
+        *,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Causal indexer scores of the tokens of `x` against themselves.
+
+        Args:
+            x: Tokens `(b, t, d_model)`: the keys and the head weights come from them.
+            q_input: What the queries are projected from, `(b, t, d_query)`; default `x`.
+            position_embeddings: RoPE's `(cos, sin)` for the `t` positions, e.g. from
+                [`rope_cos_sin`][attnlab.rope.rope_cos_sin] with `rope_dim` features;
+                required when `rope_dim > 0`.
+
+        Returns:
+            Scores `(b, t, t)`, float32 (or float64 for float64 input), -inf at future
+            keys.
+
+        Raises:
+            TypeError: If `x` or `q_input` is not a floating-point tensor.
+            ValueError: If `x` or `q_input` has the wrong rank, features or length, or
+                `position_embeddings` is missing while `rope_dim > 0`.
+        """
+        if is_validation_enabled():
+            self._check_inputs(x, q_input, position_embeddings)
+        q_input = x if q_input is None else q_input
+        b, t, _ = x.shape
+        q = self.q_proj(q_input).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x)).unsqueeze(1)  # (b, 1, t, head_dim): one shared key
+        if self.rope_dim:
+            assert position_embeddings is not None
+            cos, sin = position_embeddings
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)  # (b, h | 1, t, d)
+        compute = torch.promote_types(x.dtype, torch.float32)  # as DeepSeek: no bf16 sums
+        dots = q.to(compute) @ k.to(compute).transpose(-1, -2)  # (b, h, t, t)
+        per_head = torch.relu(dots * self.softmax_scale)
+        w = self.weights_proj(x).to(compute) * self.num_heads**-0.5  # (b, t, h)
+        scores = torch.einsum("bth,bhts->bts", w, per_head)  # (b, t, t)
+        return _hide_future(scores)
+
+    def _check_inputs(self, x: object, q_input: object, position_embeddings: object) -> None:
+        owner = type(self).__name__
+        x = check_tokens(
+            "x", x, features=self.d_model, param="d_model", owner=owner, like=self.k_proj.weight
+        )
+        check_rank("x", x, (3,), "(b, t, d_model)")
+        if q_input is not None:
+            q = check_tensor("q_input", q_input)
+            check_rank("q_input", q, (3,), "(b, t, d_query)")
+            check_features("q_input", q, self.d_query, owner, "d_query")
+            if q.shape[:2] != x.shape[:2]:
+                raise ValueError(
+                    f"q_input must have the batch size and length of x, got "
+                    f"q_input.shape={tuple(q.shape)} and x.shape={tuple(x.shape)}"
+                )
+        if self.rope_dim and position_embeddings is None:
+            raise ValueError(
+                f"position_embeddings are required: {owner} rotates rope_dim={self.rope_dim} "
+                f"features of each head"
+            )
+
+
+def _without_indexer(layer: nn.Module) -> nn.Module:
+    """A shallow copy of `layer` without its `indexer`: the MLA part, for MLA's `from_hf`.
+
+    MLA's `from_hf` refuses layers with parts it does not compute; this one's extra part
+    is computed here. The copy shares the parameters, which `from_hf` copies anyway.
+    """
+    mla_part = copy.copy(layer)
+    mla_part._modules = {n: m for n, m in layer._modules.items() if n != "indexer"}
+    return mla_part
+
+
+class DeepSeekSparseAttention(nn.Module):
+    r"""DeepSeek-V3.2's attention: MLA over the top-k keys that a lightning indexer picks.
+
+    The indexer scores every past key from the main attention's query latent
+    (`q_lora_rank` set) or from `x`; each query keeps its `topk` best keys
+    ([`topk_indices`][attnlab.sparse.topk_indices], all past keys while it has fewer);
+    [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention] then attends under
+    the [`selection_mask`][attnlab.sparse.selection_mask]. The selection is discrete, so
+    no gradient reaches the indexer through it (DeepSeek trains the indexer with a loss
+    of its own).
+
+    Args:
+        mla: The main attention (its sizes, RoPE and backend are used as they are).
+        indexer: The indexer: `d_model` as `mla`'s, `d_query` = `mla.q_lora_rank` (or
+            `d_model` without one), `rope_dim` 0 or `mla.qk_rope_head_dim`.
+        topk: Keys per query (`index_topk`, 2048 in DeepSeek-V3.2).
+
+    Shapes:
+        x: `(b, t, d_model)` or `(t, d_model)`. Output: the same shape.
+
+    Raises:
+        TypeError: If `mla` or `indexer` has the wrong type or `topk` is not an int.
+        ValueError: If `topk` is not positive or the indexer does not fit `mla`.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> mla = MultiHeadLatentAttention(
+        ...     32, 4, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
+        ...     v_head_dim=5, q_lora_rank=10)
+        >>> indexer = LightningIndexer(32, 2, 8, d_query=10, rope_dim=4)
+        >>> dsa = DeepSeekSparseAttention(mla, indexer, topk=3)
+        >>> x = torch.randn(2, 7, 32)
+        >>> dsa(x).shape
+        torch.Size([2, 7, 32])
+        >>> dsa.select(x)[0, :4]  # each query's keys; -1 = fewer than 3 to pick from
+        tensor([[ 0, -1, -1],
+                [ 0,  1, -1],
+                [ 0,  2,  1],
+                [ 2,  1,  0]])
+    """
+
+    def __init__(
+        self, mla: MultiHeadLatentAttention, indexer: LightningIndexer, *, topk: int
+    ) -> None:
+        super().__init__()
+        if not isinstance(mla, MultiHeadLatentAttention):
+            raise TypeError(f"mla must be a MultiHeadLatentAttention, got {type(mla).__name__}")
+        if not isinstance(indexer, LightningIndexer):
+            raise TypeError(f"indexer must be a LightningIndexer, got {type(indexer).__name__}")
+        d_query = mla.d_model if mla.q_lora_rank is None else mla.q_lora_rank
+        fits = {
+            "d_model": (indexer.d_model, mla.d_model),
+            "d_query": (indexer.d_query, d_query),
+        }
+        for name, (got, want) in fits.items():
+            if got != want:
+                raise ValueError(f"indexer has {name}={got} but mla needs {name}={want}")
+        if indexer.rope_dim not in (0, mla.qk_rope_head_dim):
+            raise ValueError(
+                f"indexer has rope_dim={indexer.rope_dim}; it shares mla's RoPE tables, so it "
+                f"must be 0 or mla.qk_rope_head_dim={mla.qk_rope_head_dim}"
+            )
+        self.mla = mla
+        self.indexer = indexer
+        self.topk = check_positive_int("topk", topk)
+
+    def extra_repr(self) -> str:
+        return f"topk={self.topk}"
+
+    def _indexer_inputs(
+        self, x: Tensor, positions: Tensor | None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The indexer's query input and the RoPE tables that both attentions share."""
+        mla = self.mla
+        if positions is None:
+            positions = torch.arange(x.shape[-2], device=x.device)  # (t,)
+        cos_sin = mla._rope_tables(positions)  # once, for the indexer and for MLA
+        if mla.q_down is None:
+            return x, cos_sin
+        assert mla.q_norm is not None
+        # MLA projects this latent again for its own queries: a small cost for keeping
+        # MLA unchanged (the indexer reads it, as in DeepSeek's model).
+        return mla.q_norm(mla.q_down(x)), cos_sin
+
+    def select(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
+        """The keys each query attends to: `(b, t, min(topk, t))`, -1 for an empty slot.
+
+        Args:
+            x: Tokens `(b, t, d_model)` or `(t, d_model)`.
+            positions: Integer RoPE positions `(t,)`, `(1, t)` or `(b, t)`; default
+                `arange(t)`.
+
+        Returns:
+            Indices as [`topk_indices`][attnlab.sparse.topk_indices] gives them (without
+            the batch axis for unbatched `x`).
+        """
+        scores = self.scores(x, positions=positions)
+        return topk_indices(scores, self.topk)
+
+    def scores(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
+        """The indexer's causal scores `(b, t, t)` (or `(t, t)` for unbatched `x`)."""
+        if is_validation_enabled():
+            self._check_x(x)
+        unbatched = x.ndim == 2
+        xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
+        q_input, cos_sin = self._indexer_inputs(xb, positions)
+        scores: Tensor = self.indexer(xb, q_input, position_embeddings=cos_sin)
+        return scores[0] if unbatched else scores
+
+    def _check_x(self, x: object) -> None:
+        check_tokens(
+            "x",
+            x,
+            features=self.mla.d_model,
+            param="d_model",
+            owner=type(self).__name__,
+            like=self.mla.kv_down.weight,
+        )
+
+    def forward(
+        self, x: Tensor, *, positions: Tensor | None = None, absorb: bool = False
+    ) -> Tensor:
+        """Causal sparse attention: each query over its `topk` selected keys.
+
+        Args:
+            x: Tokens `(b, t, d_model)` or `(t, d_model)`.
+            positions: Integer RoPE positions `(t,)`, `(1, t)` or `(b, t)`; default
+                `arange(t)`.
+            absorb: Run MLA's absorbed (latent) form instead of the naive one.
+
+        Returns:
+            `(b, t, d_model)` or `(t, d_model)`.
+
+        Raises:
+            TypeError: If `x` is not a floating-point tensor.
+            ValueError: If `x` has the wrong rank, features, dtype or device, or
+                `positions` does not fit (as in MLA).
+        """
+        if is_validation_enabled():
+            self._check_x(x)
+        unbatched = x.ndim == 2
+        xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
+        q_input, cos_sin = self._indexer_inputs(xb, positions)
+        scores = self.indexer(xb, q_input, position_embeddings=cos_sin)  # (b, t, t)
+        indices = topk_indices(scores, self.topk)  # (b, t, k)
+        mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
+        # The selection holds no future key, so the mask alone is causal.
+        out: Tensor = self.mla(xb, position_embeddings=cos_sin, attn_mask=mask, absorb=absorb)
+        return out[0] if unbatched else out
+
+    @classmethod
+    def from_hf(cls, layer: nn.Module) -> DeepSeekSparseAttention:
+        """A `DeepSeekSparseAttention` with the weights of `transformers`' `DeepseekV32Attention`.
+
+        The MLA part is copied by
+        [`MultiHeadLatentAttention.from_hf`][attnlab.mla.MultiHeadLatentAttention.from_hf]
+        (same rules and errors), the indexer's `wq_b`, `wk`, `k_norm`, `weights_proj`
+        by the table of [`LightningIndexer`][attnlab.sparse.LightningIndexer], and
+        `index_topk` as `topk`.
+
+        Args:
+            layer: The Hugging Face attention layer, with an `indexer`.
+
+        Returns:
+            A new module on the layer's device and dtype, sharing no storage with it.
+
+        Raises:
+            TypeError: If `layer` has no indexer of that structure, or its MLA part is
+                not one `MultiHeadLatentAttention.from_hf` accepts.
+        """
+        hf: Any = layer
+        index = getattr(layer, "indexer", None)
+        needed = ("wq_b", "wk", "k_norm", "weights_proj", "n_heads", "head_dim", "index_topk")
+        missing = [n for n in needed if not hasattr(index, n)]
+        if index is None or missing:
+            raise TypeError(
+                f"layer must have the structure of transformers' DeepseekV32Attention, but "
+                f"{type(layer).__name__} has "
+                + ("no indexer" if index is None else f"an indexer without {', '.join(missing)}")
+            )
+        mla = MultiHeadLatentAttention.from_hf(_without_indexer(layer))
+        hi: Any = index
+        weight = hi.wk.weight
+        indexer = LightningIndexer(
+            hf.hidden_size,
+            hi.n_heads,
+            hi.head_dim,
+            d_query=hi.wq_b.in_features,
+            rope_dim=hi.qk_rope_head_dim,
+            norm_eps=float(hi.k_norm.eps),
+        ).to(device=weight.device, dtype=weight.dtype)
+        pairs = [
+            (indexer.q_proj, hi.wq_b),
+            (indexer.k_proj, hi.wk),
+            (indexer.k_norm, hi.k_norm),
+            (indexer.weights_proj, hi.weights_proj),
+        ]
+        for ours, theirs in pairs:
+            ours.load_state_dict(theirs.state_dict())
+        return cls(mla, indexer, topk=int(hi.index_topk)).train(hf.training)
