@@ -45,9 +45,9 @@ def _untraced_eager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.fixture
-def plain_eager() -> None:
+def plain_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """FlexAttention as `flex_attention(...)` runs it outside `torch.compile`."""
-    assert not torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    monkeypatch.setattr(torch_flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
 
 
 @pytest.fixture
