@@ -1,0 +1,196 @@
+"""attnlab.linear: linear attention's two forms, the delta rule's three modes, and the
+Gated DeltaNet layer against Hugging Face's `Qwen3NextGatedDeltaNet` (outputs, gradients,
+and the decode state carried from prefill)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.testing import assert_close
+from transformers import DynamicCache, Qwen3NextConfig
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+from attnlab.linear import (
+    GatedDeltaNet,
+    GatedDeltaNetState,
+    _split_hf_projections,
+    delta_rule,
+    elu_feature_map,
+    linear_attention,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_attention_forms_equal_sdpa_with_log_weights(causal: bool) -> None:
+    # Independent reference: softmax of log(phi(q) . phi(k)) is the normalised kernel
+    # weights, so SDPA with zero queries and that additive mask is linear attention.
+    q, k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 5)
+    weights = elu_feature_map(q) @ elu_feature_map(k).transpose(-1, -2)
+    if causal:
+        weights = weights.tril()
+    reference = F.scaled_dot_product_attention(torch.zeros_like(q), k, v, weights.log())
+    for form in ("parallel", "recurrent"):
+        assert_close(linear_attention(q, k, v, causal=causal, form=form), reference)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_delta_rule_modes_equal(gated: bool) -> None:
+    b, h, t, d_k, d_v = 2, 3, 10, 4, 5
+    q, v = torch.randn(b, h, t, d_k, dtype=torch.float64), torch.randn(b, h, t, d_v).double()
+    k = F.normalize(torch.randn(b, h, t, d_k, dtype=torch.float64), dim=-1)
+    beta = torch.rand(b, h, t, dtype=torch.float64)
+    g = -torch.rand(b, h, t, dtype=torch.float64) if gated else None
+    s0 = torch.randn(b, h, d_k, d_v, dtype=torch.float64)
+    naive = delta_rule(q, k, v, beta, g, mode="naive", initial_state=s0)
+    for mode, size in (("recurrent", 64), ("chunk", 4), ("chunk", 64)):
+        out, state = delta_rule(q, k, v, beta, g, mode=mode, chunk_size=size, initial_state=s0)
+        assert_close(out, naive[0])
+        assert_close(state, naive[1])
+
+
+def test_delta_rule_overwrites_where_linear_attention_adds() -> None:
+    # Two writes under one unit key with beta = 1: the delta rule keeps the last value,
+    # plain (unnormalised) linear attention, the same recurrence without the correction,
+    # their sum.
+    key = torch.tensor([0.6, 0.8]).expand(1, 1, 2, 2)
+    value = torch.tensor([[1.0, 0.0], [0.0, 2.0]]).view(1, 1, 2, 2)
+    out, _ = delta_rule(key, key, value, torch.ones(1, 1, 2), mode="recurrent")
+    assert_close(out[0, 0, 1], torch.tensor([0.0, 2.0]))
+    assert_close(key[0, 0, 0] @ (key[0, 0].T @ value[0, 0]), torch.tensor([1.0, 2.0]))
+    # With beta = 0.5 and a decay of 0.5 at each step, half of v1 is written, then the
+    # decay and the half erase each halve it (0.125 left) while half of v2 comes in.
+    g = torch.full((1, 1, 2), 0.5).log()
+    out, _ = delta_rule(key, key, value, torch.full((1, 1, 2), 0.5), g, mode="naive")
+    assert_close(out[0, 0, 1], torch.tensor([0.125, 1.0]))
+
+
+def _hf_layer(**overrides: Any) -> tuple[Qwen3NextGatedDeltaNet, Qwen3NextConfig]:
+    settings: dict[str, Any] = dict(
+        hidden_size=24, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=6, linear_value_head_dim=5, linear_conv_kernel_dim=3,
+        num_hidden_layers=1, layer_types=["linear_attention"], num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, vocab_size=10, intermediate_size=8,
+        moe_intermediate_size=8, num_experts=2, num_experts_per_tok=1,
+    )  # fmt: skip
+    config = Qwen3NextConfig(**(settings | overrides))
+    layer = Qwen3NextGatedDeltaNet(config, layer_idx=0)
+    with torch.no_grad():  # fresh norm weights are ones and dt_bias ones: vary them
+        layer.norm.weight.uniform_(0.5, 1.5)
+        layer.dt_bias.uniform_(-1.0, 1.0)
+    return layer, config
+
+
+def test_gated_delta_net_from_hf_outputs_and_gradients() -> None:
+    hf, _ = _hf_layer()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=3)  # 7 tokens: chunks of 3, 3, 1
+    x = torch.randn(2, 7, 24, requires_grad=True)
+    x_ours = x.detach().clone().requires_grad_()
+    expected, got = hf(x), ours(x_ours)
+    assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    upstream = torch.randn_like(expected)
+    (expected * upstream).sum().backward()
+    (got * upstream).sum().backward()
+    assert x.grad is not None
+    assert x_ours.grad is not None
+    assert_close(x_ours.grad, x.grad, atol=1e-5, rtol=1e-5)
+
+    def grad(p: torch.nn.Parameter) -> Tensor:
+        assert p.grad is not None
+        return p.grad
+
+    hf_parts = _split_hf_projections(
+        grad(hf.in_proj_qkvz.weight), grad(hf.in_proj_ba.weight), 2, 6, 2 * 5
+    )
+    for name, hf_grad in zip("qkvzba", hf_parts, strict=True):
+        assert_close(grad(getattr(ours, f"{name}_proj").weight), hf_grad, atol=1e-5, rtol=1e-5)
+    pairs = [
+        (ours.conv_weight, grad(hf.conv1d.weight).squeeze(1)),
+        (ours.A_log, grad(hf.A_log)),
+        (ours.dt_bias, grad(hf.dt_bias)),
+        (ours.norm_weight, grad(hf.norm.weight)),
+        (ours.out_proj.weight, grad(hf.out_proj.weight)),
+    ]
+    for param, hf_grad in pairs:
+        assert_close(grad(param), hf_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_gated_delta_net_state_from_prefill_to_decode_equals_hf_cache() -> None:
+    hf, config = _hf_layer()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=4)
+    x = torch.randn(2, 8, 24)
+    cache = DynamicCache(config=config)
+    state = ours.new_state(2)
+    with torch.no_grad():
+        assert_close(ours(x[:, :6], state), hf(x[:, :6], cache=cache), atol=1e-5, rtol=1e-5)
+        ours.mode = "recurrent"  # decode one token at a time, as Hugging Face does
+        for i in (6, 7):
+            step = hf(x[:, i : i + 1], cache=cache)
+            assert_close(ours(x[:, i : i + 1], state), step, atol=1e-5, rtol=1e-5)
+    assert state.seen == 8
+    assert_close(state.recurrent, cache.get_recurrent_state(0), atol=1e-5, rtol=1e-5)
+    # Hugging Face's conv state keeps kernel_size inputs, the last kernel_size - 1 are used.
+    assert_close(state.conv, cache.get_conv_state(0)[..., 1:])
+    assert state.nbytes == 2 * 4 * (44 * 2 + 4 * 6 * 5)  # float32, batch 2: no token count
+
+
+def test_gated_delta_net_unbatched_and_modes_agree() -> None:
+    layer = GatedDeltaNet(8, num_k_heads=1, num_v_heads=2, head_k_dim=3, head_v_dim=4)
+    layer.double()
+    x = torch.randn(5, 8, dtype=torch.float64)
+    out = layer(x)
+    assert_close(out, layer(x.unsqueeze(0))[0])
+    layer.mode = "naive"
+    assert_close(layer(x), out)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda q: linear_attention(q, q, q, form="fast"), ValueError, "form"),
+        (lambda q: linear_attention(q, q[..., :3, :], q), ValueError, "key.shape"),
+        (lambda q: delta_rule(q, q, q, q[..., 0], mode="fast"), ValueError, "mode"),
+        (lambda q: delta_rule(q, q, q, q[..., 0], chunk_size=0), ValueError, "chunk_size"),
+        (lambda q: delta_rule(q, q, q, q[..., 0], chunk_size=2.0), TypeError, "chunk_size"),
+        (lambda q: delta_rule(q, q, q, q[..., :1, 0]), ValueError, "beta"),
+        (lambda q: delta_rule(q, q, q, q[..., 0], q[..., 0].int()), TypeError, "log_decay"),
+        (lambda q: delta_rule(q[0], q[0], q[0], q[0, ..., 0]), ValueError, "query"),
+        (
+            lambda q: delta_rule(q, q, q, q[..., 0], initial_state=q),
+            ValueError,
+            r"initial_state.*\(2, 3, 4, 4\)",
+        ),
+    ],
+)
+def test_functions_name_the_bad_argument(call: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 3, 5, 4))
+
+
+def test_gated_delta_net_names_the_bad_argument() -> None:
+    with pytest.raises(ValueError, match="num_v_heads must be a multiple of num_k_heads"):
+        GatedDeltaNet(8, num_k_heads=2, num_v_heads=3, head_k_dim=2, head_v_dim=2)
+    with pytest.raises(ValueError, match="mode"):
+        GatedDeltaNet(8, num_k_heads=1, num_v_heads=1, head_k_dim=2, head_v_dim=2, mode="x")
+    layer = GatedDeltaNet(8, num_k_heads=1, num_v_heads=2, head_k_dim=2, head_v_dim=3)
+    with pytest.raises(ValueError, match="mode"):
+        layer.mode = "fused"
+    x = torch.randn(2, 4, 8)
+    with pytest.raises(ValueError, match=r"x has 7 features.*d_model=8"):
+        layer(x[..., :7])
+    with pytest.raises(ValueError, match=r"state.conv must be \(2, 10, 3\).*batch of 2"):
+        layer(x, layer.new_state(1))
+    state = layer.new_state(2)
+    state.recurrent = state.recurrent.double()
+    with pytest.raises(ValueError, match=r"state\.recurrent must be torch\.float32"):
+        layer(x, state)
+    with pytest.raises(TypeError, match="state must be a GatedDeltaNetState"):
+        layer(x, (state.conv, state.recurrent))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="has no in_proj_qkvz"):
+        GatedDeltaNet.from_hf(layer)
+    assert isinstance(layer.new_state(1), GatedDeltaNetState)
