@@ -1,0 +1,275 @@
+"""DeepSeek Sparse Attention: equal to Hugging Face's DeepseekV32Attention after from_hf.
+
+The reference layer is built from a small random `DeepseekV32Config` (nothing
+downloaded) with eager attention, called as `DeepseekV32Model` calls it: cos/sin from
+`DeepseekV32RotaryEmbedding` and a 4-d additive causal mask. It runs on the CPU: its
+indexer is plain PyTorch (DeepSeek's FP8 scoring kernel and Hadamard rotation are left
+out, as they change no dot product beyond rounding). Its norms and biases are perturbed
+so that a weight copied to the wrong place changes the output.
+
+The indexer's scores are also checked against a float64 reference written here from
+the V3.2 report's formula, I[t, s] = sum_j w[t, j] ReLU(q[t, j] . k[s]).
+
+All sizes differ: b=2, heads=3, indexer heads=4, v_head_dim=5, qk_nope_head_dim=6,
+t=7 (topk=3 of them), qk_rope_head_dim=8, index_head_dim=10, kv_lora_rank=11,
+q_lora_rank=13, d_model=24.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor
+from transformers import DeepseekV32Config
+from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
+    DeepseekV32Attention,
+    DeepseekV32RotaryEmbedding,
+)
+
+from attnlab.mla import MultiHeadLatentAttention
+from attnlab.sparse import (
+    DeepSeekSparseAttention,
+    LightningIndexer,
+    selection_mask,
+    topk_indices,
+)
+
+B, T, TOPK = 2, 7, 3
+D_MODEL, HEADS, INDEX_HEADS = 24, 3, 4
+Q_LORA, KV_LORA, NOPE, ROPE, V, INDEX_DIM = 13, 11, 6, 8, 5, 10
+ATOL = 1e-5
+
+HF_NAMES = {
+    "q_down": "q_a_proj",
+    "q_norm": "q_a_layernorm",
+    "q_up": "q_b_proj",
+    "kv_down": "kv_a_proj_with_mqa",
+    "kv_norm": "kv_a_layernorm",
+    "kv_up": "kv_b_proj",
+    "out_proj": "o_proj",
+}
+
+
+@pytest.fixture(scope="module")
+def hf() -> DeepseekV32Attention:
+    torch.manual_seed(0)
+    config = DeepseekV32Config(
+        vocab_size=17, hidden_size=D_MODEL, num_hidden_layers=1, num_attention_heads=HEADS,
+        num_key_value_heads=HEADS, q_lora_rank=Q_LORA, kv_lora_rank=KV_LORA,
+        qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V, index_topk=TOPK,
+        index_head_dim=INDEX_DIM, index_n_heads=INDEX_HEADS, max_position_embeddings=64,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    layer = DeepseekV32Attention(config, layer_idx=0)
+    with torch.no_grad():  # norms start at 1 and biases at 0: make them matter
+        for name, p in layer.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return layer.eval()
+
+
+def _hf_inputs(hf: DeepseekV32Attention, x: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    cos_sin = DeepseekV32RotaryEmbedding(hf.config)(x, torch.arange(T)[None])
+    future = torch.arange(T)[None, :] > torch.arange(T)[:, None]
+    mask = torch.zeros(T, T).masked_fill(future, torch.finfo(torch.float32).min)
+    return cos_sin, mask[None, None].to(x.dtype)
+
+
+def _reference_scores(hf: DeepseekV32Attention, x: Tensor) -> Tensor:
+    """The V3.2 report's indexer score in float64, from the HF layer's weights."""
+    idx = hf.indexer
+    x = x.double()
+    # RMSNorm by its formula: HF's computes in float32 whatever the input.
+    q_latent = x @ hf.q_a_proj.weight.double().T
+    q_resid = (
+        hf.q_a_layernorm.weight.double()
+        * q_latent
+        * torch.rsqrt(q_latent.pow(2).mean(-1, keepdim=True) + hf.q_a_layernorm.variance_epsilon)
+    )
+    q = (q_resid @ idx.wq_b.weight.double().T).view(B, T, INDEX_HEADS, INDEX_DIM)
+    k = torch.nn.functional.layer_norm(
+        x @ idx.wk.weight.double().T, (INDEX_DIM,),
+        idx.k_norm.weight.double(), idx.k_norm.bias.double(), idx.k_norm.eps,
+    )  # fmt: skip
+    # RoPE on the first ROPE features, pairs (i, i + ROPE/2) turned by pos * 1e4^(-2i/ROPE);
+    # the cos/sin tables in float32, as transformers and attnlab build them.
+    frequencies = 1.0 / 1e4 ** (torch.arange(0, ROPE, 2).float() / ROPE)
+    angle = torch.arange(T).float()[:, None] * frequencies  # (T, ROPE/2)
+    cos, sin = angle.cos().double(), angle.sin().double()
+
+    def rope(u: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        a, b, rest = u[..., : ROPE // 2], u[..., ROPE // 2 : ROPE], u[..., ROPE:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], dim=-1)
+
+    q, k = rope(q, cos[:, None], sin[:, None]), rope(k, cos, sin)
+    w = (x @ idx.weights_proj.weight.double().T) / math.sqrt(INDEX_HEADS)  # (B, T, H)
+    relu = torch.relu(torch.einsum("bthd,bsd->bths", q, k) / math.sqrt(INDEX_DIM))
+    scores = torch.einsum("bth,bths->bts", w, relu)
+    future = torch.arange(T)[None, :] > torch.arange(T)[:, None]
+    return scores.masked_fill(future, float("-inf"))
+
+
+# -- equal to Hugging Face -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_dsa_equals_hf_outputs_and_gradients(hf: DeepseekV32Attention, absorb: bool) -> None:
+    ours = DeepSeekSparseAttention.from_hf(hf)
+    assert ours.topk == TOPK
+    x = torch.randn(B, T, D_MODEL)
+    x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    cos_sin, mask = _hf_inputs(hf, x_hf)
+    expected, _ = hf(x_hf, cos_sin, mask)
+    got = ours(x_ours, absorb=absorb)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    # The selection matters: dense causal MLA gives other outputs.
+    dense = ours.mla(x, is_causal=True)
+    assert (dense - expected).abs().max() > 1e-2
+
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    got.backward(grad_out)
+    assert x_ours.grad is not None
+    assert x_hf.grad is not None
+    torch.testing.assert_close(x_ours.grad, x_hf.grad, atol=ATOL, rtol=0)
+    hf_params = dict(hf.named_parameters())
+    for name, p in ours.mla.named_parameters():
+        module, kind = name.split(".")
+        ref = hf_params[f"{HF_NAMES[module]}.{kind}"]
+        assert p.grad is not None, name
+        assert ref.grad is not None, name
+        torch.testing.assert_close(p.grad, ref.grad, atol=ATOL, rtol=0, msg=name)
+        ref.grad = None
+    # A discrete selection passes no gradient to the indexer, in either implementation.
+    assert all(p.grad is None for p in ours.indexer.parameters())
+    assert all(p.grad is None for p in hf.indexer.parameters())
+
+
+def test_indexer_scores_equal_float64_reference_and_selection_equals_hf(
+    hf: DeepseekV32Attention,
+) -> None:
+    ours = DeepSeekSparseAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    reference = _reference_scores(hf, x)
+    got = ours.double().scores(x.double())
+    torch.testing.assert_close(got, reference, atol=1e-12, rtol=0)
+    # Every row's k-th and (k+1)-th scores are apart, so the top-k set is well defined.
+    top = reference.sort(dim=-1, descending=True).values[:, TOPK - 1 :, TOPK - 1 : TOPK + 1]
+    assert (top[..., 0] - top[..., 1]).min() > 1e-4
+
+    cos_sin, mask = _hf_inputs(hf, x)
+    q_resid = hf.q_a_layernorm(hf.q_a_proj(x))
+    expected = hf.indexer(x, q_resid, cos_sin, mask[:, 0], None).long()  # (B, T, TOPK)
+    picked = topk_indices(got, TOPK)
+    # Rows with TOPK or more past keys: the same keys. The first rows have fewer: HF fills
+    # them with future keys that its causal mask then hides; attnlab leaves them empty.
+    full = slice(TOPK - 1, None)
+    assert torch.equal(picked[:, full].sort(-1).values, expected[:, full].sort(-1).values)
+    for row in range(TOPK - 1):
+        assert torch.equal(
+            picked[:, row, : row + 1].sort(-1).values, torch.arange(row + 1).expand(B, -1)
+        )
+        assert bool((picked[:, row, row + 1 :] == -1).all())
+
+
+# -- properties ------------------------------------------------------------------------
+
+
+def test_topk_indices_are_the_best_past_keys_bottom_right() -> None:
+    """Three queries, the last three of six tokens: query i sees keys 0 .. i + 3."""
+    scores = torch.tensor([[[5.0, 1.0, 8.0, 2.0, 9.0, 7.0],
+                            [5.0, 1.0, 8.0, 2.0, 9.0, 7.0],
+                            [5.0, 1.0, 8.0, 2.0, 9.0, 7.0]]])  # fmt: skip
+    expected = torch.tensor([[[2, 0, 3, 1], [4, 2, 0, 3], [4, 2, 5, 0]]])
+    assert torch.equal(topk_indices(scores, 4), expected)
+    # More keys asked for than the row has: all of them, then empty slots.
+    assert topk_indices(scores[:, :, :3], 5)[0].tolist() == [[0, -1, -1], [0, 1, -1], [2, 0, 1]]
+    mask = selection_mask(expected, 6)
+    assert mask.sum(-1).tolist() == [[4, 4, 4]]
+    assert mask[0].tolist()[0] == [True, True, True, True, False, False]
+
+
+def test_dsa_with_topk_at_least_t_equals_causal_mla() -> None:
+    torch.manual_seed(1)
+    mla = MultiHeadLatentAttention(
+        D_MODEL, HEADS, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+        v_head_dim=V, q_lora_rank=Q_LORA,
+    )  # fmt: skip
+    indexer = LightningIndexer(D_MODEL, INDEX_HEADS, INDEX_DIM, d_query=Q_LORA, rope_dim=ROPE)
+    x = torch.randn(B, T, D_MODEL)
+    expected = mla(x, is_causal=True)
+    for topk in (T, T + 5):
+        dsa = DeepSeekSparseAttention(mla, indexer, topk=topk)
+        torch.testing.assert_close(dsa(x), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dsa(x[0]), expected[0], atol=1e-6, rtol=0)  # unbatched
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+def _small() -> DeepSeekSparseAttention:
+    mla = MultiHeadLatentAttention(
+        8, 2, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=3,
+    )  # fmt: skip
+    return DeepSeekSparseAttention(mla, LightningIndexer(8, 2, 4, rope_dim=2), topk=2)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: topk_indices(torch.zeros(1, 2, 2), 0), ValueError, "k must be a positive"),
+        (lambda: topk_indices(torch.zeros(1, 2, 2), 1.5), TypeError, "k must be a positive"),
+        (lambda: topk_indices(torch.zeros(1, 2, 2), True), TypeError, "k must be a positive"),
+        (lambda: topk_indices(torch.zeros(2, 2), 1), ValueError, r"scores must have 3"),
+        (lambda: topk_indices(torch.zeros(1, 3, 2), 1), ValueError, "t=3 > s=2"),
+        (lambda: selection_mask(torch.tensor([[[3]]]), 3), ValueError, "indices must lie"),
+        (lambda: selection_mask(torch.zeros(1, 1, 1), 3), TypeError, "indices must be an int"),
+        (
+            lambda: DeepSeekSparseAttention(_small().mla, _small().indexer, topk=0),
+            ValueError,
+            "topk must be a positive",
+        ),
+        (
+            lambda: DeepSeekSparseAttention(_small().mla, LightningIndexer(8, 2, 4), topk=True),
+            TypeError,
+            "topk must be a positive",
+        ),
+        (
+            lambda: DeepSeekSparseAttention(_small().mla, LightningIndexer(9, 2, 4), topk=2),
+            ValueError,
+            "indexer has d_model=9 but mla needs d_model=8",
+        ),
+        (
+            lambda: DeepSeekSparseAttention(
+                _small().mla, LightningIndexer(8, 2, 6, rope_dim=4), topk=2
+            ),
+            ValueError,
+            "rope_dim=4",
+        ),
+        (lambda: LightningIndexer(8, 2, 4, rope_dim=6), ValueError, "rope_dim must be at most"),
+        (lambda: _small()(torch.zeros(1, 3, 7)), ValueError, r"x has 7 features.*d_model=8"),
+        (
+            lambda: _small().indexer(torch.zeros(1, 3, 8), torch.zeros(1, 2, 8)),
+            ValueError,
+            r"q_input must have the batch size and length of x",
+        ),
+        (
+            lambda: _small().indexer(torch.zeros(1, 3, 8)),
+            ValueError,
+            "position_embeddings are required",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_sparse_bad_input_raises(call: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()  # type: ignore[operator]
+
+
+def test_dsa_from_hf_refuses_layers_without_an_indexer() -> None:
+    with pytest.raises(TypeError, match="DeepseekV32Attention, but Linear has no indexer"):
+        DeepSeekSparseAttention.from_hf(torch.nn.Linear(2, 2))
