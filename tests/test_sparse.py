@@ -32,6 +32,7 @@ from attnlab.mla import MultiHeadLatentAttention
 from attnlab.sparse import (
     DeepSeekSparseAttention,
     LightningIndexer,
+    indexer_loss,
     selection_mask,
     topk_indices,
 )
@@ -123,9 +124,12 @@ def test_dsa_equals_hf_outputs_and_gradients(hf: DeepseekV32Attention, absorb: b
     x = torch.randn(B, T, D_MODEL)
     x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     cos_sin, mask = _hf_inputs(hf, x_hf)
-    expected, _ = hf(x_hf, cos_sin, mask)
+    expected, expected_weights = hf(x_hf, cos_sin, mask)
     got = ours(x_ours, absorb=absorb)
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    if absorb:  # one comparison of the weights is enough
+        weights = ours.attention_weights(x)
+        torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=0)
     # The selection matters: dense causal MLA gives other outputs.
     dense = ours.mla(x, is_causal=True)
     assert (dense - expected).abs().max() > 1e-2
@@ -208,6 +212,36 @@ def test_dsa_with_topk_at_least_t_equals_causal_mla() -> None:
     torch.testing.assert_close(dsa(x[0]), expected[0], atol=1e-6, rtol=0)  # unbatched
 
 
+def test_indexer_loss_is_the_kl_from_the_summed_heads() -> None:
+    """Dense and sparse forms against torch's kl_div on hand-made distributions."""
+    torch.manual_seed(2)
+    scores = torch.randn(2, 4, 5).masked_fill(
+        torch.ones(4, 5, dtype=torch.bool).triu(2), -torch.inf
+    )
+    logits = torch.randn(2, 3, 4, 5).masked_fill(
+        torch.ones(4, 5, dtype=torch.bool).triu(2), -torch.inf
+    )
+    weights = logits.softmax(-1)
+    target = weights.sum(1) / 3  # three heads, each row sums to 1
+    log_q = scores.log_softmax(-1)
+    dense = torch.nn.functional.kl_div(log_q[target > 0], target[target > 0], reduction="sum")
+    torch.testing.assert_close(indexer_loss(scores, weights), dense / 8)
+    indices = topk_indices(scores[:, :, 1:], 2)  # bottom-right: every query has >= 2 keys
+    indices = indices + 1  # keys 1 .. 4 of the 5
+    keep = selection_mask(indices, 5)
+    p = target * keep / (target * keep).sum(-1, keepdim=True)
+    log_q = scores.masked_fill(~keep, -torch.inf).log_softmax(-1)
+    sparse = torch.nn.functional.kl_div(log_q[keep], p[keep], reduction="sum")
+    torch.testing.assert_close(indexer_loss(scores, weights, indices), sparse / 8)
+    # The loss trains the indexer, never the main attention.
+    weights.requires_grad_()
+    scores.requires_grad_()
+    indexer_loss(scores, weights).backward()
+    assert weights.grad is None
+    assert scores.grad is not None
+    assert bool(scores.grad.isfinite().all())
+
+
 # -- bad input -------------------------------------------------------------------------
 
 
@@ -251,6 +285,11 @@ def _small() -> DeepSeekSparseAttention:
             "rope_dim=4",
         ),
         (lambda: LightningIndexer(8, 2, 4, rope_dim=6), ValueError, "rope_dim must be at most"),
+        (
+            lambda: indexer_loss(torch.zeros(1, 2, 2), torch.zeros(1, 3, 2, 3)),
+            ValueError,
+            r"weights must have shape \(b, num_heads, t, s\)",
+        ),
         (lambda: _small()(torch.zeros(1, 3, 7)), ValueError, r"x has 7 features.*d_model=8"),
         (
             lambda: _small().indexer(torch.zeros(1, 3, 8), torch.zeros(1, 2, 8)),

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab._backends import attention_weights as _attention_weights
 from attnlab._validation import (
     check_features,
     check_positive_int,
@@ -46,6 +47,7 @@ from attnlab.rope import check_head_dim, rotate
 __all__ = [
     "DeepSeekSparseAttention",
     "LightningIndexer",
+    "indexer_loss",
     "selection_mask",
     "topk_indices",
 ]
@@ -151,6 +153,58 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
     slots = torch.where(indices < 0, num_keys, indices).long()
     mask = torch.zeros(b, t, num_keys + 1, dtype=torch.bool, device=indices.device)
     return mask.scatter(-1, slots, True)[..., :num_keys]  # (b, t, s)
+
+
+def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None) -> Tensor:
+    r"""DeepSeek-V3.2's training objective for the indexer: KL from the main attention.
+
+    The target of query $t$ is the main attention's distribution summed over its heads
+    and renormalised, $p_{t,:}$; the indexer's is $\operatorname{softmax}(I_{t,:})$. The
+    loss is $D_{KL}(p_{t,:} \,\|\, \operatorname{softmax}(I_{t,:}))$, averaged over the
+    queries and the batch (the report sums over tokens: a constant factor). The weights
+    are detached: the loss trains the indexer only. In the report's dense warm-up both
+    distributions run over all past keys (`indices=None`); in its sparse stage over each
+    query's selected keys only (`indices` from
+    [`topk_indices`][attnlab.sparse.topk_indices]).
+
+    Args:
+        scores: Indexer scores `(b, t, s)`, -inf at hidden keys.
+        weights: The main attention's weights `(b, num_heads, t, s)`, e.g. from
+            [`DeepSeekSparseAttention.attention_weights`][attnlab.sparse.DeepSeekSparseAttention.attention_weights].
+        indices: Selected keys `(b, t, k)` (-1: empty slot), or None for all keys.
+
+    Returns:
+        The loss, a scalar tensor.
+
+    Raises:
+        TypeError: If `scores` or `weights` is not a floating-point tensor.
+        ValueError: If `weights` is not 4-d or does not fit `scores`.
+
+    Examples:
+        >>> scores = torch.tensor([[[0.0, -float("inf")], [0.0, 0.0]]])
+        >>> weights = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])  # one head
+        >>> float(indexer_loss(scores, weights))  # the indexer already agrees
+        0.0
+    """
+    scores = _check_scores(scores)
+    weights = check_tensor("weights", weights)
+    check_rank("weights", weights, (4,), "(b, num_heads, t, s)")
+    b, t, s = scores.shape
+    if weights.shape[0] != b or weights.shape[2:] != scores.shape[1:]:
+        raise ValueError(
+            f"weights must have shape (b, num_heads, t, s) = (b={b}, num_heads, t={t}, s={s}) "
+            f"to fit scores, got weights.shape={tuple(weights.shape)}"
+        )
+    target = weights.detach().sum(1).to(scores.dtype)  # (b, t, s)
+    if indices is not None:
+        keep = selection_mask(indices, s)  # (b, t, s)
+        target = target * keep
+        scores = scores.masked_fill(~keep, float("-inf"))
+    target = target / target.sum(-1, keepdim=True)
+    log_q = torch.log_softmax(scores, dim=-1)  # (b, t, s)
+    # Keys the target gives nothing add nothing (0 log 0 = 0), even where log_q is -inf.
+    terms = torch.where(target > 0, target * (target.log() - log_q), 0.0)
+    return terms.sum(-1).mean()
 
 
 class LightningIndexer(nn.Module):
@@ -421,6 +475,48 @@ class DeepSeekSparseAttention(nn.Module):
         q_input, cos_sin = self._indexer_inputs(xb, positions)
         scores: Tensor = self.indexer(xb, q_input, position_embeddings=cos_sin)
         return scores[0] if unbatched else scores
+
+    def attention_weights(
+        self, x: Tensor, *, positions: Tensor | None = None, sparse: bool = True
+    ) -> Tensor:
+        """The main attention's weights `(b, num_heads, t, t)` (`(num_heads, t, t)` unbatched).
+
+        Args:
+            x: Tokens `(b, t, d_model)` or `(t, d_model)`.
+            positions: Integer RoPE positions, as in `forward`.
+            sparse: Under the indexer's selection (what `forward` mixes the values
+                with); False for dense causal MLA, the target of
+                [`indexer_loss`][attnlab.sparse.indexer_loss]'s warm-up.
+
+        Returns:
+            Each query's weights over the keys, summing to 1 (0 at unselected keys).
+        """
+        if is_validation_enabled():
+            self._check_x(x)
+        unbatched = x.ndim == 2
+        xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
+        mla = self.mla
+        q_input, (cos, sin) = self._indexer_inputs(xb, positions)
+        mask = None
+        if sparse:
+            scores = self.indexer(xb, q_input, position_embeddings=(cos, sin))  # (b, t, t)
+            indices = topk_indices(scores, self.topk)
+            mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
+        # MLA's absorbed scores: W_UK folded into the queries, the latents as keys.
+        q_nope, q_rope = mla._queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
+        c_kv, k_rope = mla._latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
+        w_uk, _ = mla._up_weights()
+        q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_rope], dim=-1)
+        k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, t, r + d_rope)
+        weights = _attention_weights(
+            q,
+            k,
+            attn_mask=mask,
+            is_causal=not sparse,
+            scale=mla.softmax_scale,
+            enable_gqa=True,
+        )  # (b, h, t, t)
+        return weights[0] if unbatched else weights
 
     def _check_x(self, x: object) -> None:
         check_tokens(
