@@ -210,6 +210,12 @@ def test_dsa_with_topk_at_least_t_equals_causal_mla() -> None:
         dsa = DeepSeekSparseAttention(mla, indexer, topk=topk)
         torch.testing.assert_close(dsa(x), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(dsa(x[0]), expected[0], atol=1e-6, rtol=0)  # unbatched
+    # The indexer's loss trains the indexer only (its inputs are detached).
+    x.requires_grad_()
+    indexer_loss(dsa.scores(x), dsa.attention_weights(x, sparse=False)).backward()
+    assert x.grad is None
+    assert all(p.grad is None for p in mla.parameters())
+    assert all(p.grad is not None for p in indexer.parameters())
 
 
 def test_indexer_loss_is_the_kl_from_the_summed_heads() -> None:

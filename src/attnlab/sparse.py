@@ -436,20 +436,24 @@ class DeepSeekSparseAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"topk={self.topk}"
 
-    def _indexer_inputs(
-        self, x: Tensor, positions: Tensor | None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """The indexer's query input and the RoPE tables that both attentions share."""
+    def _index(self, x: Tensor, positions: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The indexer's scores of `x` `(b, t, d_model)`, and the RoPE tables both share.
+
+        The indexer reads its inputs detached, as in the V3.2 report: its loss trains the
+        indexer only, never the main attention or the layers below.
+        """
         mla = self.mla
         if positions is None:
             positions = torch.arange(x.shape[-2], device=x.device)  # (t,)
         cos_sin = mla._rope_tables(positions)  # once, for the indexer and for MLA
-        if mla.q_down is None:
-            return x, cos_sin
-        assert mla.q_norm is not None
-        # MLA projects this latent again for its own queries: a small cost for keeping
-        # MLA unchanged (the indexer reads it, as in DeepSeek's model).
-        return mla.q_norm(mla.q_down(x)), cos_sin
+        q_input = x
+        if mla.q_down is not None:
+            assert mla.q_norm is not None
+            # MLA projects this latent again for its own queries: a small cost for keeping
+            # MLA unchanged (the indexer reads it, as in DeepSeek's model).
+            q_input = mla.q_norm(mla.q_down(x))
+        scores = self.indexer(x.detach(), q_input.detach(), position_embeddings=cos_sin)
+        return scores, cos_sin
 
     def select(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The keys each query attends to: `(b, t, min(topk, t))`, -1 for an empty slot.
@@ -472,8 +476,7 @@ class DeepSeekSparseAttention(nn.Module):
             self._check_x(x)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
-        q_input, cos_sin = self._indexer_inputs(xb, positions)
-        scores: Tensor = self.indexer(xb, q_input, position_embeddings=cos_sin)
+        scores, _ = self._index(xb, positions)
         return scores[0] if unbatched else scores
 
     def attention_weights(
@@ -496,10 +499,9 @@ class DeepSeekSparseAttention(nn.Module):
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         mla = self.mla
-        q_input, (cos, sin) = self._indexer_inputs(xb, positions)
+        scores, (cos, sin) = self._index(xb, positions)
         mask = None
         if sparse:
-            scores = self.indexer(xb, q_input, position_embeddings=(cos, sin))  # (b, t, t)
             indices = topk_indices(scores, self.topk)
             mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
         # MLA's absorbed scores: W_UK folded into the queries, the latents as keys.
@@ -551,8 +553,7 @@ class DeepSeekSparseAttention(nn.Module):
             self._check_x(x)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
-        q_input, cos_sin = self._indexer_inputs(xb, positions)
-        scores = self.indexer(xb, q_input, position_embeddings=cos_sin)  # (b, t, t)
+        scores, cos_sin = self._index(xb, positions)  # (b, t, t)
         indices = topk_indices(scores, self.topk)  # (b, t, k)
         mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
         # The selection holds no future key, so the mask alone is causal.
