@@ -12,7 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.testing import assert_close
 from transformers import DynamicCache, Qwen3NextConfig
-from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+from transformers.models.qwen3_next.modeling_qwen3_next import (
+    Qwen3NextGatedDeltaNet,
+    torch_chunk_gated_delta_rule,
+)
 
 from attnlab.linear import (
     GatedDeltaNet,
@@ -52,6 +55,23 @@ def test_delta_rule_modes_equal(gated: bool) -> None:
         out, state = delta_rule(q, k, v, beta, g, mode=mode, chunk_size=size, initial_state=s0)
         assert_close(out, naive[0])
         assert_close(state, naive[1])
+
+
+def test_delta_rule_chunk_from_a_state_equals_hugging_faces_kernel() -> None:
+    # Hugging Face's kernel: (b, t, h, d) layout, queries scaled by d_k ** -0.5 inside,
+    # chunks of 64 padded at the end; ours: (b, h, t, d), chunks of 5, the last one short.
+    b, h, t, d_k, d_v = 2, 3, 12, 4, 5
+    q, v = torch.randn(b, t, h, d_k), torch.randn(b, t, h, d_v)
+    k = F.normalize(torch.randn(b, t, h, d_k), dim=-1)
+    beta, g = torch.rand(b, t, h), -torch.rand(b, t, h)
+    s0 = torch.randn(b, h, d_k, d_v)
+    expected, state = torch_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True
+    )
+    heads = [x.transpose(1, 2) for x in (q * d_k**-0.5, k, v, beta, g)]
+    out, our_state = delta_rule(*heads, chunk_size=5, initial_state=s0)
+    assert_close(out.transpose(1, 2), expected)
+    assert_close(our_state, state)
 
 
 def test_delta_rule_overwrites_where_linear_attention_adds() -> None:
@@ -194,3 +214,20 @@ def test_gated_delta_net_names_the_bad_argument() -> None:
     with pytest.raises(ValueError, match="has no in_proj_qkvz"):
         GatedDeltaNet.from_hf(layer)
     assert isinstance(layer.new_state(1), GatedDeltaNetState)
+
+
+def test_gated_delta_net_bfloat16_error_at_most_twice_hugging_faces() -> None:
+    # flash-attention's rule: judge low precision against the reference run in the same
+    # precision, both measured from float64 (our layer: Hugging Face's kernels cast to
+    # float32 inside, so they have no float64 run). Weights are rounded to bfloat16 first,
+    # so that all three runs share them exactly.
+    hf, _ = _hf_layer()
+    hf.to(torch.bfloat16)
+    x = torch.randn(2, 9, 24).to(torch.bfloat16)
+    exact = GatedDeltaNet.from_hf(hf, chunk_size=4).double()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=4)
+    with torch.no_grad():
+        reference = exact(x.double())
+        hf_error = (hf(x).double() - reference).abs().max()
+        our_error = (ours(x).double() - reference).abs().max()
+    assert 0 < our_error <= 2 * hf_error
