@@ -264,7 +264,7 @@ def _small() -> DeepSeekSparseAttention:
         (lambda: topk_indices(torch.zeros(1, 2, 2), 0), ValueError, "k must be a positive"),
         (lambda: topk_indices(torch.zeros(1, 2, 2), 1.5), TypeError, "k must be a positive"),
         (lambda: topk_indices(torch.zeros(1, 2, 2), True), TypeError, "k must be a positive"),
-        (lambda: topk_indices(torch.zeros(2, 2), 1), ValueError, r"scores must have 3"),
+        (lambda: topk_indices(torch.zeros(2), 1), ValueError, r"scores must have 2 or 3"),
         (lambda: topk_indices(torch.zeros(1, 3, 2), 1), ValueError, "t=3 > s=2"),
         (lambda: selection_mask(torch.tensor([[[3]]]), 3), ValueError, "indices must lie"),
         (lambda: selection_mask(torch.zeros(1, 1, 1), 3), TypeError, "indices must be an int"),

@@ -67,7 +67,7 @@ def _hide_future(scores: Tensor) -> Tensor:
 
 def _check_scores(scores: object) -> Tensor:
     scores = check_tensor("scores", scores)
-    check_rank("scores", scores, (3,), "(b, t, s)")
+    check_rank("scores", scores, (2, 3), "(t, s) or (b, t, s)")
     t, s = scores.shape[-2], scores.shape[-1]
     if t > s:
         raise ValueError(
@@ -86,18 +86,18 @@ def topk_indices(scores: Tensor, k: int) -> Tensor:
     -inf (e.g. padding) are never picked either.
 
     Args:
-        scores: Indexer scores `(b, t, s)`, e.g. from
+        scores: Indexer scores `(b, t, s)` or `(t, s)`, e.g. from
             [`LightningIndexer`][attnlab.sparse.LightningIndexer].
         k: Keys per query, a positive int (`index_topk`); may exceed `s`.
 
     Returns:
-        Key indices `(b, t, min(k, s))`, int64, in decreasing order of score; -1 marks an
-        empty slot.
+        Key indices `(b, t, min(k, s))` (or `(t, min(k, s))`), int64, in decreasing order
+        of score; -1 marks an empty slot.
 
     Raises:
         TypeError: If `scores` is not a floating-point tensor or `k` not an int.
-        ValueError: If `k` is not positive, `scores` is not 3-d or has more queries than
-            keys.
+        ValueError: If `k` is not positive, `scores` is not 2-d or 3-d or has more
+            queries than keys.
 
     Examples:
         >>> scores = torch.tensor([[[5.0, 9.0, 1.0], [3.0, 2.0, 7.0], [4.0, 8.0, 6.0]]])
@@ -115,11 +115,11 @@ def topk_indices(scores: Tensor, k: int) -> Tensor:
 
 
 def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
-    """A boolean mask `(b, t, num_keys)`, True at the keys each query selected.
+    """A boolean mask `(b, t, num_keys)` (or `(t, num_keys)`), True at the selected keys.
 
     Args:
-        indices: Key indices `(b, t, k)` from [`topk_indices`][attnlab.sparse.topk_indices];
-            -1 marks an empty slot.
+        indices: Key indices `(b, t, k)` or `(t, k)` from
+            [`topk_indices`][attnlab.sparse.topk_indices]; -1 marks an empty slot.
         num_keys: Keys `s` of the mask.
 
     Returns:
@@ -127,7 +127,8 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
 
     Raises:
         TypeError: If `indices` is not an integer tensor or `num_keys` not an int.
-        ValueError: If `indices` is not 3-d or holds an index outside `-1 .. num_keys - 1`.
+        ValueError: If `indices` is not 2-d or 3-d or holds an index outside
+            `-1 .. num_keys - 1`.
 
     Examples:
         >>> selection_mask(torch.tensor([[[0, -1], [1, 0]]]), 3)
@@ -137,7 +138,7 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
     check_positive_int("num_keys", num_keys)
     if not isinstance(indices, Tensor) or indices.is_floating_point() or indices.is_complex():
         raise TypeError(f"indices must be an integer tensor, got {indices!r:.60}")
-    check_rank("indices", indices, (3,), "(b, t, k)")
+    check_rank("indices", indices, (2, 3), "(t, k) or (b, t, k)")
     if (
         is_validation_enabled()
         and indices.numel()
@@ -147,11 +148,12 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
             f"indices must lie in -1 .. num_keys - 1 = {num_keys - 1}, got values in "
             f"{int(indices.min())} .. {int(indices.max())}"
         )
-    b, t, _ = indices.shape
     # An extra column takes the empty slots (-1), then is dropped: scattering into the
     # real columns would let an empty slot overwrite a selected key.
     slots = torch.where(indices < 0, num_keys, indices).long()
-    mask = torch.zeros(b, t, num_keys + 1, dtype=torch.bool, device=indices.device)
+    mask = torch.zeros(
+        *indices.shape[:-1], num_keys + 1, dtype=torch.bool, device=indices.device
+    )  # (..., t, s + 1)
     return mask.scatter(-1, slots, True)[..., :num_keys]  # (b, t, s)
 
 
@@ -168,17 +170,20 @@ def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None)
     [`topk_indices`][attnlab.sparse.topk_indices]).
 
     Args:
-        scores: Indexer scores `(b, t, s)`, -inf at hidden keys.
-        weights: The main attention's weights `(b, num_heads, t, s)`, e.g. from
+        scores: Indexer scores `(b, t, s)` or `(t, s)`, -inf at hidden keys.
+        weights: The main attention's weights `(b, num_heads, t, s)` (or
+            `(num_heads, t, s)`), e.g. from
             [`DeepSeekSparseAttention.attention_weights`][attnlab.sparse.DeepSeekSparseAttention.attention_weights].
-        indices: Selected keys `(b, t, k)` (-1: empty slot), or None for all keys.
+        indices: Selected keys `(b, t, k)` or `(t, k)` (-1: empty slot), or None for all
+            keys.
 
     Returns:
         The loss, a scalar tensor.
 
     Raises:
         TypeError: If `scores` or `weights` is not a floating-point tensor.
-        ValueError: If `weights` is not 4-d or does not fit `scores`.
+        ValueError: If `weights` does not have one axis (the heads) more than `scores`,
+            or does not fit it.
 
     Examples:
         >>> scores = torch.tensor([[[0.0, -float("inf")], [0.0, 0.0]]])
@@ -188,14 +193,17 @@ def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None)
     """
     scores = _check_scores(scores)
     weights = check_tensor("weights", weights)
-    check_rank("weights", weights, (4,), "(b, num_heads, t, s)")
-    b, t, s = scores.shape
-    if weights.shape[0] != b or weights.shape[2:] != scores.shape[1:]:
+    batch = tuple(scores.shape[:-2])
+    shape_fits = weights.shape[:-3] == batch and weights.shape[-2:] == scores.shape[-2:]
+    if weights.ndim != scores.ndim + 1 or not shape_fits:
+        t, s = scores.shape[-2:]
         raise ValueError(
-            f"weights must have shape (b, num_heads, t, s) = (b={b}, num_heads, t={t}, s={s}) "
-            f"to fit scores, got weights.shape={tuple(weights.shape)}"
+            f"weights must have shape {'(b, ' if batch else '('}num_heads, t, s) = "
+            f"({f'b={batch[0]}, ' if batch else ''}num_heads, t={t}, s={s}) to fit scores, "
+            f"got weights.shape={tuple(weights.shape)}"
         )
-    target = weights.detach().sum(1).to(scores.dtype)  # (b, t, s)
+    s = scores.shape[-1]
+    target = weights.detach().sum(-3).to(scores.dtype)  # (..., t, s)
     if indices is not None:
         keep = selection_mask(indices, s)  # (b, t, s)
         target = target * keep
@@ -467,8 +475,7 @@ class DeepSeekSparseAttention(nn.Module):
             Indices as [`topk_indices`][attnlab.sparse.topk_indices] gives them (without
             the batch axis for unbatched `x`).
         """
-        scores = self.scores(x, positions=positions)
-        return topk_indices(scores, self.topk)
+        return topk_indices(self.scores(x, positions=positions), self.topk)
 
     def scores(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The indexer's causal scores `(b, t, t)` (or `(t, t)` for unbatched `x`)."""
