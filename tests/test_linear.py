@@ -173,6 +173,7 @@ def test_gated_delta_net_unbatched_and_modes_agree() -> None:
     ("call", "error", "match"),
     [
         (lambda q: linear_attention(q, q, q, form="fast"), ValueError, "form"),
+        (lambda q: linear_attention(q, q, q, causal=1), TypeError, "causal"),
         (lambda q: linear_attention(q, q[..., :3, :], q), ValueError, "key.shape"),
         (lambda q: delta_rule(q, q, q, q[..., 0], mode="fast"), ValueError, "mode"),
         (lambda q: delta_rule(q, q, q, q[..., 0], chunk_size=0), ValueError, "chunk_size"),

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._validation import (
+    check_bool,
     check_choice,
     check_positive_int,
     check_rank,
@@ -126,6 +127,7 @@ def linear_attention(
         True
     """
     check_choice("form", form, _FORMS)
+    check_bool("causal", causal)
     if is_validation_enabled():
         _check_linear_inputs(query, key, value)
     q, k = feature_map(query), feature_map(key)
