@@ -140,6 +140,23 @@ def test_gated_delta_net_from_hf_outputs_and_gradients() -> None:
         assert_close(grad(param), hf_grad, atol=1e-5, rtol=1e-5)
 
 
+def test_gated_delta_net_from_hf_qwen3_5_layer() -> None:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    config = Qwen3_5TextConfig(
+        hidden_size=24, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=6, linear_value_head_dim=5, linear_conv_kernel_dim=3,
+        num_hidden_layers=1, layer_types=["linear_attention"], num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, vocab_size=10, intermediate_size=8,
+    )  # fmt: skip
+    hf = Qwen3_5GatedDeltaNet(config, layer_idx=0)
+    with torch.no_grad():
+        hf.norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 7, 24)
+    assert_close(GatedDeltaNet.from_hf(hf, chunk_size=3)(x), hf(x), atol=1e-5, rtol=1e-5)
+
+
 def test_gated_delta_net_state_from_prefill_to_decode_equals_hf_cache() -> None:
     hf, config = _hf_layer()
     ours = GatedDeltaNet.from_hf(hf, chunk_size=4)
@@ -212,7 +229,7 @@ def test_gated_delta_net_names_the_bad_argument() -> None:
         layer(x, state)
     with pytest.raises(TypeError, match="state must be a GatedDeltaNetState"):
         layer(x, (state.conv, state.recurrent))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="has no in_proj_qkvz"):
+    with pytest.raises(ValueError, match="GatedDeltaNet has no conv1d, norm, in_proj_qkvz"):
         GatedDeltaNet.from_hf(layer)
     assert isinstance(layer.new_state(1), GatedDeltaNetState)
 

@@ -593,15 +593,18 @@ class GatedDeltaNet(nn.Module):
 
     @classmethod
     def from_hf(cls, layer: Any, *, mode: str = "chunk", chunk_size: int = 64) -> GatedDeltaNet:
-        """Copy Hugging Face's `Qwen3NextGatedDeltaNet` (transformers >= 5).
+        """Copy Hugging Face's `Qwen3NextGatedDeltaNet` or `Qwen3_5GatedDeltaNet`.
 
-        The fused projections are split by rows: `in_proj_qkvz` holds, per key head,
-        `head_k_dim` query rows, `head_k_dim` key rows, then the value and the `z` rows of
-        its `num_v_heads // num_k_heads` value heads; `in_proj_ba` holds, per key head,
-        the `b` rows then the `a` rows of those value heads.
+        Qwen3-Next's fused projections are split by rows: `in_proj_qkvz` holds, per key
+        head, `head_k_dim` query rows, `head_k_dim` key rows, then the value and the `z`
+        rows of its `num_v_heads // num_k_heads` value heads; `in_proj_ba` holds, per
+        key head, the `b` rows then the `a` rows of those value heads. Qwen3.5's layer
+        computes the same with `in_proj_qkv` (all query rows, all key rows, all value
+        rows) and separate `in_proj_z`, `in_proj_b`, `in_proj_a`.
 
         Args:
-            layer: A `Qwen3NextGatedDeltaNet` (or a layer with its attributes).
+            layer: A `Qwen3NextGatedDeltaNet` or `Qwen3_5GatedDeltaNet` (transformers
+                5), or a layer with the same attributes.
             mode: The new layer's `mode`.
             chunk_size: The new layer's `chunk_size`.
 
@@ -612,12 +615,15 @@ class GatedDeltaNet(nn.Module):
             ValueError: If `layer` lacks a part this copy needs, or computes something it
                 does not (a convolution bias, an activation other than SiLU).
         """
-        needed = ("in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
+        split = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        fused = not all(hasattr(layer, name) for name in split)  # Qwen3-Next, not 3.5
+        needed: tuple[str, ...] = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
+        needed += ("in_proj_qkvz", "in_proj_ba") if fused else split
         missing = [name for name in needed if not hasattr(layer, name)]
         if missing:
             raise ValueError(
-                f"layer must be a Qwen3NextGatedDeltaNet; {type(layer).__name__} has no "
-                f"{', '.join(missing)}"
+                "layer must be a Qwen3NextGatedDeltaNet or Qwen3_5GatedDeltaNet; "
+                f"{type(layer).__name__} has no {', '.join(missing)}"
             )
         if layer.conv1d.bias is not None or getattr(layer, "activation", "silu") != "silu":
             raise ValueError(
@@ -632,10 +638,15 @@ class GatedDeltaNet(nn.Module):
         )  # fmt: skip
         weight = layer.out_proj.weight
         new.to(device=weight.device, dtype=weight.dtype)
-        parts = _split_hf_projections(
-            layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, new.num_k_heads, new.head_k_dim,
-            new.num_v_heads // new.num_k_heads * new.head_v_dim,
-        )  # fmt: skip
+        if fused:
+            parts = _split_hf_projections(
+                layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, new.num_k_heads,
+                new.head_k_dim, new.num_v_heads // new.num_k_heads * new.head_v_dim,
+            )  # fmt: skip
+        else:
+            key_dim = new.num_k_heads * new.head_k_dim
+            qkv = torch.split(layer.in_proj_qkv.weight, [key_dim, key_dim, new.v_proj.out_features])
+            parts = (*qkv, *(getattr(layer, name).weight for name in split[1:]))
         with torch.no_grad():
             for name, value in zip(("q", "k", "v", "z", "b", "a"), parts, strict=True):
                 getattr(new, f"{name}_proj").weight.copy_(value)
