@@ -28,6 +28,7 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
     DeepseekV32RotaryEmbedding,
 )
 
+import attnlab
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.sparse import (
     DeepSeekSparseAttention,
@@ -292,6 +293,15 @@ def _small() -> DeepSeekSparseAttention:
         ),
         (lambda: LightningIndexer(8, 2, 4, rope_dim=6), ValueError, "rope_dim must be at most"),
         (
+            lambda: indexer_loss(
+                torch.zeros(1, 2, 2),
+                torch.zeros(1, 3, 2, 2),
+                torch.zeros(1, 3, 1, dtype=torch.long),
+            ),
+            ValueError,
+            "indices must have the batch and query axes of scores",
+        ),
+        (
             lambda: indexer_loss(torch.zeros(1, 2, 2), torch.zeros(1, 3, 2, 3)),
             ValueError,
             r"weights must have shape \(b, num_heads, t, s\)",
@@ -318,3 +328,13 @@ def test_sparse_bad_input_raises(call: object, error: type[Exception], match: st
 def test_dsa_from_hf_refuses_layers_without_an_indexer() -> None:
     with pytest.raises(TypeError, match="DeepseekV32Attention, but Linear has no indexer"):
         DeepSeekSparseAttention.from_hf(torch.nn.Linear(2, 2))
+
+
+def test_dsa_validation_off_gives_the_same_outputs() -> None:
+    torch.manual_seed(3)
+    dsa = _small()
+    x = torch.randn(2, 5, 8)
+    expected, picked = dsa(x), dsa.select(x)
+    with attnlab.validation(False):
+        torch.testing.assert_close(dsa(x), expected, atol=0, rtol=0)
+        assert torch.equal(dsa.select(x), picked)

@@ -40,6 +40,7 @@ from attnlab._validation import (
     check_tensor,
     check_tokens,
     is_validation_enabled,
+    value_checks_enabled,
 )
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import check_head_dim, rotate
@@ -106,8 +107,14 @@ def topk_indices(scores: Tensor, k: int) -> Tensor:
                  [ 0,  1],
                  [ 1,  2]]])
     """
-    check_positive_int("k", k)
-    scores = _check_scores(scores)
+    if is_validation_enabled():
+        check_positive_int("k", k)
+        _check_scores(scores)
+    return topk_indices_impl(scores, k)
+
+
+def topk_indices_impl(scores: Tensor, k: int) -> Tensor:
+    """[`topk_indices`][attnlab.sparse.topk_indices] without the checks (attnlab's own calls)."""
     masked = _hide_future(scores)
     values, indices = masked.topk(min(k, scores.shape[-1]), dim=-1)  # (b, t, k)
     # topk fills a short row with hidden keys (score -inf): mark those slots empty.
@@ -135,19 +142,30 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
         tensor([[[ True, False, False],
                  [ True,  True, False]]])
     """
+    if is_validation_enabled():
+        _check_indices(indices, num_keys)
+    return selection_mask_impl(indices, num_keys)
+
+
+def _check_indices(indices: object, num_keys: object) -> None:
     check_positive_int("num_keys", num_keys)
+    assert isinstance(num_keys, int)
     if not isinstance(indices, Tensor) or indices.is_floating_point() or indices.is_complex():
         raise TypeError(f"indices must be an integer tensor, got {indices!r:.60}")
     check_rank("indices", indices, (2, 3), "(t, k) or (b, t, k)")
     if (
-        is_validation_enabled()
+        value_checks_enabled()
         and indices.numel()
         and (int(indices.min()) < -1 or int(indices.max()) >= num_keys)
-    ):  # reads the values: a host sync
+    ):  # reads the values: a host sync, skipped while compiling or exporting
         raise ValueError(
             f"indices must lie in -1 .. num_keys - 1 = {num_keys - 1}, got values in "
             f"{int(indices.min())} .. {int(indices.max())}"
         )
+
+
+def selection_mask_impl(indices: Tensor, num_keys: int) -> Tensor:
+    """[`selection_mask`][attnlab.sparse.selection_mask] without the checks."""
     # An extra column takes the empty slots (-1), then is dropped: scattering into the
     # real columns would let an empty slot overwrite a selected key.
     slots = torch.where(indices < 0, num_keys, indices).long()
@@ -183,7 +201,8 @@ def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None)
     Raises:
         TypeError: If `scores` or `weights` is not a floating-point tensor.
         ValueError: If `weights` does not have one axis (the heads) more than `scores`,
-            or does not fit it.
+            or does not fit it, or `indices` does not fit `scores` (or holds an index
+            outside `-1 .. s - 1`).
 
     Examples:
         >>> scores = torch.tensor([[[0.0, -float("inf")], [0.0, 0.0]]])
@@ -191,6 +210,22 @@ def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None)
         >>> float(indexer_loss(scores, weights))  # the indexer already agrees
         0.0
     """
+    if is_validation_enabled():
+        _check_loss_inputs(scores, weights, indices)
+    target = weights.detach().sum(-3).to(scores.dtype)  # (..., t, s)
+    s = scores.shape[-1]
+    if indices is not None:
+        keep = selection_mask_impl(indices, s)  # (..., t, s)
+        target = target * keep
+        scores = scores.masked_fill(~keep, float("-inf"))
+    target = target / target.sum(-1, keepdim=True)
+    log_q = torch.log_softmax(scores, dim=-1)  # (..., t, s)
+    # Keys the target gives nothing add nothing (0 log 0 = 0), even where log_q is -inf.
+    terms = torch.where(target > 0, target * (target.log() - log_q), 0.0)
+    return terms.sum(-1).mean()
+
+
+def _check_loss_inputs(scores: object, weights: object, indices: object) -> None:
     scores = _check_scores(scores)
     weights = check_tensor("weights", weights)
     batch = tuple(scores.shape[:-2])
@@ -202,17 +237,14 @@ def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None)
             f"({f'b={batch[0]}, ' if batch else ''}num_heads, t={t}, s={s}) to fit scores, "
             f"got weights.shape={tuple(weights.shape)}"
         )
-    s = scores.shape[-1]
-    target = weights.detach().sum(-3).to(scores.dtype)  # (..., t, s)
     if indices is not None:
-        keep = selection_mask(indices, s)  # (b, t, s)
-        target = target * keep
-        scores = scores.masked_fill(~keep, float("-inf"))
-    target = target / target.sum(-1, keepdim=True)
-    log_q = torch.log_softmax(scores, dim=-1)  # (b, t, s)
-    # Keys the target gives nothing add nothing (0 log 0 = 0), even where log_q is -inf.
-    terms = torch.where(target > 0, target * (target.log() - log_q), 0.0)
-    return terms.sum(-1).mean()
+        _check_indices(indices, scores.shape[-1])
+        assert isinstance(indices, Tensor)
+        if tuple(indices.shape[:-1]) != tuple(scores.shape[:-1]):
+            raise ValueError(
+                f"indices must have the batch and query axes of scores {tuple(scores.shape[:-1])}, "
+                f"got indices.shape={tuple(indices.shape)}"
+            )
 
 
 class LightningIndexer(nn.Module):
@@ -475,7 +507,7 @@ class DeepSeekSparseAttention(nn.Module):
             Indices as [`topk_indices`][attnlab.sparse.topk_indices] gives them (without
             the batch axis for unbatched `x`).
         """
-        return topk_indices(self.scores(x, positions=positions), self.topk)
+        return topk_indices_impl(self.scores(x, positions=positions), self.topk)
 
     def scores(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The indexer's causal scores `(b, t, t)` (or `(t, t)` for unbatched `x`)."""
@@ -509,8 +541,8 @@ class DeepSeekSparseAttention(nn.Module):
         scores, (cos, sin) = self._index(xb, positions)
         mask = None
         if sparse:
-            indices = topk_indices(scores, self.topk)
-            mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
+            indices = topk_indices_impl(scores, self.topk)
+            mask = selection_mask_impl(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
         # MLA's absorbed scores: W_UK folded into the queries, the latents as keys.
         q_nope, q_rope = mla._queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
         c_kv, k_rope = mla._latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
@@ -561,8 +593,8 @@ class DeepSeekSparseAttention(nn.Module):
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         scores, cos_sin = self._index(xb, positions)  # (b, t, t)
-        indices = topk_indices(scores, self.topk)  # (b, t, k)
-        mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
+        indices = topk_indices_impl(scores, self.topk)  # (b, t, k)
+        mask = selection_mask_impl(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
         # The selection holds no future key, so the mask alone is causal.
         out: Tensor = self.mla(xb, position_embeddings=cos_sin, attn_mask=mask, absorb=absorb)
         return out[0] if unbatched else out
