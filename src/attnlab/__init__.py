@@ -1,6 +1,6 @@
 """attnlab: attention in large language models, from teaching code to production modules."""
 
-from attnlab import functional, masks, rope, toy
+from attnlab import functional, linear, masks, rope, toy
 from attnlab._validation import is_validation_enabled, set_validation, validation
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
@@ -36,6 +36,7 @@ __all__ = [
     "is_validation_enabled",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
+    "linear",
     "masks",
     "rope",
     "set_validation",
