@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 from torch import Tensor
-from transformers import DeepseekV32Config
+from transformers import DeepseekV32Config, DynamicCache
 from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
     DeepseekV32Attention,
     DeepseekV32RotaryEmbedding,
@@ -181,6 +181,34 @@ def test_indexer_scores_equal_float64_reference_and_selection_equals_hf(
         assert bool((picked[:, row, row + 1 :] == -1).all())
 
 
+def test_dsa_cached_decode_equals_hf_cache_and_full_forward(hf: DeepseekV32Attention) -> None:
+    """Prefill 4 tokens, decode 3 one by one: HF with its DynamicCache (whose layers keep
+    the indexer keys too), attnlab with its SparseAttentionCache, and one full forward."""
+    ours = DeepSeekSparseAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    rotary = DeepseekV32RotaryEmbedding(hf.config)
+    hf_cache = DynamicCache(config=hf.config)
+    cache = ours.new_cache(B, T)
+    expected, got = [], []
+    with torch.no_grad():
+        for start, stop in [(0, 4), (4, 5), (5, 6), (6, 7)]:
+            future = torch.arange(stop)[None, :] > torch.arange(start, stop)[:, None]
+            mask = torch.zeros(stop - start, stop).masked_fill(
+                future, torch.finfo(torch.float32).min
+            )
+            cos_sin = rotary(x, torch.arange(start, stop)[None])
+            expected.append(hf(x[:, start:stop], cos_sin, mask[None, None], cache=hf_cache)[0])
+            got.append(ours(x[:, start:stop], cache=cache, absorb=stop - start == 1))
+        full = ours(x)
+    torch.testing.assert_close(torch.cat(got, 1), torch.cat(expected, 1), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.cat(got, 1), full, atol=ATOL, rtol=0)
+    assert cache.length == T
+    assert cache.index_keys is not None
+    assert tuple(cache.index_keys.shape) == (B, T, INDEX_DIM)
+    # Per token: the latent and RoPE key (11 + 8) and the indexer key (10), float32.
+    assert cache.nbytes == B * T * (KV_LORA + ROPE + INDEX_DIM) * 4
+
+
 # -- properties ------------------------------------------------------------------------
 
 
@@ -323,6 +351,18 @@ def _small() -> DeepSeekSparseAttention:
 def test_sparse_bad_input_raises(call: object, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         call()  # type: ignore[operator]
+
+
+def test_dsa_bad_cache_raises() -> None:
+    dsa = _small()
+    with pytest.raises(TypeError, match="cache must be a SparseAttentionCache"):
+        dsa(torch.zeros(1, 3, 8), cache=dsa.mla.new_cache(1, 4))  # type: ignore[arg-type]
+    cache = dsa.new_cache(2, 8)
+    dsa(torch.zeros(2, 3, 8), cache=cache)
+    with pytest.raises(ValueError, match=r"cache holds indexer keys of shape \(2, 3, 4\)"):
+        dsa(torch.zeros(1, 1, 8), cache=cache)
+    with pytest.raises(TypeError, match="positions"):
+        dsa(torch.zeros(1, 3, 8), positions=torch.zeros(3))
 
 
 def test_dsa_from_hf_refuses_layers_without_an_indexer() -> None:

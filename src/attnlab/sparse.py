@@ -21,7 +21,9 @@ Here: [`LightningIndexer`][attnlab.sparse.LightningIndexer] computes $I$ (causal
 [`DeepSeekSparseAttention`][attnlab.sparse.DeepSeekSparseAttention] runs attnlab's
 [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention] under that mask,
 equal to `transformers`' `DeepseekV32Attention` after
-[`from_hf`][attnlab.sparse.DeepSeekSparseAttention.from_hf].
+[`from_hf`][attnlab.sparse.DeepSeekSparseAttention.from_hf], in a full forward and in
+decoding, where a [`SparseAttentionCache`][attnlab.sparse.SparseAttentionCache] keeps
+MLA's latents and the indexer's keys.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ from attnlab._validation import (
     is_validation_enabled,
     value_checks_enabled,
 )
+from attnlab.kv_cache import KVCache, check_cache
 from attnlab.mla import MultiHeadLatentAttention
-from attnlab.rope import check_head_dim, rotate
+from attnlab.rope import check_head_dim, check_rope_inputs, rotate
 
 __all__ = [
     "DeepSeekSparseAttention",
     "LightningIndexer",
+    "SparseAttentionCache",
     "indexer_loss",
     "selection_mask",
     "topk_indices",
@@ -338,8 +342,9 @@ class LightningIndexer(nn.Module):
         q_input: Tensor | None = None,
         *,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
+        keys: Tensor | None = None,
     ) -> Tensor:
-        """Causal indexer scores of the tokens of `x` against themselves.
+        """Causal indexer scores of the tokens of `x` against themselves (or `keys`).
 
         Args:
             x: Tokens `(b, t, d_model)`: the keys and the head weights come from them.
@@ -347,9 +352,12 @@ class LightningIndexer(nn.Module):
             position_embeddings: RoPE's `(cos, sin)` for the `t` positions, e.g. from
                 [`rope_cos_sin`][attnlab.rope.rope_cos_sin] with `rope_dim` features;
                 required when `rope_dim > 0`.
+            keys: All keys `(b, s, head_dim)` from [`keys`][attnlab.sparse.LightningIndexer.keys],
+                those of earlier tokens (a cache) followed by those of `x`; default the
+                keys of `x`. The `t` queries are the last `t` of the `s` tokens.
 
         Returns:
-            Scores `(b, t, t)`, float32 (or float64 for float64 input), -inf at future
+            Scores `(b, t, s)`, float32 (or float64 for float64 input), -inf at future
             keys.
 
         Raises:
@@ -358,23 +366,49 @@ class LightningIndexer(nn.Module):
                 `position_embeddings` is missing while `rope_dim > 0`.
         """
         if is_validation_enabled():
-            self._check_inputs(x, q_input, position_embeddings)
+            self._check_inputs(x, q_input, position_embeddings, keys)
         q_input = x if q_input is None else q_input
         b, t, _ = x.shape
         q = self.q_proj(q_input).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x)).unsqueeze(1)  # (b, 1, t, head_dim): one shared key
         if self.rope_dim:
             assert position_embeddings is not None
-            cos, sin = position_embeddings
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)  # (b, h | 1, t, d)
+            q = self._rope(q, *position_embeddings)  # (b, h, t, head_dim)
+        if keys is None:
+            keys = self._keys(x, position_embeddings)
         compute = torch.promote_types(x.dtype, torch.float32)  # as DeepSeek: no bf16 sums
-        dots = q.to(compute) @ k.to(compute).transpose(-1, -2)  # (b, h, t, t)
+        k = keys.to(compute).unsqueeze(1)  # (b, 1, s, head_dim): one key for all heads
+        dots = q.to(compute) @ k.transpose(-1, -2)  # (b, h, t, s)
         per_head = torch.relu(dots * self.softmax_scale)
         w = self.weights_proj(x).to(compute) * self.num_heads**-0.5  # (b, t, h)
-        scores = torch.einsum("bth,bhts->bts", w, per_head)  # (b, t, t)
+        scores = torch.einsum("bth,bhts->bts", w, per_head)  # (b, t, s)
         return _hide_future(scores)
 
-    def _check_inputs(self, x: object, q_input: object, position_embeddings: object) -> None:
+    def keys(
+        self, x: Tensor, *, position_embeddings: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """The indexer keys of the tokens of `x`, `(b, t, head_dim)`: what a cache keeps.
+
+        Args:
+            x: Tokens `(b, t, d_model)`.
+            position_embeddings: RoPE's `(cos, sin)` for their positions, as in `forward`.
+
+        Returns:
+            The LayerNormed, rotated keys, in the dtype of `x`.
+        """
+        if is_validation_enabled():
+            self._check_inputs(x, None, position_embeddings, None)
+        return self._keys(x, position_embeddings)
+
+    def _keys(self, x: Tensor, position_embeddings: tuple[Tensor, Tensor] | None) -> Tensor:
+        k: Tensor = self.k_norm(self.k_proj(x))  # (b, t, head_dim)
+        if self.rope_dim:
+            assert position_embeddings is not None
+            k = self._rope(k, *position_embeddings)
+        return k
+
+    def _check_inputs(
+        self, x: object, q_input: object, position_embeddings: object, keys: object
+    ) -> None:
         owner = type(self).__name__
         x = check_tokens(
             "x", x, features=self.d_model, param="d_model", owner=owner, like=self.k_proj.weight
@@ -389,11 +423,59 @@ class LightningIndexer(nn.Module):
                     f"q_input must have the batch size and length of x, got "
                     f"q_input.shape={tuple(q.shape)} and x.shape={tuple(x.shape)}"
                 )
+        if keys is not None:
+            k = check_tensor("keys", keys)
+            check_rank("keys", k, (3,), "(b, s, head_dim)")
+            if k.shape[0] != x.shape[0] or k.shape[2] != self.head_dim or k.shape[1] < x.shape[1]:
+                raise ValueError(
+                    f"keys must have shape (b, s, head_dim) with b={x.shape[0]}, "
+                    f"s >= t={x.shape[1]}, head_dim={self.head_dim}, "
+                    f"got keys.shape={tuple(k.shape)}"
+                )
         if self.rope_dim and position_embeddings is None:
             raise ValueError(
                 f"position_embeddings are required: {owner} rotates rope_dim={self.rope_dim} "
                 f"features of each head"
             )
+
+
+class SparseAttentionCache:
+    """What DeepSeek Sparse Attention keeps per token: MLA's latents and the indexer's keys.
+
+    `latents` is MLA's cache (see
+    [`MultiHeadLatentAttention.new_cache`][attnlab.mla.MultiHeadLatentAttention.new_cache]);
+    `index_keys` holds the indexer key of every token seen, `(b, length, head_dim)`
+    (None before the first call). Make one with
+    [`DeepSeekSparseAttention.new_cache`][attnlab.sparse.DeepSeekSparseAttention.new_cache].
+
+    Args:
+        latents: An empty attnlab [`KVCache`][attnlab.kv_cache.KVCache] for the MLA part.
+
+    Raises:
+        TypeError: If `latents` is not a `KVCache`.
+        ValueError: If it is not empty.
+    """
+
+    def __init__(self, latents: KVCache) -> None:
+        checked = check_cache(latents, "latents")
+        if checked is None:
+            raise TypeError("latents must be an attnlab KVCache, got None")
+        if checked.length:
+            raise ValueError(f"latents must be empty, got one holding {checked.length} tokens")
+        self.latents = checked
+        self.index_keys: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far."""
+        return self.latents.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: MLA's cache and the indexer's keys."""
+        keys = self.index_keys
+        extra = 0 if keys is None else keys.numel() * keys.element_size()
+        return self.latents.nbytes + extra
 
 
 def _without_indexer(layer: nn.Module) -> nn.Module:
@@ -476,15 +558,20 @@ class DeepSeekSparseAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"topk={self.topk}"
 
-    def _index(self, x: Tensor, positions: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """The indexer's scores of `x` `(b, t, d_model)`, and the RoPE tables both share.
+    def _index(
+        self, x: Tensor, positions: Tensor | None, past_keys: Tensor | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor]:
+        """The indexer's scores of `x` `(b, t, d_model)` against the past and its own keys.
 
-        The indexer reads its inputs detached, as in the V3.2 report: its loss trains the
-        indexer only, never the main attention or the layers below.
+        Also the RoPE tables that both attentions share and all indexer keys
+        `(b, s, head_dim)`, for a cache. The indexer reads its inputs detached, as in the
+        V3.2 report: its loss trains the indexer only, never the main attention or the
+        layers below.
         """
         mla = self.mla
+        past = 0 if past_keys is None else past_keys.shape[1]
         if positions is None:
-            positions = torch.arange(x.shape[-2], device=x.device)  # (t,)
+            positions = torch.arange(past, past + x.shape[-2], device=x.device)  # (t,)
         cos_sin = mla._rope_tables(positions)  # once, for the indexer and for MLA
         q_input = x
         if mla.q_down is not None:
@@ -492,8 +579,13 @@ class DeepSeekSparseAttention(nn.Module):
             # MLA projects this latent again for its own queries: a small cost for keeping
             # MLA unchanged (the indexer reads it, as in DeepSeek's model).
             q_input = mla.q_norm(mla.q_down(x))
-        scores = self.indexer(x.detach(), q_input.detach(), position_embeddings=cos_sin)
-        return scores, cos_sin
+        keys = self.indexer._keys(x.detach(), cos_sin)  # (b, t, head_dim)
+        if past_keys is not None:
+            keys = torch.cat([past_keys, keys], dim=1)  # (b, s, head_dim)
+        scores = self.indexer(
+            x.detach(), q_input.detach(), position_embeddings=cos_sin, keys=keys
+        )  # (b, t, s)
+        return scores, cos_sin, keys
 
     def select(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The keys each query attends to: `(b, t, min(topk, t))`, -1 for an empty slot.
@@ -512,10 +604,10 @@ class DeepSeekSparseAttention(nn.Module):
     def scores(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The indexer's causal scores `(b, t, t)` (or `(t, t)` for unbatched `x`)."""
         if is_validation_enabled():
-            self._check_x(x)
+            self._check_x(x, positions)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
-        scores, _ = self._index(xb, positions)
+        scores, _, _ = self._index(xb, positions)
         return scores[0] if unbatched else scores
 
     def attention_weights(
@@ -534,11 +626,11 @@ class DeepSeekSparseAttention(nn.Module):
             Each query's weights over the keys, summing to 1 (0 at unselected keys).
         """
         if is_validation_enabled():
-            self._check_x(x)
+            self._check_x(x, positions)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         mla = self.mla
-        scores, (cos, sin) = self._index(xb, positions)
+        scores, (cos, sin), _ = self._index(xb, positions)
         mask = None
         if sparse:
             indices = topk_indices_impl(scores, self.topk)
@@ -559,8 +651,8 @@ class DeepSeekSparseAttention(nn.Module):
         )  # (b, h, t, t)
         return weights[0] if unbatched else weights
 
-    def _check_x(self, x: object) -> None:
-        check_tokens(
+    def _check_x(self, x: object, positions: object = None, cache: object = None) -> None:
+        x = check_tokens(
             "x",
             x,
             features=self.mla.d_model,
@@ -568,35 +660,100 @@ class DeepSeekSparseAttention(nn.Module):
             owner=type(self).__name__,
             like=self.mla.kv_down.weight,
         )
+        check_rope_inputs(positions, None, x, self.mla.qk_rope_head_dim)
+        if cache is None:
+            return
+        if not isinstance(cache, SparseAttentionCache):
+            raise TypeError(
+                f"cache must be a SparseAttentionCache (see new_cache) or None, "
+                f"got {type(cache).__name__}"
+            )
+        b = x.shape[0] if x.ndim == 3 else 1
+        keys = cache.index_keys
+        if keys is not None and (keys.shape[0] != b or keys.shape[2] != self.indexer.head_dim):
+            raise ValueError(
+                f"cache holds indexer keys of shape {tuple(keys.shape)}, which do not fit "
+                f"x (batch size {b}) and indexer.head_dim={self.indexer.head_dim}"
+            )
+
+    def new_cache(
+        self,
+        batch_size: int,
+        max_length: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> SparseAttentionCache:
+        """An empty decode cache: MLA's preallocated latent cache and the indexer's keys.
+
+        Args:
+            batch_size: Sequences decoded together.
+            max_length: Most tokens it can hold, prompt included.
+            dtype: Element type of the latents; defaults to the module's parameters'.
+            device: Where to allocate them; defaults to the module's parameters'.
+
+        Returns:
+            A [`SparseAttentionCache`][attnlab.sparse.SparseAttentionCache].
+
+        Raises:
+            TypeError: As `MultiHeadLatentAttention.new_cache`.
+            ValueError: As `MultiHeadLatentAttention.new_cache`.
+        """
+        latents = self.mla.new_cache(batch_size, max_length, dtype=dtype, device=device)
+        return SparseAttentionCache(latents)
 
     def forward(
-        self, x: Tensor, *, positions: Tensor | None = None, absorb: bool = False
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        cache: SparseAttentionCache | None = None,
+        absorb: bool = False,
     ) -> Tensor:
         """Causal sparse attention: each query over its `topk` selected keys.
+
+        With a `cache`, the tokens of `x` follow those it holds: their queries pick among
+        all `s = cache.length + t` tokens, and their latents and indexer keys are
+        appended (a decode step is one new token, with `absorb=True` as DeepSeek runs
+        it).
 
         Args:
             x: Tokens `(b, t, d_model)` or `(t, d_model)`.
             positions: Integer RoPE positions `(t,)`, `(1, t)` or `(b, t)`; default
-                `arange(t)`.
+                `cache.length + arange(t)` (`arange(t)` without a cache).
+            cache: A [`SparseAttentionCache`][attnlab.sparse.SparseAttentionCache] from
+                [`new_cache`][attnlab.sparse.DeepSeekSparseAttention.new_cache], updated
+                in place.
             absorb: Run MLA's absorbed (latent) form instead of the naive one.
 
         Returns:
             `(b, t, d_model)` or `(t, d_model)`.
 
         Raises:
-            TypeError: If `x` is not a floating-point tensor.
-            ValueError: If `x` has the wrong rank, features, dtype or device, or
-                `positions` does not fit (as in MLA).
+            TypeError: If `x` is not a floating-point tensor, `positions` not an integer
+                tensor or `cache` not a `SparseAttentionCache`.
+            ValueError: If `x` has the wrong rank, features, dtype or device,
+                `positions` does not fit, or the cache does not fit `x` or has no room
+                (as in MLA).
         """
         if is_validation_enabled():
-            self._check_x(x)
+            self._check_x(x, positions, cache)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
-        scores, cos_sin = self._index(xb, positions)  # (b, t, t)
+        past_keys = None if cache is None else cache.index_keys
+        scores, cos_sin, keys = self._index(xb, positions, past_keys)  # (b, t, s)
         indices = topk_indices_impl(scores, self.topk)  # (b, t, k)
-        mask = selection_mask_impl(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
+        mask = selection_mask_impl(indices, scores.shape[-1]).unsqueeze(1)  # (b, 1, t, s)
         # The selection holds no future key, so the mask alone is causal.
-        out: Tensor = self.mla(xb, position_embeddings=cos_sin, attn_mask=mask, absorb=absorb)
+        out: Tensor = self.mla(
+            xb,
+            position_embeddings=cos_sin,
+            cache=None if cache is None else cache.latents,
+            attn_mask=mask,
+            absorb=absorb,
+        )
+        if cache is not None:  # after MLA's append succeeded: both parts stay in step
+            cache.index_keys = keys.detach()
         return out[0] if unbatched else out
 
     @classmethod
