@@ -1,6 +1,6 @@
 """attnlab: attention in large language models, from teaching code to production modules."""
 
-from attnlab import functional, linear, masks, rope, toy
+from attnlab import functional, linear, masks, rope, sparse, toy
 from attnlab._validation import is_validation_enabled, set_validation, validation
 from attnlab.causal import CausalSelfAttention
 from attnlab.cross_attention import CrossAttention
@@ -40,6 +40,7 @@ __all__ = [
     "masks",
     "rope",
     "set_validation",
+    "sparse",
     "toy",
     "validation",
 ]
