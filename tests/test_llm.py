@@ -80,16 +80,19 @@ def test_smollm2_logits_equal_transformers_layer_by_layer(
     assert worst < LOGIT_ATOL
 
 
+NEW = 48  # greedy tokens per prompt: row 0 of the batch ends (and is padded) before
+
+
 @pytest.fixture(scope="module")
 def hf_greedy(smollm2: tuple[Any, Decoder, Any]) -> dict[str, Tensor]:
-    """transformers' greedy continuations (64 tokens), computed once for the module."""
+    """transformers' greedy continuations (NEW tokens), computed once for the module."""
     hf, _, tokenizer = smollm2
     out = {}
     with torch.no_grad():
         ids = tokenizer(PROMPTS[1:2], return_tensors="pt").input_ids
-        out["single"] = hf.generate(ids, max_new_tokens=64, do_sample=False)
+        out["single"] = hf.generate(ids, max_new_tokens=NEW, do_sample=False)
         batch = tokenizer(PROMPTS[:3], return_tensors="pt", padding=True, padding_side="left")
-        out["batch"] = hf.generate(**batch, max_new_tokens=64, do_sample=False)
+        out["batch"] = hf.generate(**batch, max_new_tokens=NEW, do_sample=False)
         out["batch_mask"] = batch.attention_mask
     return out
 
@@ -101,9 +104,9 @@ def test_smollm2_greedy_generation_equals_transformers(
     _, decoder, tokenizer = smollm2
     eos = tokenizer.eos_token_id
     single = hf_greedy["single"]
-    ours = decoder.generate(single[:, :-64], 64, eos_token_id=eos, cache=cache)  # type: ignore[arg-type]
+    ours = decoder.generate(single[:, :-NEW], NEW, eos_token_id=eos, cache=cache)  # type: ignore[arg-type]
     assert torch.equal(ours, single)
-    assert single.shape[1] == 5 + 64  # all 64 steps run
+    assert single.shape[1] == 5 + NEW  # all NEW steps run
     if cache == "dynamic":
         return  # the padded batch once, with the static cache (the tiny model's tests
         # hold the two caches equal on padded batches)
@@ -112,7 +115,7 @@ def test_smollm2_greedy_generation_equals_transformers(
     width = mask.shape[1]
     assert mask.sum(dim=1).unique().numel() == 3
     ids = hf_greedy["batch"][:, :width]
-    ours = decoder.generate(ids, 64, padding_mask=mask, eos_token_id=eos, cache=cache)  # type: ignore[arg-type]
+    ours = decoder.generate(ids, NEW, padding_mask=mask, eos_token_id=eos, cache=cache)  # type: ignore[arg-type]
     assert torch.equal(ours, hf_greedy["batch"])
     # Row 0 ("Life is short, ...") ends early: after its end token it gets padding (the
     # end token again) until the others finish, on both sides.
