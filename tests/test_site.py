@@ -74,6 +74,13 @@ def test_the_build_checked_this_sessions_runs_instead_of_running_pages(
     assert counts is not None, "the outputs hook did not report its pages"
     assert int(counts[1]) == 0
     assert int(counts[2]) == len(_pages_with_code())
+    # markdown-exec showed what those runs printed for its blocks instead of running them.
+    shown = re.search(
+        r"markdown-exec blocks: (\d+) shown from this build's run, (\d+) run", site[1]
+    )
+    assert shown is not None, "the outputs hook did not report markdown-exec's blocks"
+    assert int(shown[1]) > 0
+    assert int(shown[2]) == 0
 
 
 def test_strict_build_has_no_warnings(site: tuple[Path, str]) -> None:

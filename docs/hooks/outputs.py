@@ -54,8 +54,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,54 +313,79 @@ def from_record(path: str | Path, markdown: str, entry: Any) -> PageRun | None:
     return run
 
 
-def work(out_dir: Path, pages: list[str]) -> None:
-    """Run each page (markdown-exec blocks too) and write its record to ``out_dir``.
+def work(out_dir: Path, pages: list[str], order: list[int] | None = None) -> None:
+    """Run pages (markdown-exec blocks too) and write each one's record to ``out_dir``.
 
-    The build's worker process: ``k.json`` appears, whole, when page ``k`` has run.
+    A build's worker process. Its workers share the list, each in its own ``order`` of
+    the pages' indices: each takes the next page no other has taken (``k.claim``,
+    created exclusively) and writes ``k.json``, whole, when page ``k`` has run.
     """
-    for k, page in enumerate(pages):
-        entry = record(PageSession(page, exec_blocks=True))
+    import torch  # the pages' own first import, done here to set its threads
+
+    # One thread each: two workers and MkDocs share the machine's two cores, and with
+    # two threads each the build took longer (66 s against 47 s, measured here).
+    torch.set_num_threads(1)
+    for k in range(len(pages)) if order is None else order:
+        try:
+            os.close(os.open(out_dir / f"{k}.claim", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue  # another worker runs it
+        entry = record(PageSession(pages[k], exec_blocks=True))
         tmp = out_dir / f"{k}.json.tmp"
         tmp.write_text(json.dumps(entry), encoding="utf-8")
         os.replace(tmp, out_dir / f"{k}.json")
 
 
+# Calls that take seconds: the pages that make them (the real model's) go to a worker of
+# their own from the start, so that the pages MkDocs reads first are not behind them.
+SLOW_CALLS = ("load_smollm2(", "smollm2_decoder(")
+
+
 class _Worker:
-    """The pages of one build, run ahead in a second process while MkDocs renders.
+    """The pages of one build, run ahead in worker processes while MkDocs renders.
 
     Page code is most of a build's time and MkDocs renders on one core, so running the
-    blocks in a process of their own, in the order MkDocs reads the pages, takes them off
-    the build's critical path on a machine with two cores. If the worker dies, the pages
-    it did not finish run in the build's own process, as before.
+    blocks in processes of their own, in the order MkDocs reads the pages, takes them
+    off the build's critical path. Two workers share the pages, one at a time each: one
+    starts with the slow pages (``slow``), the other with the rest in MkDocs' order, and
+    each goes on with the other's list. If the workers die, the pages they
+    did not finish run in the build's own process.
     """
 
-    def __init__(self, pages: dict[str, str]) -> None:
+    def __init__(self, pages: dict[str, str], slow: Collection[str] = ()) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="attnlab-runs-")
         self.out = Path(self._tmp.name)
         self.index = {page: k for k, page in enumerate(pages)}
+        first = [k for page, k in self.index.items() if page in slow]
+        rest = [k for page, k in self.index.items() if page not in slow]
         # In the build's working folder, as the pages' code would run in the build.
         script = str(Path(__file__).resolve())
-        self.proc = subprocess.Popen(
-            [sys.executable, script, "--worker", str(self.out), *pages.values()],
-            stdout=sys.stderr,  # what page code writes past the capture goes to the log
-        )
+        files = list(pages.values())
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, script, "--worker", str(self.out), "--order", order, *files],
+                stdout=sys.stderr,  # what page code writes past the capture goes to the log
+            )
+            for order in (",".join(map(str, first + rest)), ",".join(map(str, rest + first)))
+        ]
 
     def entry(self, page: str) -> Any:
-        """The record of ``page``, waiting for it; None if the worker cannot give it."""
+        """The record of ``page``, waiting for it; None if the workers cannot give it."""
         k = self.index.get(page)
         if k is None:
             return None
         done = self.out / f"{k}.json"
         while not done.exists():
-            if self.proc.poll() is not None and not done.exists():
+            if all(p.poll() is not None for p in self.procs) and not done.exists():
                 return None
             time.sleep(0.02)
         return json.loads(done.read_text(encoding="utf-8"))
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
         self._tmp.cleanup()
 
 
@@ -382,13 +409,59 @@ def _runs_page(file: Any) -> bool:
     return bool(file.src_uri.endswith(".md") and not file.generated_by)
 
 
+def _markdown_exec_runner() -> Any:
+    """markdown-exec's Python runner module, or None if its layout is not the one known."""
+    try:
+        from markdown_exec._internal.formatters import python
+    except ImportError:
+        return None
+    return python if callable(getattr(python, "_run_python", None)) else None
+
+
+def _exec_key(code: str) -> str:
+    return textwrap.dedent(code).strip()
+
+
+def _reuse_exec_runs() -> None:
+    """Let markdown-exec show what this build's run of a figure block printed.
+
+    The page's run (the worker's, or the recorded one) has already executed every
+    markdown-exec block of the page, each in a namespace of its own as markdown-exec
+    runs it; so the runner that markdown-exec calls for a Python block returns that
+    output, found by the block's code, instead of running the code a second time. A
+    block with a ``session`` (shared state) or one that raised in the run is left to
+    markdown-exec. markdown-exec has no public hook for this; if its private runner is
+    not where this expects it, it simply runs the blocks itself.
+    """
+    module = _markdown_exec_runner()
+    if module is None or getattr(module._run_python, "attnlab_reuse", False):
+        return
+    run_python = module._run_python
+
+    def run(
+        code: str, returncode: Any = None, session: Any = None, id: Any = None, **extra: Any
+    ) -> Any:
+        printed = None if session else _build.get("exec", {}).get(_exec_key(code))
+        if printed is not None:
+            _build["exec_reused"] = _build.get("exec_reused", 0) + 1
+            return printed
+        _build["exec_run"] = _build.get("exec_run", 0) + 1
+        return run_python(code, returncode, session, id, **extra)
+
+    run.attnlab_reuse = True  # type: ignore[attr-defined]
+    module._run_python = run
+
+
 def on_files(files: Any, config: Any) -> Any:
     """Start running the pages that no recorded run covers, in the order MkDocs reads them."""
     on_shutdown()
+    _reuse_exec_runs()
+    _build.update(exec={}, exec_reused=0, exec_run=0)
     recorded: dict[str, Any] = {}
     if os.environ.get(RUNS_ENV):
         recorded = json.loads(Path(os.environ[RUNS_ENV]).read_text(encoding="utf-8"))
     pending: dict[str, str] = {}  # the page's name in messages: its file
+    slow: set[str] = set()
     reused = 0
     for file in files.documentation_pages():
         if not _runs_page(file):
@@ -399,10 +472,12 @@ def on_files(files: Any, config: Any) -> Any:
             continue
         if from_record(path, text, recorded.get(path)) is None:
             pending[path] = file.abs_src_path
+            if any(call in text for call in SLOW_CALLS):
+                slow.add(path)
         else:
             reused += 1
     log.info(f"pages with code: {len(pending)} to run, {reused} from recorded runs")
-    _build.update(recorded=recorded, worker=_Worker(pending) if pending else None)
+    _build.update(recorded=recorded, worker=_Worker(pending, slow) if pending else None)
     return files
 
 
@@ -419,6 +494,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if run is None:  # not recorded, and the worker did not run it: run it here
         run = PageSession(path, text, exec_blocks=True).run_all()
     page.attnlab_run = run  # notebook.py builds the chapter's notebook from it
+    _build["exec"] = {  # what markdown-exec is about to show for this page
+        _exec_key(r.block.code): r.printed
+        for r in run.results
+        if r.block.is_exec and r.error is None
+    }
     for problem in run.problems:
         log.warning(problem)
     return markdown
@@ -431,6 +511,10 @@ def on_shutdown() -> None:
 
 
 def on_post_build(config: Any) -> None:
+    log.info(
+        f"markdown-exec blocks: {_build.get('exec_reused', 0)} shown from this build's "
+        f"run, {_build.get('exec_run', 0)} run by markdown-exec"
+    )
     on_shutdown()  # `mkdocs serve` builds again: each build has its own worker
 
 
@@ -439,9 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--update", action="store_true", help="rewrite the stored outputs")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--order", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
-        work(args.worker, [str(f) for f in args.files])
+        order = None if args.order is None else [int(k) for k in args.order.split(",")]
+        work(args.worker, [str(f) for f in args.files], order)
         return 0
     status = 0
     for path in args.files:
