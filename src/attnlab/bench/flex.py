@@ -48,8 +48,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from attnlab import flex
 from attnlab._provenance import begin, command_line, provenance
-from attnlab.bench.measure import CpuUse, round_floats, summary
-from attnlab.bench.serving import _interleaved, _ratio
+from attnlab.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.flash import flash_attention
 
 __all__ = [
@@ -216,8 +215,10 @@ def measure_flex(
                     calls["flex"]()
                     warm = time.perf_counter() - start
                 diff = float((out - calls["torch_sdpa"]()).abs().max())
-                _interleaved(calls, 1, order)  # warm-up
-                times = _interleaved(calls, settings.rounds, order)
+                interleaved(calls, 1, order)  # warm-up
+                times = interleaved(calls, settings.rounds, order)
+                over_sdpa = ratio_summary(times["flex"], times["torch_sdpa"])["median"]
+                over_flash = ratio_summary(times["flex"], times["flash_attention"])["median"]
                 cases.append(
                     {
                         "mask": mask,
@@ -227,10 +228,8 @@ def measure_flex(
                         "compile_s": compile_s,
                         "max_abs_diff": diff,
                         "time_s": {name: summary(times[name]) for name in IMPLS},
-                        "flex_over_sdpa": _ratio(times["flex"], times["torch_sdpa"])["median"],
-                        "flex_over_flash": _ratio(times["flex"], times["flash_attention"])[
-                            "median"
-                        ],
+                        "flex_over_sdpa": over_sdpa,
+                        "flex_over_flash": over_flash,
                     }
                 )
                 print(

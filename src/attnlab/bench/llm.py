@@ -53,7 +53,13 @@ import torch
 from torch import Tensor
 
 from attnlab._provenance import begin, command_line, provenance
-from attnlab.bench.measure import CpuUse, peak_extra_bytes, round_floats, summary
+from attnlab.bench.measure import (
+    CpuUse,
+    peak_extra_bytes,
+    ratio_summary,
+    round_floats,
+    summary,
+)
 from attnlab.bench.runner import decode_slopes
 from attnlab.kv_cache import KVCache
 from attnlab.llm import Decoder
@@ -263,10 +269,6 @@ def _interleaved(
     return times, outputs
 
 
-def _ratios(numerator: list[float], denominator: list[float]) -> dict[str, float]:
-    return summary([a / b for a, b in zip(numerator, denominator, strict=True)])
-
-
 def _weights_bytes(model: torch.nn.Module) -> int:
     seen: dict[int, int] = {}
     for p in model.parameters():  # a tied matrix counts once
@@ -343,7 +345,7 @@ def measure_llm(
                 for impl in IMPLS
             },
             # transformers' time over ours, per round: attnlab's speed-up in tokens/s
-            "speedup": _ratios(times["transformers"], times["attnlab"]),
+            "speedup": ratio_summary(times["transformers"], times["attnlab"]),
         }
 
         def prefill_call(impl: str) -> Callable[[], Tensor]:
@@ -357,7 +359,7 @@ def measure_llm(
             "tokens_equal": torch.equal(out["attnlab"], out["transformers"]),
             **{impl: {"time_s": summary(times[impl])} for impl in IMPLS},
             # our time over transformers', per round
-            "ratio": _ratios(times["attnlab"], times["transformers"]),
+            "ratio": ratio_summary(times["attnlab"], times["transformers"]),
         }
 
         memory = {
@@ -443,7 +445,7 @@ def _measure_contexts(
                 "requested": requested,
                 "tokens_equal": torch.equal(out["attnlab"], out["transformers"]),
                 **{impl: summary([s / steps for s in times[impl]]) for impl in IMPLS},
-                "speedup": _ratios(times["transformers"], times["attnlab"]),
+                "speedup": ratio_summary(times["transformers"], times["attnlab"]),
             }
         )
     return {"steps": steps, "points": points}

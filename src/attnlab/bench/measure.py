@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -151,6 +152,30 @@ def summary(values: Sequence[float]) -> dict[str, float]:
         "min": min(values),
         "max": max(values),
     }
+
+
+def interleaved(
+    calls: Mapping[str, Callable[[], object]], rounds: int, order: random.Random
+) -> dict[str, list[float]]:
+    """Wall seconds of each call per round; every round runs all once, shuffled.
+
+    Interleaving spreads a spell of load on a shared machine over every side alike,
+    so ratios taken round by round (`ratio_summary`) are fair.
+    """
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        names = list(calls)
+        order.shuffle(names)
+        for name in names:
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratio_summary(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
+    """`summary` of the per-round ratios `numerator[i] / denominator[i]`."""
+    return summary([a / b for a, b in zip(numerator, denominator, strict=True)])
 
 
 def round_floats(x: Any, digits: int = 4) -> Any:

@@ -48,7 +48,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from torch import Tensor
 
 from attnlab._backends import attend
 from attnlab._provenance import begin, command_line, provenance
-from attnlab.bench.measure import CpuUse, round_floats, summary
+from attnlab.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.kv_cache import StaticKVCache, kv_cache_bytes_per_token
 from attnlab.paged import PagedKVCache, paged_attention_impl
 
@@ -320,25 +320,6 @@ def decode_case(settings: ServingSettings, context: int, *, seed: int = 0) -> De
     )
 
 
-def _interleaved(
-    calls: Mapping[str, Callable[[], object]], rounds: int, order: random.Random
-) -> dict[str, list[float]]:
-    """Wall seconds of each call per round; every round runs all once, shuffled."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        names = list(calls)
-        order.shuffle(names)
-        for name in names:
-            start = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def _ratio(numerator: list[float], denominator: list[float]) -> dict[str, float]:
-    return summary([a / b for a, b in zip(numerator, denominator, strict=True)])
-
-
 def measure_decode(
     settings: ServingSettings, order: random.Random, *, seed: int = 0
 ) -> list[dict[str, Any]]:
@@ -360,9 +341,10 @@ def measure_decode(
                 float((case.teaching() - ref).abs().max()),
             )
             calls = {"paged": case.paged, "teaching": case.teaching, "contiguous": case.contiguous}
-            _interleaved(calls, 2, order)  # warm-up
-            times = _interleaved(calls, settings.decode_rounds, order)
-            ratio = _ratio(times["paged"], times["contiguous"])
+            interleaved(calls, 2, order)  # warm-up
+            times = interleaved(calls, settings.decode_rounds, order)
+            ratio = ratio_summary(times["paged"], times["contiguous"])
+            teaching = ratio_summary(times["teaching"], times["contiguous"])
             ms = {name: summary(t)["median"] * 1e3 for name, t in times.items()}
             points.append(
                 {
@@ -373,7 +355,7 @@ def measure_decode(
                     "ratio_min": ratio["min"],
                     "ratio_max": ratio["max"],
                     "teaching_ms": ms["teaching"],
-                    "teaching_ratio": _ratio(times["teaching"], times["contiguous"])["median"],
+                    "teaching_ratio": teaching["median"],
                     "max_abs_diff": diff,
                 }
             )
@@ -556,7 +538,7 @@ def measure_throughput(
         return call
 
     calls = {name: run(name) for name in ("continuous", "static")}
-    times = _interleaved(calls, settings.throughput_rounds, order)
+    times = interleaved(calls, settings.throughput_rounds, order)
     total = sum(r.new_tokens for r in workload)
     mismatched = [
         i
@@ -566,7 +548,7 @@ def measure_throughput(
     return {
         "continuous_tok_s": total / summary(times["continuous"])["median"],
         "static_tok_s": total / summary(times["static"])["median"],
-        "ratio": _ratio(times["static"], times["continuous"])["median"],
+        "ratio": ratio_summary(times["static"], times["continuous"])["median"],
         "requests": len(workload),
         "new_tokens": total,
         "tokens_equal": not mismatched,
@@ -618,14 +600,14 @@ def measure_flex(
                     warm = time.perf_counter() - start
                 diffs.append(float((out - case.paged()).abs().max()))
                 calls = {"flex": call, "paged": case.paged}
-                _interleaved(calls, 2, order)
-                times = _interleaved(calls, settings.decode_rounds, order)
+                interleaved(calls, 2, order)
+                times = interleaved(calls, settings.decode_rounds, order)
             points.append(
                 {
                     "context": context,
                     "flex_ms": summary(times["flex"])["median"] * 1e3,
                     "paged_ms": summary(times["paged"])["median"] * 1e3,
-                    "ratio": _ratio(times["flex"], times["paged"])["median"],
+                    "ratio": ratio_summary(times["flex"], times["paged"])["median"],
                     "compile_s": compile_s,
                     "block_mask_ms": mask_s * 1e3,
                 }
