@@ -236,3 +236,22 @@ def test_cli_writes_weights_and_record(tmp_path: Path, capsys: pytest.CaptureFix
     model = TinyTransformer(ModelConfig(**record["config"]["model"]))
     model.load_state_dict(state)
     assert "trained 44,928 parameters for 2 steps" in capsys.readouterr().out
+
+
+def test_train_trains_the_model_it_is_given() -> None:
+    config = TrainConfig(model=SMALL, half=5, steps=3, eval_every=3, batch_size=4)
+    torch.manual_seed(5)
+    given = TinyTransformer(SMALL)
+    before = {k: v.clone() for k, v in given.state_dict().items()}
+    result = train(config, model=given)
+    assert result.model is given
+    assert not torch.equal(given.unembed.weight, before["unembed.weight"])
+    # The same start from a fresh model of that seed gives the same weights.
+    torch.manual_seed(5)
+    again = train(config, model=TinyTransformer(SMALL))
+    for key, value in again.model.state_dict().items():
+        assert torch.equal(value, given.state_dict()[key])
+    with pytest.raises(ValueError, match=r"model.config \(.*\) differs from config.model"):
+        train(config, model=TinyTransformer(ModelConfig(vocab_size=11, max_len=10)))
+    with pytest.raises(TypeError, match="model must be a TinyTransformer, got Linear"):
+        train(config, model=torch.nn.Linear(2, 2))  # type: ignore[arg-type]

@@ -122,7 +122,12 @@ def training_batch(config: TrainConfig, generator: torch.Generator) -> Tensor:
     return tokens.gather(1, source)  # (b, t)
 
 
-def train(config: TrainConfig | None = None, *, progress: bool = False) -> TrainResult:
+def train(
+    config: TrainConfig | None = None,
+    *,
+    progress: bool = False,
+    model: TinyTransformer | None = None,
+) -> TrainResult:
     """Train a [`TinyTransformer`][attnlab.model.TinyTransformer] on repeated tokens.
 
     Deterministic for a given config, machine and number of threads: the initial weights
@@ -132,13 +137,29 @@ def train(config: TrainConfig | None = None, *, progress: bool = False) -> Train
     Args:
         config: What to train; see [`TrainConfig`][attnlab.train.TrainConfig].
         progress: Show a tqdm progress bar (if tqdm is installed).
+        model: Train this model (in place) instead of a fresh one built from
+            `config.model`, e.g. one whose attention layers were swapped for another
+            kind; its `config` must equal `config.model`. The global seed is still set
+            to `config.seed`, so anything random the model draws later repeats too.
 
     Returns:
         The trained model (in eval mode) and its loss curve.
+
+    Raises:
+        TypeError: If `model` is not a `TinyTransformer`.
+        ValueError: If `model.config` differs from `config.model`.
     """
     config = TrainConfig() if config is None else config
     torch.manual_seed(config.seed)
-    model = TinyTransformer(config.model)
+    if model is None:
+        model = TinyTransformer(config.model)
+    elif not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
+    elif model.config != config.model:
+        raise ValueError(
+            f"model.config ({model.config}) differs from config.model ({config.model}): "
+            "the batches are drawn for config.model's sizes"
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / config.warmup)
