@@ -16,6 +16,7 @@ Skipped when no Chromium is installed; install it with `apt-get install -y chrom
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -25,11 +26,14 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from attnlab.plotting import interactive_heatmap
+from attnlab.model import TinyTransformer, repeated_tokens
+from attnlab.plotting import _predictions_html, interactive_heatmap, live_model_widget
+from attnlab.train import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "attention-heatmap.js"
@@ -37,6 +41,9 @@ STYLESHEET = ROOT / "docs" / "assets" / "stylesheets" / "extra.css"
 KATEX_INIT = ROOT / "docs" / "assets" / "javascripts" / "katex-init.js"
 KATEX = ROOT / "docs" / "assets" / "katex"
 IMAGES = ROOT / "docs" / "assets" / "images"
+LIVE_SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "live-model.js"
+LIVE_HOOK = ROOT / "docs" / "hooks" / "live_model.py"
+MODEL_RUN = ROOT / "docs" / "assets" / "model"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
@@ -319,12 +326,14 @@ def _figures() -> list[str]:
 
 @pytest.fixture(scope="module")
 def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A two-page site built with the real theme, scripts and stylesheet, as on the site."""
+    """A small site built with the real theme, scripts, stylesheet and hook, as on the site."""
     root = tmp_path_factory.mktemp("offline")
     docs = root / "docs"
     for sub in ("images", "javascripts", "stylesheets"):
         (docs / "assets" / sub).mkdir(parents=True)
     shutil.copy(SCRIPT, docs / "assets" / "javascripts")
+    shutil.copy(LIVE_SCRIPT, docs / "assets" / "javascripts")
+    shutil.copytree(MODEL_RUN, docs / "assets" / "model")  # the hook writes its weights
     shutil.copy(KATEX_INIT, docs / "assets" / "javascripts")
     shutil.copytree(KATEX, docs / "assets" / "katex")
     shutil.copy(STYLESHEET, docs / "assets" / "stylesheets")
@@ -349,9 +358,15 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         '!!! note "Note"\n\n    ```python\n    z = 3\n    ```\n',
         encoding="utf-8",
     )
+    model = _model()
+    (docs / "live.md").write_text(
+        "# Live\n\n" + live_model_widget(model, LIVE_TOKENS, panel_names=LIVE_NAMES) + "\n",
+        encoding="utf-8",
+    )
     (root / "mkdocs.yml").write_text(
         "site_name: offline\n"
         "use_directory_urls: false\n"
+        f"hooks: [{LIVE_HOOK}]\n"
         f"theme:\n  name: material\n  font: false\n  custom_dir: {ROOT / 'docs' / 'overrides'}\n"
         "  features: [navigation.instant]\n"
         "plugins: []\n"
@@ -359,8 +374,9 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         " pymdownx.superfences, {toc: {permalink: true}}, {pymdownx.arithmatex: {generic: true}}]\n"
         "extra_css: [assets/katex/katex.min.css, assets/stylesheets/extra.css]\n"
         "extra_javascript: [assets/katex/katex.min.js, assets/katex/contrib/auto-render.min.js,"
-        " assets/javascripts/katex-init.js, assets/javascripts/attention-heatmap.js]\n"
-        "nav: [index.md, diagrams.md, text.md]\n",
+        " assets/javascripts/katex-init.js, assets/javascripts/attention-heatmap.js,"
+        " assets/javascripts/live-model.js]\n"
+        "nav: [index.md, diagrams.md, text.md, live.md]\n",
         encoding="utf-8",
     )
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -570,3 +586,328 @@ def test_noscript_line_on_pages_with_formulas_only(offline_site: Path) -> None:
     line = '<noscript><p class="attn-noscript">'
     assert line in (offline_site / "text.html").read_text(encoding="utf-8")
     assert line not in (offline_site / "diagrams.html").read_text(encoding="utf-8")
+
+
+# The live model -------------------------------------------------------------------------
+#
+# live-model.js runs the committed induction model in the page. One run of the browser on
+# the small site's live page computes the model on several sequences, draws heatmaps and
+# prediction tables from given numbers, and drives the widget; the tests below read that
+# run's result and compare it with PyTorch and with the Python renderers.
+
+LIVE_TOKENS = [11, 40, 3, 27, 58, 16, 11, 40, 3, 27, 58, 16]
+LIVE_NAMES = [f"L{layer + 1} H{head}" for layer in range(2) for head in range(4)]
+NEXT_TOKENS = [1, 2, 3, 1, 2, 3]
+
+
+@functools.cache
+def _model() -> TinyTransformer:
+    """The committed model, loaded once per session."""
+    return load_run(MODEL_RUN)[0]
+
+
+def _sequences() -> list[list[int]]:
+    """Sequences of 1, 5, 24 (repeated), 37 and 48 (repeated) tokens."""
+    g = torch.Generator().manual_seed(18)
+    return [
+        [7],
+        torch.randint(0, 64, (5,), generator=g).tolist(),
+        repeated_tokens(1, 12, 64, generator=g)[0].tolist(),
+        torch.randint(0, 64, (37,), generator=g).tolist(),
+        repeated_tokens(1, 24, 64, generator=g)[0].tolist(),
+    ]
+
+
+# Weights with exact ties at the rounding of the read-out (0.03125 to 4 decimals, 0.125
+# to 2) and of the colour channels (0.0625 of the scale), labels that need escaping.
+HEATMAP_CASES: list[dict[str, object]] = [
+    {
+        "weights": [
+            [[0.125, 0.5, 0.03125, 0.34375], [0.0625, 1 / 3, 0.00005, 0.6], [1.0, 0, 0, 0]],
+            [[0.25, 0.25, 0.25, 0.25], [0.9, 0.05, 0.025, 0.025], [0.6875, 0.3, 0.01, 0.0025]],
+        ],
+        "rows": ["The", "W&M", '"q"'],
+        "cols": ["<a>", "it's", "Zz", "a longer label"],
+        "options": {"title": 'Ties & "quotes"', "panelNames": ["one", "two"], "cellSize": 30},
+    },
+    {"weights": [[[0.5, 0.5], [0.0625, 0.9375]]], "rows": ["a", "b"], "cols": ["c", "d"]},
+    {
+        "weights": [[[0.2, 0.8]], [[0.7, 0.3]], [[1.0, 0.0]]],
+        "rows": ["q"],
+        "cols": ["k0", "k1"],
+        "options": {"vmin": 0.1, "vmax": 2.0, "xlabel": "to", "ylabel": "from", "annotate": False},
+    },
+]
+
+
+def _python_heatmap(case: dict[str, object]) -> str:
+    options = dict(case.get("options", {}))  # type: ignore[call-overload]
+    renames = {"panelNames": "panel_names", "cellSize": "cell_size"}
+    kwargs = {renames.get(key, key): value for key, value in options.items()}
+    weights = torch.tensor(case["weights"], dtype=torch.float64)
+    return interactive_heatmap(weights, case["rows"], case["cols"], **kwargs)  # type: ignore[arg-type]
+
+
+PREDICTION_CASES: list[dict[str, list[float] | list[int]]] = [
+    {"tokens": [4, 9, 4, 9], "best": [9, 4, 9, 1], "probabilities": [0.125, 0.5, 0.995, 1 / 3]},
+    {"tokens": [63], "best": [0], "probabilities": [0.015]},
+]
+
+LIVE_DRIVER = """
+window.addEventListener("load", function () { setTimeout(function () {
+  var DATA = __DATA__;
+  function state(widget) {
+    var fig = widget.querySelector("[data-attn-heatmap]");
+    var error = widget.querySelector(".attn-live-error");
+    var pressed = fig.querySelector(".attn-heatmap-select button[aria-pressed=true]");
+    var rows = widget.querySelectorAll(".attn-live-table tr");
+    function cells(r) {
+      return Array.from(rows[r].querySelectorAll("td")).map(function (td) {
+        return td.textContent;
+      });
+    }
+    var panels = Array.from(fig.querySelectorAll(".attn-heatmap-panel"));
+    return {
+      value: widget.querySelector(".attn-live-input").value,
+      rendered: widget.getAttribute("data-attn-live-tokens"),
+      error: error.hidden ? null : error.textContent,
+      stale: widget.querySelector(".attn-live-output").classList.contains("is-stale"),
+      controls: widget.querySelector(".attn-live-controls").getClientRects().length > 0,
+      ready: fig.hasAttribute("data-attn-ready"),
+      cells: panels.map(function (p) { return p.querySelectorAll(".attn-heatmap-cell").length; }),
+      shown: panels.map(function (p) { return p.getClientRects().length > 0; }).indexOf(true),
+      pressed: pressed ? pressed.textContent : null,
+      tokens: cells(1), predicts: cells(2), probabilities: cells(3),
+      hits: Array.from(rows[2].querySelectorAll("td.attn-live-hit")).length,
+      summary: widget.querySelector(".attn-live-summary").textContent,
+      lastRows: panels.map(function (p) {
+        var last = p.querySelectorAll(".attn-heatmap-row").length - 1;
+        return Array.from(p.querySelectorAll('.attn-heatmap-cell[data-q="' + last + '"]'))
+          .map(function (c) { return Number(c.getAttribute("data-w")); });
+      }),
+    };
+  }
+  function type(widget, text) {
+    var input = widget.querySelector(".attn-live-input");
+    input.value = text;
+    input.dispatchEvent(new Event("input", {bubbles: true}));
+    return state(widget);
+  }
+  function press(widget, action) {
+    widget.querySelector('[data-attn-live-action="' + action + '"]').click();
+    return state(widget);
+  }
+  attnLive.load(function (model, problem) {
+    var result = {problem: problem || null};
+    var widget = document.querySelector("[data-attn-live]");
+    result.initial = state(widget);
+    result.forward = DATA.sequences.map(function (s) { return attnLive.forward(model, s); });
+    result.heatmaps = DATA.heatmaps.map(function (c) {
+      return attnHeatmap.html(c.weights, c.rows, c.cols, c.options);
+    });
+    result.predictions = DATA.predictions.map(function (c) {
+      return attnLive.predictionsHtml(c.tokens, c.best, c.probabilities);
+    });
+    widget.querySelector('.attn-heatmap-select button[data-panel="5"]').click();
+    result.edited = type(widget, "3 1 4 1 5 9 2 6");
+    result.repeated = press(widget, "repeat");
+    type(widget, DATA.thirty);
+    result.clipped = press(widget, "repeat");
+    result.bad = ["1 2 x", "1, 64", DATA.fortyNine, " , "].map(function (text) {
+      return type(widget, text);
+    });
+    type(widget, "5 5 x");
+    result.badRepeat = press(widget, "repeat");
+    result.recovered = type(widget, "7, 8,9");
+    result.reset = press(widget, "reset");
+    // Instant navigation: Material swaps the article, then emits on document$ (here the
+    // stand-in of INSTANT: from file:// Material's own has completed and never emits).
+    document.querySelector("article").innerHTML = DATA.next;
+    var swapped = document.querySelector("[data-attn-live]");
+    result.beforeEmit = swapped.hasAttribute("data-attn-live-ready");
+    result.subscribers = subscribers.length;
+    subscribers.forEach(function (fn) { fn(document); });
+    setTimeout(function () {
+      result.navigated = state(swapped);
+      result.styles = document.querySelectorAll("#attn-live-style").length;
+      var out = document.createElement("pre");
+      out.id = "result";
+      out.textContent = JSON.stringify(result);
+      document.body.appendChild(out);
+    }, 100);
+  });
+}, 300); });
+"""
+
+
+@pytest.fixture(scope="module")
+def live_run(offline_site: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    model = _model()
+    g = torch.Generator().manual_seed(30)
+    data = {
+        "sequences": _sequences(),
+        "heatmaps": HEATMAP_CASES,
+        "predictions": PREDICTION_CASES,
+        "thirty": " ".join(map(str, torch.randint(0, 64, (30,), generator=g).tolist())),
+        "fortyNine": " ".join(["1"] * 49),
+        "next": live_model_widget(model, NEXT_TOKENS, title=None),
+    }
+    driver = LIVE_DRIVER.replace("__DATA__", json.dumps(data))
+    page = _with_driver(offline_site, "live.html", driver)
+    html = page.read_text(encoding="utf-8")
+    first = '<script src="assets/javascripts/attention-heatmap.js"'
+    assert html.count(first) == 1
+    page.write_text(html.replace(first, INSTANT + first), encoding="utf-8")
+    return _result(_dump_dom(page, tmp_path_factory.mktemp("live")))
+
+
+def test_browser_live_forward_equals_pytorch(live_run: dict[str, Any]) -> None:
+    model = _model()
+    assert live_run["problem"] is None
+    for sequence, js in zip(_sequences(), live_run["forward"], strict=True):
+        tokens = torch.tensor([sequence])
+        logits = torch.tensor(js["logits"], dtype=torch.float64)
+        expected = model(tokens)[0].double()
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+        maps = model.attention_maps(tokens)
+        assert len(js["attention"]) == len(maps) == 2
+        for layer, weights in enumerate(maps):
+            got = torch.tensor(js["attention"][layer], dtype=torch.float64)  # (h, t, t)
+            torch.testing.assert_close(got, weights[0].double(), atol=1e-5, rtol=0)
+
+
+def test_browser_live_heatmap_and_table_markup_equal_pythons(live_run: dict[str, Any]) -> None:
+    for case, js in zip(HEATMAP_CASES, live_run["heatmaps"], strict=True):
+        assert js == _python_heatmap(case)
+    for numbers, js in zip(PREDICTION_CASES, live_run["predictions"], strict=True):
+        tokens, best, probabilities = numbers["tokens"], numbers["best"], numbers["probabilities"]
+        assert js == _predictions_html(tokens, best, probabilities)  # type: ignore[arg-type]
+
+
+def _expected_state(tokens: list[int]) -> dict[str, Any]:
+    """What the widget must show for `tokens`, from PyTorch."""
+    model = _model()
+    batch = torch.tensor([tokens])
+    probabilities = torch.softmax(model(batch)[0].double(), dim=-1)
+    top, best = probabilities.max(dim=-1)
+    maps = torch.cat([m[0] for m in model.attention_maps(batch)])  # (8, t, t)
+    return {
+        "tokens": [str(t) for t in tokens],
+        "predicts": [str(b) for b in best.tolist()],
+        "probabilities": top.tolist(),
+        "lastRows": maps[:, -1].tolist(),
+        "hits": sum(int(best[i]) == tokens[i + 1] for i in range(len(tokens) - 1)),
+    }
+
+
+def _check_state(state: dict[str, Any], tokens: list[int]) -> None:
+    expected = _expected_state(tokens)
+    assert state["error"] is None
+    assert state["stale"] is False
+    assert state["rendered"] == " ".join(map(str, tokens))
+    assert state["ready"] is True
+    assert state["cells"] == [len(tokens) ** 2] * 8
+    assert state["tokens"] == expected["tokens"]
+    assert state["predicts"] == expected["predicts"]
+    shown = [float(p) for p in state["probabilities"]]
+    assert shown == pytest.approx(expected["probabilities"], abs=0.005 + 1e-9)
+    assert state["hits"] == expected["hits"]
+    assert f"at {expected['hits']} of the {len(tokens) - 1} positions" in state["summary"]
+    for got, want in zip(state["lastRows"], expected["lastRows"], strict=True):
+        assert got == pytest.approx(want, abs=5e-5 + 1e-9)  # four decimals in data-w
+
+
+def test_browser_live_widget_updates_on_edit_and_repeat(live_run: dict[str, Any]) -> None:
+    initial = live_run["initial"]
+    assert initial["controls"] is True  # revealed by the script
+    assert initial["value"] == " ".join(map(str, LIVE_TOKENS))
+    _check_state(initial, LIVE_TOKENS)
+    assert initial["pressed"] == "L1 H0"
+    # An edit reruns the model; the head the reader chose stays chosen.
+    edited = live_run["edited"]
+    _check_state(edited, [3, 1, 4, 1, 5, 9, 2, 6])
+    assert edited["pressed"] == LIVE_NAMES[5]
+    assert edited["shown"] == 5
+    repeated = live_run["repeated"]
+    assert repeated["value"] == "3 1 4 1 5 9 2 6 3 1 4 1 5 9 2 6"
+    _check_state(repeated, [3, 1, 4, 1, 5, 9, 2, 6] * 2)
+    clipped = live_run["clipped"]
+    tokens = [int(t) for t in clipped["value"].split()]
+    assert len(tokens) == 48  # 60 cut at max_len
+    assert tokens[30:] == tokens[:18]
+    _check_state(clipped, tokens)
+    _check_state(live_run["recovered"], [7, 8, 9])
+    _check_state(live_run["reset"], LIVE_TOKENS)
+
+
+def test_browser_live_widget_names_bad_input(live_run: dict[str, Any]) -> None:
+    errors = [state["error"] for state in live_run["bad"]]
+    assert errors == [
+        "“x” (token 3) is not a token id: use whole numbers from 0 to 63.",
+        "64 (token 2) is outside the vocabulary: ids go from 0 to 63.",
+        "49 tokens: the model has positions for 48 at most.",
+        "No tokens: type at least one id, 0 to 63.",
+    ]
+    last_good = live_run["clipped"]
+    for state in [*live_run["bad"], live_run["badRepeat"]]:
+        # The last good picture stays, faded; nothing is drawn from the bad input.
+        assert state["stale"] is True
+        assert state["rendered"] == last_good["rendered"]
+        assert state["cells"] == last_good["cells"]
+        assert state["predicts"] == last_good["predicts"]
+    assert live_run["badRepeat"]["error"].startswith("“x” (token 3)")
+    assert live_run["badRepeat"]["value"] == "5 5 x"  # repeat does not double bad input
+
+
+def test_browser_live_widget_after_instant_navigation(live_run: dict[str, Any]) -> None:
+    assert live_run["subscribers"] == 2  # the heatmap's script and the live model's
+    assert live_run["beforeEmit"] is False
+    navigated = live_run["navigated"]
+    _check_state(navigated, NEXT_TOKENS)
+    assert navigated["pressed"] == "layer 1 · head 1"  # the default names
+    assert live_run["styles"] == 1
+
+
+LIVE_PHONE = """
+document.documentElement.style.scrollbarWidth = "none";
+window.addEventListener("load", function () { setTimeout(function () {
+  attnLive.load(function () {
+    var widget = document.querySelector("[data-attn-live]");
+    var input = widget.querySelector(".attn-live-input");
+    input.value = __TOKENS__;
+    input.dispatchEvent(new Event("input", {bubbles: true}));
+    var column = document.querySelector("article.md-typeset").getBoundingClientRect();
+    var heatmap = widget.querySelector(".attn-heatmap-scroll");
+    var table = widget.querySelector(".attn-live-scroll");
+    function inside(el) {
+      var box = el.getBoundingClientRect();
+      return box.left >= column.left - 0.5 && box.right <= column.right + 0.5;
+    }
+    var hint = widget.querySelector(".attn-heatmap-hint");
+    parent.postMessage(JSON.stringify({
+      viewport: window.innerWidth,
+      page: document.documentElement.scrollWidth,
+      rendered: widget.getAttribute("data-attn-live-tokens").split(" ").length,
+      inside: [widget, input, heatmap, table].map(inside),
+      heatmapScrolls: heatmap.scrollWidth > heatmap.clientWidth,
+      tableScrolls: table.scrollWidth > table.clientWidth,
+      hint: hint.getClientRects().length > 0,
+      buttons: Array.from(widget.querySelectorAll("button")).map(inside).every(Boolean),
+    }), "*");
+  });
+}, 300); });
+"""
+
+
+def test_browser_live_widget_fits_a_phone(offline_site: Path, tmp_path: Path) -> None:
+    tokens = json.dumps(" ".join(str(t % 64) for t in range(5, 53)))  # 48 tokens
+    page = _with_driver(offline_site, "live.html", LIVE_PHONE.replace("__TOKENS__", tokens), 390)
+    result = _result(_dump_dom(page, tmp_path))
+    assert result["viewport"] == 390
+    assert result["page"] == 390  # nothing widens the page...
+    assert result["rendered"] == 48
+    assert result["inside"] == [True, True, True, True]  # ...the widget keeps to its column
+    assert result["heatmapScrolls"] is True  # the wide parts scroll in their boxes
+    assert result["tableScrolls"] is True
+    assert result["hint"] is True
+    assert result["buttons"] is True

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from attnlab import CrossAttention, SelfAttention
-from attnlab.plotting import block_tables_svg, figure_to_svg, heatmap, interactive_heatmap
+from attnlab.plotting import (
+    block_tables_svg,
+    figure_to_svg,
+    heatmap,
+    interactive_heatmap,
+    live_model_asset,
+    live_model_widget,
+)
+from attnlab.train import load_run
 
 pytest.importorskip("matplotlib")
 
+ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["Life", "is", "short", "eat", "dessert", "first"]
 
 
@@ -462,3 +474,105 @@ def test_block_tables_svg_rejects_bad_input_with_named_argument() -> None:
         block_tables_svg({"a": [0]}, 4, lengths={"z": 1}, block_size=4)
     with pytest.raises(ValueError, match=r"order must list every label.*\['b'\]"):
         block_tables_svg({"a": [0], "b": [1]}, 4, order=["a"])
+
+
+# The live model ---------------------------------------------------------------------------
+
+MODEL_RUN = ROOT / "docs" / "assets" / "model"
+
+
+def _decode_asset(text: str) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+    """The config and tensors of a live-model asset, decoded independently of the writer."""
+    prefix = "window.attnlabLiveModel = "
+    assert text.startswith(prefix)
+    assert text.rstrip().endswith(";")
+    payload = json.loads(text[len(prefix) :].rstrip().rstrip(";"))
+    data = base64.b64decode(payload["data"])
+    tensors, offset = {}, 0
+    for name, shape in payload["tensors"]:
+        count = int(np.prod(shape))
+        values = np.frombuffer(data, dtype="<f4", count=count, offset=offset)
+        tensors[name] = torch.from_numpy(values.copy()).reshape(shape)
+        offset += 4 * count
+    assert offset == len(data)  # nothing left over
+    return payload["config"], tensors
+
+
+def test_live_model_asset_from_the_build_hook_round_trips_the_state_dict(
+    tmp_path: Path,
+) -> None:
+    from hooks import live_model
+    from mkdocs.config.defaults import MkDocsConfig
+    from mkdocs.structure.files import Files
+
+    # The hook as MkDocs runs it: loaded from the config's `hooks`, called by the event.
+    config = MkDocsConfig()
+    config.load_dict(
+        {
+            "site_name": "t",
+            "docs_dir": str(ROOT / "docs"),
+            "site_dir": str(tmp_path),
+            "hooks": [str(ROOT / "docs" / "hooks" / "live_model.py")],
+            "plugins": [],
+        }
+    )
+    failed, _ = config.validate()
+    assert not failed
+    files = config.plugins.on_files(Files([]), config=config)
+    generated = files.get_file_from_path(live_model.ASSET)
+    assert generated is not None
+    text = generated.content_string
+    model, record = load_run(MODEL_RUN)
+    assert text == live_model_asset(model)
+    saved, tensors = _decode_asset(text)
+    assert saved == record["config"]["model"] == model.config.to_dict()
+    state = model.state_dict()
+    assert list(tensors) == list(state)
+    for name, tensor in state.items():
+        assert torch.equal(tensors[name], tensor), name  # bit for bit
+    assert sum(t.numel() for t in tensors.values()) == record["parameters"]
+    assert len(text) < 250_000  # 45k float32 in base64, plus the names
+
+
+def test_live_model_widget_shows_the_models_predictions_and_every_head() -> None:
+    model, _ = load_run(MODEL_RUN)
+    tokens = [5, 17, 42, 9, 5, 17, 42, 9]
+    html = live_model_widget(model, tokens, title="live", cell_size=12)
+    logits = model(torch.tensor([tokens]))[0]
+    best = logits.argmax(dim=-1).tolist()
+    cells = re.findall(r"<tr><th scope=\"row\">predicts</th>(.*?)</tr>", html)
+    assert len(cells) == 1
+    shown = [int(v) for v in re.findall(r"<td[^>]*>(\d+)</td>", cells[0])]
+    assert shown == best
+    hits = sum(best[i] == tokens[i + 1] for i in range(len(tokens) - 1))
+    assert f"comes next at {hits} of the 7 positions" in html
+    # 2 layers x 4 heads, each a full t x t grid; the weights are the model's.
+    assert html.count('class="attn-heatmap-panel"') == 8
+    assert html.count('class="attn-heatmap-cell"') == 8 * len(tokens) ** 2
+    maps = model.attention_maps(torch.tensor([tokens]))
+    expected = f'data-q="7" data-k="5" data-w="{maps[1][0, 3, 7, 5].item():.4f}"'
+    assert expected in html.split('data-panel="7"')[-1]
+    assert 'data-tokens="5 17 42 9 5 17 42 9"' in html
+    assert "layer 2 · head 4" in html
+
+
+def test_live_model_widget_rejects_bad_input_with_named_argument() -> None:
+    from attnlab.model import ModelConfig, TinyTransformer
+
+    model, _ = load_run(MODEL_RUN)
+    with pytest.raises(ValueError, match=r"tokens\[1\]=64 is outside .*\[0, 64\)"):
+        live_model_widget(model, [1, 64])
+    with pytest.raises(ValueError, match="1 to max_len=48 ids, got 49"):
+        live_model_widget(model, [1] * 49)
+    with pytest.raises(ValueError, match="got 0"):
+        live_model_widget(model, [])
+    with pytest.raises(TypeError, match=r"tokens\[0\] must be an int"):
+        live_model_widget(model, [1.5])
+    with pytest.raises(TypeError, match="1-d integer tensor"):
+        live_model_widget(model, torch.zeros(3))
+    with pytest.raises(TypeError, match=r"model must be an attnlab\.model\.TinyTransformer"):
+        live_model_widget(torch.nn.Linear(2, 2), [1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="attention-only"):
+        live_model_asset(TinyTransformer(ModelConfig(vocab_size=4, max_len=4, mlp=True)))
+    with pytest.raises(ValueError, match="panel_names has 2 labels"):
+        live_model_widget(model, [1], panel_names=["a", "b"])

@@ -10,6 +10,12 @@ a page can inline.
 panel per head (or per layer and head), for pages that load the site's small script: it
 adds a head selector and a read-out of the cell under the pointer.
 
+[`live_model_widget`][attnlab.plotting.live_model_widget] puts a trained
+[`TinyTransformer`][attnlab.model.TinyTransformer] in the reader's browser: a token box,
+the model's next-token predictions and every head's attention, recomputed by the site's
+script `live-model.js` from the weights that
+[`live_model_asset`][attnlab.plotting.live_model_asset] writes as a small script.
+
 [`block_tables_svg`][attnlab.plotting.block_tables_svg] draws another kind of state: the
 block pool of a paged KV cache and the block table of each sequence, shared blocks
 marked, as the chapter on serving shows them.
@@ -22,9 +28,12 @@ not need it. The figures are built on `matplotlib.figure.Figure` directly, not t
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import json
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -37,7 +46,16 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["block_tables_svg", "figure_to_svg", "heatmap", "interactive_heatmap"]
+    from attnlab.model import TinyTransformer
+
+__all__ = [
+    "block_tables_svg",
+    "figure_to_svg",
+    "heatmap",
+    "interactive_heatmap",
+    "live_model_asset",
+    "live_model_widget",
+]
 
 _INSTALL_HINT = (
     "attnlab.plotting needs matplotlib, which is not installed; "
@@ -586,6 +604,234 @@ def interactive_heatmap(
     )
     out.append("</figure>")
     return "".join(out)
+
+
+# The live model ---------------------------------------------------------------------------
+#
+# The browser runs the model itself (docs/assets/javascripts/live-model.js, a plain
+# JavaScript forward tested equal to PyTorch's in tests/test_browser.py). Its weights
+# travel as a script that sets a global, not as JSON to fetch: a page opened from file://
+# may load a <script> but not fetch a file. The widget's first state is drawn here, from
+# PyTorch, so that a page read without JavaScript still shows the model at work.
+
+_LIVE_GLOBAL = "attnlabLiveModel"
+
+
+def _check_live_model(model: Any) -> TinyTransformer:
+    from attnlab.model import TinyTransformer
+
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(
+            f"model must be an attnlab.model.TinyTransformer, got {type(model).__name__}"
+        )
+    if model.config.mlp:
+        raise ValueError(
+            "the browser forward covers attention-only models: this model has an MLP "
+            "(model.config.mlp=True)"
+        )
+    return model
+
+
+def live_model_asset(model: TinyTransformer) -> str:
+    """The weights and sizes of a model, as a script for the site's live-model widget.
+
+    The script sets `window.attnlabLiveModel` to `{"config", "tensors", "data"}`: the
+    model's [`ModelConfig`][attnlab.model.ModelConfig] as a dict, the name and shape of
+    every tensor of its state dict in order, and all their values as one base64 string
+    of little-endian float32, the tensors one after another (row-major). The documentation
+    build writes it from the committed weights (`docs/hooks/live_model.py`).
+
+    Args:
+        model: An attention-only [`TinyTransformer`][attnlab.model.TinyTransformer].
+
+    Returns:
+        JavaScript source, one statement.
+
+    Raises:
+        TypeError: If `model` is not a `TinyTransformer`.
+        ValueError: If it has an MLP, which the browser forward does not run.
+
+    Examples:
+        >>> import torch
+        >>> from attnlab.model import ModelConfig, TinyTransformer
+        >>> from attnlab.plotting import live_model_asset
+        >>> model = TinyTransformer(ModelConfig(vocab_size=5, max_len=4, d_model=8))
+        >>> live_model_asset(model).startswith("window.attnlabLiveModel = {")
+        True
+    """
+    model = _check_live_model(model)
+    tensors, chunks = [], []
+    for name, tensor in model.state_dict().items():
+        values = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        tensors.append([name, list(values.shape)])
+        data = values.numpy().tobytes()
+        chunks.append(data if sys.byteorder == "little" else values.numpy().byteswap().tobytes())
+    payload = {
+        "config": model.config.to_dict(),
+        "tensors": tensors,
+        "data": base64.b64encode(b"".join(chunks)).decode("ascii"),
+    }
+    return f"window.{_LIVE_GLOBAL} = {json.dumps(payload, separators=(',', ':'))};\n"
+
+
+def _check_live_tokens(tokens: Any, vocab_size: int, max_len: int) -> list[int]:
+    if isinstance(tokens, torch.Tensor):
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.ndim != 1:
+            raise TypeError(
+                f"tokens must be a 1-d integer tensor or a list of ints, got a {tokens.dtype} "
+                f"tensor of shape {tuple(tokens.shape)}"
+            )
+        tokens = tokens.tolist()
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise TypeError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
+    ids = list(tokens)
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"tokens[{i}] must be an int, got {token!r}")
+        if not 0 <= token < vocab_size:
+            raise ValueError(
+                f"tokens[{i}]={token} is outside the model's vocabulary [0, {vocab_size})"
+            )
+    if not 1 <= len(ids) <= max_len:
+        raise ValueError(f"tokens must hold 1 to max_len={max_len} ids, got {len(ids)}")
+    return ids
+
+
+def _predictions_html(tokens: list[int], best: list[int], probabilities: list[float]) -> str:
+    """The model's top prediction at every position, and where it is the next token.
+
+    live-model.js writes the same markup (`predictionsHtml`); tests/test_browser.py
+    checks that the two agree.
+    """
+    hits = [best[i] == tokens[i + 1] for i in range(len(tokens) - 1)]
+
+    def row(name: str, cells: list[str]) -> str:
+        return f'<tr><th scope="row">{name}</th>{"".join(cells)}</tr>'
+
+    predicted = [
+        f'<td class="attn-live-hit">{b}</td>' if i < len(hits) and hits[i] else f"<td>{b}</td>"
+        for i, b in enumerate(best)
+    ]
+    table = (
+        '<div class="attn-live-scroll" style="overflow-x:auto;max-width:100%">'
+        '<table class="attn-live-table" style="font-size:.75em;margin:0 auto">'
+        + row("position", [f"<td>{i}</td>" for i in range(len(tokens))])
+        + row("token", [f"<td>{t}</td>" for t in tokens])
+        + row("predicts", predicted)
+        + row("probability", [f"<td>{p:.2f}</td>" for p in probabilities])
+        + "</table></div>"
+    )
+    if hits:
+        summary = (
+            f"The top prediction is the token that comes next at {sum(hits)} of the "
+            f"{len(hits)} positions that have a next token."
+        )
+    else:
+        summary = "One token: its next token is not in the sequence."
+    return table + f'<p class="attn-live-summary" style="font-size:.8em">{summary}</p>'
+
+
+def live_model_widget(
+    model: TinyTransformer,
+    tokens: Any,
+    *,
+    title: str | None = "Attention of the live model",
+    panel_names: Sequence[str] | None = None,
+    cell_size: int = 16,
+) -> str:
+    """The model running in the reader's browser: edit the tokens, see it predict and attend.
+
+    The snippet holds a token box, a "repeat it" button (the sequence twice, cut at
+    `max_len`), a "random" and a "reset" button, a table of the top next-token
+    prediction at every position with its probability (bold where it is the token that
+    actually comes next), and the attention of every head of every layer in an
+    [`interactive_heatmap`][attnlab.plotting.interactive_heatmap], all computed here
+    from `model` on `tokens`. The site's script `live-model.js` reveals the controls and
+    recomputes everything in the browser at each edit, from the weights of
+    [`live_model_asset`][attnlab.plotting.live_model_asset] (which must be those of
+    `model`); bad input is named under the box. Without JavaScript the first state
+    stays, with a line that says what the script would add.
+
+    Args:
+        model: An attention-only [`TinyTransformer`][attnlab.model.TinyTransformer].
+        tokens: The first sequence: ints in `[0, vocab_size)`, 1 to `max_len` of them.
+        title: Caption of the heatmap.
+        panel_names: One name per head, layer-major; by default `layer 1 · head 1`, ...
+        cell_size: Side of a heatmap cell in pixels (at least 8).
+
+    Returns:
+        A `<div>` as a string, to print from a markdown-exec `html="1"` block.
+
+    Raises:
+        TypeError: If `model` is not a `TinyTransformer` or `tokens` not a sequence of
+            ints (or a 1-d integer tensor).
+        ValueError: If `model` has an MLP, a token is outside the vocabulary, the
+            sequence is empty or longer than `max_len`, `panel_names` has the wrong
+            count, or `cell_size` is below 8.
+
+    Examples:
+        >>> import torch
+        >>> from attnlab.model import ModelConfig, TinyTransformer
+        >>> from attnlab.plotting import live_model_widget
+        >>> _ = torch.manual_seed(0)
+        >>> model = TinyTransformer(ModelConfig(vocab_size=5, max_len=4, d_model=8))
+        >>> html = live_model_widget(model, [1, 2, 1])
+        >>> html.startswith('<div class="attn-live" data-attn-live'), html.count("<svg")
+        (True, 8)
+    """
+    model = _check_live_model(model)
+    config = model.config
+    ids = _check_live_tokens(tokens, config.vocab_size, config.max_len)
+    if panel_names is not None:
+        panel_names = _check_labels(
+            "panel_names", panel_names, config.num_layers * config.num_heads, "panels"
+        )
+    with torch.no_grad():
+        batch = torch.tensor([ids])
+        probabilities = torch.softmax(model(batch)[0].double(), dim=-1)  # (t, vocab)
+        maps = torch.stack([m[0] for m in model.attention_maps(batch)])  # (layers, h, t, t)
+    top, best = probabilities.max(dim=-1)
+    labels = [str(t) for t in ids]
+    figure = interactive_heatmap(
+        maps,
+        labels,
+        labels,
+        title=title,
+        panel_names=panel_names,
+        cell_size=cell_size,
+        annotate=False,
+    )
+    names = json.dumps(None if panel_names is None else list(panel_names))
+    attributes = (
+        f'data-tokens="{" ".join(labels)}" data-title="{escape(title or "")}" '
+        f'data-panel-names="{escape(names)}" data-cell-size="{cell_size}"'
+    )
+    limits = f"ids from 0 to {config.vocab_size - 1}, at most {config.max_len} of them"
+    return (
+        f'<div class="attn-live" data-attn-live {attributes} style="margin:1em 0">'
+        '<div class="attn-live-controls" hidden style="margin:0 0 .5em">'
+        '<label style="display:block;font-size:.8em">Tokens '
+        f"({limits}, separated by spaces or commas)"
+        f'<input class="attn-live-input" type="text" value="{" ".join(labels)}" '
+        'autocomplete="off" spellcheck="false" inputmode="numeric" '
+        'style="display:block;box-sizing:border-box;width:100%;font:inherit;'
+        "font-family:var(--md-code-font-family,monospace);padding:.3em .4em;"
+        "margin:.2em 0 .4em;border:1px solid var(--md-default-fg-color--lighter,#999);"
+        'border-radius:.2em;background:transparent;color:inherit"></label>'
+        '<div class="attn-heatmap-select" style="display:flex;flex-wrap:wrap;gap:.3em">'
+        '<button type="button" data-attn-live-action="repeat">repeat it</button>'
+        '<button type="button" data-attn-live-action="random">random tokens</button>'
+        '<button type="button" data-attn-live-action="reset">reset</button></div></div>'
+        '<p class="attn-live-error" role="alert" hidden style="font-size:.8em;'
+        'color:var(--md-code-hl-special-color,#c62828);margin:0 0 .5em"></p>'
+        '<noscript><p data-search-exclude style="font-size:.8em">This is the model run '
+        f"by the build on the tokens {escape(' '.join(labels))}; with JavaScript you can "
+        "edit them and the model reruns in your browser.</p></noscript>"
+        '<div class="attn-live-output">'
+        + _predictions_html(ids, best.tolist(), top.tolist())
+        + figure
+        + "</div></div>"
+    )
 
 
 # Block tables ---------------------------------------------------------------------------

@@ -14,6 +14,12 @@
 // observable) where there is one: opened from file://, Material's instant navigation
 // never emits, and the DOM-ready start alone makes the figures work. Revealing is
 // idempotent (`data-attn-ready`). Plain JavaScript, no dependencies.
+//
+// `window.attnHeatmap.html(weights, rows, cols, options)` writes, from data, the very
+// markup that attnlab.plotting.interactive_heatmap writes in Python (tests/test_browser.py
+// checks that the two strings are equal), and `window.attnHeatmap.render(target, ...)`
+// puts it in place of `target` and makes it interactive: so a page's own script (the live
+// model of "Watching heads learn") can redraw a heatmap the build drew first.
 (function () {
   "use strict";
 
@@ -200,6 +206,208 @@
     if (button) select(button);
   });
   window.addEventListener("resize", updateHints);
+
+  // -- Drawing from data: a port of plotting.interactive_heatmap and _panel_svg. --------
+
+  var BLUES = [
+    [0xf7, 0xfb, 0xff], [0xde, 0xeb, 0xf7], [0xc6, 0xdb, 0xef], [0x9e, 0xca, 0xe1],
+    [0x6b, 0xae, 0xd6], [0x42, 0x92, 0xc6], [0x21, 0x71, 0xb5], [0x08, 0x51, 0x9c],
+    [0x08, 0x30, 0x6b],
+  ];
+  var FONT = 12, TITLE_GAP = 30;
+
+  // Python's round(): halves go to the even neighbour (Math.round takes them up).
+  function roundHalfEven(x) {
+    var r = Math.round(x);
+    return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+  }
+
+  // Python's f"{x:.{digits}f}": the exact binary value, ties to even (toFixed takes
+  // them away from zero). toFixed(100) is exact, so it shows whether x is a tie.
+  function fixed(x, digits) {
+    var text = x.toFixed(digits);
+    var exact = Math.abs(x).toFixed(100);
+    var point = exact.indexOf(".");
+    if (!/^50*$/.test(exact.slice(point + 1 + digits))) return text;
+    var kept = exact.slice(0, digits ? point + 1 + digits : point);
+    var last = Number(kept.charAt(kept.length - 1));
+    if (last % 2 !== 0) return text; // rounding up reaches the even neighbour
+    return (x < 0 ? "-" : "") + kept;
+  }
+
+  // Python's html.escape(text, quote=True).
+  function escapeHtml(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;").replace(/'/g, "&#x27;");
+  }
+
+  function labelWidth(text) {
+    var width = 0;
+    for (var i = 0; i < text.length; i++) {
+      var ch = text.charAt(i);
+      width += "MWmw@%".indexOf(ch) >= 0 ? 12 : "ijlft.,:;!|'()[] ".indexOf(ch) >= 0 ? 4.5
+        : ch !== ch.toLowerCase() ? 9.5 : 7.5;
+    }
+    return width;
+  }
+
+  function blues(position) {
+    position = Math.min(Math.max(position, 0), 1) * (BLUES.length - 1);
+    var low = Math.min(Math.floor(position), BLUES.length - 2);
+    var frac = position - low, hex = "#";
+    for (var c = 0; c < 3; c++) {
+      var a = BLUES[low][c], b = BLUES[low + 1][c];
+      hex += ("0" + roundHalfEven(a + (b - a) * frac).toString(16)).slice(-2);
+    }
+    return hex;
+  }
+
+  function maxOf(values) {
+    return values.reduce(function (a, b) { return Math.max(a, b); }, -Infinity);
+  }
+
+  function panelSvg(matrix, rows, cols, o) {
+    var tq = matrix.length, tk = matrix[0].length, cell = o.cell;
+    var left = TITLE_GAP + roundHalfEven(maxOf(rows.map(labelWidth))) + 8;
+    var longest = maxOf(cols.map(labelWidth));
+    var top = 20 + roundHalfEven(longest * 0.71) + 10;
+    var right = Math.max(4, roundHalfEven(longest * 0.71) - Math.floor(cell / 2) + 4);
+    var width = left + tk * cell + right, height = top + tq * cell + 4;
+    var span = o.vmax - o.vmin, name = escapeHtml(o.name);
+    var parts = [
+      '<div class="attn-heatmap-panel" data-panel="' + o.panel + '" data-name="' + name +
+        '"' + (o.hidden ? " hidden" : "") + ">" +
+        '<svg xmlns="http://www.w3.org/2000/svg" width="' + width + '" height="' + height +
+        '" viewBox="0 0 ' + width + " " + height + '" font-size="' + FONT + '" ' +
+        'style="display:block;margin:0 auto;max-width:none" role="group" aria-label="' +
+        name + '">',
+      "<title>" + name + "</title>",
+      '<text x="' + (left + tk * cell / 2) + '" y="12" text-anchor="middle" ' +
+        'fill="currentColor" font-weight="600">' + escapeHtml(o.xlabel) + "</text>",
+      '<text transform="translate(13 ' + (top + tq * cell / 2) + ') rotate(-90)" ' +
+        'text-anchor="middle" fill="currentColor" font-weight="600">' +
+        escapeHtml(o.ylabel) + "</text>",
+    ];
+    var i, j;
+    for (j = 0; j < tk; j++) {
+      parts.push('<text class="attn-heatmap-col" data-k="' + j + '" transform="translate(' +
+        (left + j * cell + cell / 2) + " " + (top - 6) + ') rotate(-45)" ' +
+        'fill="currentColor">' + escapeHtml(cols[j]) + "</text>");
+    }
+    for (i = 0; i < tq; i++) {
+      parts.push('<text class="attn-heatmap-row" data-q="' + i + '" x="' + (left - 8) +
+        '" y="' + (top + i * cell + cell / 2) + '" text-anchor="end" ' +
+        'dominant-baseline="central" fill="currentColor">' + escapeHtml(rows[i]) + "</text>");
+    }
+    for (i = 0; i < tq; i++) {
+      for (j = 0; j < tk; j++) {
+        var value = matrix[i][j];
+        var position = span > 0 ? (value - o.vmin) / span : 0;
+        var x = left + j * cell, y = top + i * cell;
+        var readout = "query " + i + " (" + rows[i] + ") \u2192 key " + j + " (" + cols[j] +
+          "): " + fixed(value, 4);
+        parts.push('<g class="attn-heatmap-cell" data-q="' + i + '" data-k="' + j +
+          '" data-w="' + fixed(value, 4) + '"><title>' + escapeHtml(readout) + "</title>" +
+          '<rect x="' + x + '" y="' + y + '" width="' + cell + '" height="' + cell +
+          '" fill="' + blues(position) + '" stroke="#ffffff" stroke-width="1"/>' +
+          (o.annotate
+            ? '<text x="' + (x + cell / 2) + '" y="' + (y + cell / 2) +
+              '" text-anchor="middle" dominant-baseline="central" font-size="11" ' +
+              'pointer-events="none" fill="' + (position > 0.55 ? "#ffffff" : "#1a1a1a") +
+              '">' + fixed(value, 2) + "</text>"
+            : "") +
+          "</g>");
+      }
+    }
+    parts.push('<rect class="attn-heatmap-outline" x="' + (left + 1.5) + '" y="' +
+      (top + 1.5) + '" width="' + (cell - 3) + '" height="' + (cell - 3) +
+      '" fill="none" stroke-width="3" visibility="hidden" pointer-events="none"/>');
+    parts.push("</svg></div>");
+    return parts.join("");
+  }
+
+  // weights: panels of rows of numbers, [panel][query][key] (the Python function's
+  // (heads, t_q, t_k) layout; give layer-major panels and their names for several layers).
+  // options: title, panelNames, xlabel, ylabel, vmin, vmax, cellSize, annotate, with the
+  // Python function's defaults. Checks only what a page's own script could get wrong.
+  function html(weights, rows, cols, options) {
+    var o = options || {};
+    if (!weights.length || !weights[0].length || !weights[0][0].length) {
+      throw new Error("weights is empty: there is no weight to draw");
+    }
+    if (rows.length !== weights[0].length || cols.length !== weights[0][0].length) {
+      throw new Error("rows and cols must have one label per query and per key");
+    }
+    var names = o.panelNames || (weights.length === 1 ? ["weights"]
+      : weights.map(function (_, h) { return "head " + (h + 1); }));
+    if (names.length !== weights.length) throw new Error("give one name per panel");
+    var vmin = o.vmin === undefined ? 0 : o.vmin;
+    var vmax = o.vmax === undefined || o.vmax === null
+      ? maxOf(weights.map(function (p) { return maxOf(p.map(maxOf)); })) : o.vmax;
+    var title = o.title === undefined ? null : o.title;
+    var label = escapeHtml(title || "attention weights");
+    var out = [
+      '<figure class="attn-heatmap" data-attn-heatmap aria-label="' + label + '" ' +
+        'style="display:block;width:auto;max-width:100%;margin:1em 0;text-align:center">',
+    ];
+    if (title !== null) {
+      out.push('<figcaption style="font-weight:600;font-style:normal;max-width:none;' +
+        'margin:0 0 .4em">' + escapeHtml(title) + "</figcaption>");
+    }
+    if (names.length > 1) {
+      out.push('<div class="attn-heatmap-select" role="group" aria-label="choose a panel" ' +
+        'hidden style="flex-wrap:wrap;justify-content:center;gap:.3em;margin:0 0 .5em">');
+      names.forEach(function (name, panel) {
+        out.push('<button type="button" data-panel="' + panel + '" aria-pressed="' +
+          (panel === 0 ? "true" : "false") + '">' + escapeHtml(name) + "</button>");
+      });
+      out.push("</div>");
+      out.push('<noscript><p class="attn-heatmap-noscript" data-search-exclude ' +
+        'style="font-size:.8em;margin:0 0 .5em">Showing ' + escapeHtml(names[0]) +
+        ", the first of " + names.length + " panels; the others (" +
+        escapeHtml(names.slice(1).join(", ")) + ") need JavaScript to be shown.</p></noscript>");
+    }
+    out.push('<div class="attn-heatmap-scroll" ' +
+      'style="overflow-x:auto;max-width:100%;padding:0 0 .3em">');
+    names.forEach(function (name, panel) {
+      out.push(panelSvg(weights[panel], rows.map(String), cols.map(String), {
+        panel: panel, name: name, vmin: vmin, vmax: vmax,
+        xlabel: o.xlabel === undefined ? "key" : o.xlabel,
+        ylabel: o.ylabel === undefined ? "query" : o.ylabel,
+        hidden: panel > 0, cell: o.cellSize === undefined ? 40 : o.cellSize,
+        annotate: o.annotate === undefined ? true : o.annotate,
+      }));
+    });
+    out.push("</div>");
+    out.push('<p class="attn-heatmap-hint" hidden data-search-exclude ' +
+      'style="font-size:.75em;margin:.1em 0 0">' +
+      "Wider than the screen: scroll sideways to see every column.</p>");
+    out.push('<output class="attn-heatmap-readout" aria-live="polite" hidden ' +
+      'data-search-exclude style="min-height:1.6em;font-size:.8em;margin:.2em 0 0">' +
+      "Point at a cell, tap it, or focus it (Tab, then the arrow keys) to read its " +
+      "weight.</output>");
+    out.push("</figure>");
+    return out.join("");
+  }
+
+  // Replace `target` (a heatmap figure, or any element) by a heatmap of `weights`, made
+  // interactive; a figure keeps the panel its reader had chosen. Returns the new figure.
+  function render(target, weights, rows, cols, options) {
+    var pressed = target.querySelector(".attn-heatmap-select button[aria-pressed=true]");
+    var chosen = pressed ? pressed.getAttribute("data-panel") : null;
+    var holder = document.createElement("div");
+    holder.innerHTML = html(weights, rows, cols, options);
+    var figure = holder.firstChild;
+    target.parentNode.replaceChild(figure, target);
+    addStyle();
+    reveal(figure.parentNode);
+    var button = chosen === null ? null
+      : figure.querySelector('.attn-heatmap-select button[data-panel="' + chosen + '"]');
+    if (button && chosen !== "0") select(button);
+    return figure;
+  }
+
+  window.attnHeatmap = {html: html, render: render, fixed: fixed, escape: escapeHtml};
 
   function start() {
     addStyle();
