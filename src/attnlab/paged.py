@@ -32,8 +32,10 @@ cache in one piece.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Literal
@@ -738,10 +740,11 @@ def paged_attention(
       which also returns the log-sum-exp, so a tile's keys are read once while they
       are still in the processor's cache; tiles wholly past every query are skipped
       and a tile that every query sees whole gets no mask. A decode step (`t_q = 1`,
-      float32 or float64) over more than one tile keeps its few scores whole instead:
-      the keys are copied tile by tile for the products, one softmax follows, and the
-      values are summed where they lie in the pool by `embedding_bag`, never copied.
-      Off the CPU, `"torch"` takes the spelled-out path too.
+      float32 or float64, contiguous pools) copies nothing at all: the tables are a
+      sparsity pattern over the pool's rows, the scores a product sampled at that
+      pattern (`torch.sparse.sampled_addmm`, each key read where it lies), one softmax
+      follows over the few scores, and `embedding_bag` sums the value rows through the
+      same pattern. Off the CPU, `"torch"` takes the spelled-out path too.
 
     float16 and bfloat16 are computed in float32 and rounded back. No dropout, no
     gradient intended (inference).
@@ -933,11 +936,8 @@ def _online_attention(
 ) -> Tensor:
     """Tile by tile through the block tables, merging partial results (online softmax)."""
     if backend == "torch" and _fused_tiles(query, key_pool, value_pool):
-        one_query = query.shape[2] == 1 and query.dtype in (torch.float32, torch.float64)
-        if one_query and block_tables.shape[1] > blocks_per_tile:  # several tiles
-            return _decode_attention(
-                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
-            )
+        if _sparse_decode(query, key_pool, value_pool):
+            return _decode_attention(query, key_pool, value_pool, block_tables, positions, scale)
         return _fused_online_attention(
             query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
         )
@@ -999,6 +999,16 @@ def _fused_tiles(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
     )
 
 
+def _sparse_decode(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
+    """Whether `_decode_attention` serves the step: one query, float32/64, whole pools."""
+    return (
+        query.shape[2] == 1
+        and query.dtype in (torch.float32, torch.float64)
+        and key_pool.is_contiguous()
+        and value_pool.is_contiguous()
+    )
+
+
 def _reach(positions: Tensor, max_blocks: int, block_size: int) -> tuple[int, int]:
     """The first query position, and how many leading blocks of the tables any query sees.
 
@@ -1015,41 +1025,77 @@ def _decode_attention(
     block_tables: Tensor,
     positions: Tensor,
     scale: float,
-    blocks_per_tile: int,
 ) -> Tensor:
-    """One query per sequence: scores tile by tile, one softmax, values summed in place.
+    """One query per sequence, reading every key and value where it lies in the pool.
 
-    A decode step's scores are small (`b * num_heads` rows of the context), so they are
-    kept whole and normalised once: no merging. The keys are copied out tile by tile for
-    the products, but the values are not copied at all: `embedding_bag` sums the pool's
-    rows, weighted by the softmax, through the table's row ids (one bag per query row).
+    The block tables are a sparsity pattern over the pool's rows: query row `(j, i, r)`
+    (kv head `j`, sequence `i`, head `r` of the group) needs the rows that hold
+    sequence `i`'s tokens in head `j`. The scores are then a *sampled* product, computed
+    only at that pattern (`torch.sparse.sampled_addmm`: one dot product per entry, keys
+    read in place), the softmax runs over the few scores, and `embedding_bag` sums the
+    value rows through the same pattern, weighted by the softmax. Nothing is copied out
+    of the pools.
     """
-    kv, num_blocks, bs, _ = key_pool.shape
+    kv, num_blocks, bs, e = key_pool.shape
     b, h = query.shape[0], query.shape[1]
     g = h // kv
     first, used = _reach(positions, block_tables.shape[1], bs)
-    q = _group_queries(query * scale, kv)  # (kv, b, g, e): row r of a group is head r
-    tiles = _tiles(block_tables, used, blocks_per_tile, key_pool)
-    parts = [q @ k.transpose(-1, -2) for _, (k,) in tiles]  # (kv, b, g, n * bs) each
-    scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (kv, b, g, T)
-    t = scores.shape[-1]
-    if t - 1 > first:  # some sequence is shorter than the tiles read
+    t = used * bs
+    n_rows = kv * num_blocks * bs  # rows of a pool viewed as (n_rows, features)
+    ids = torch.int32 if n_rows < 2**31 else torch.long
+    # The row holding token p of sequence i in kv head j: its block's first row plus
+    # (j * num_blocks) * bs + p % bs (`within`), the same for each head of j's group.
+    firsts = (block_tables[:, :used] * bs).to(ids).view(1, b, 1, used, 1)
+    within = _rows_within(kv, num_blocks, bs, ids, query.device)  # (kv, 1, 1, 1, bs)
+    rows = (firsts + within).expand(kv, b, g, used, bs).reshape(-1)  # kv * b * g * T
+    starts = torch.arange(0, rows.numel() + 1, t, dtype=ids, device=query.device)
+    pattern = _csr(starts, rows, (kv * b * g, n_rows), query.dtype)
+    q = _group_queries(query, kv).reshape(-1, e)  # (kv * b * g, e)
+    keys = key_pool.view(n_rows, e)
+    scores = torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale)
+    scores = scores.values().view(kv, b, g, t)
+    if t - 1 > first:  # some sequence is shorter than the blocks read
         hidden = torch.arange(t, device=query.device) > positions  # (b, T)
         scores = scores.masked_fill(hidden[None, :, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (kv, b, g, T)
-    # Row of pool value_pool.view(-1, e_v) holding token p of sequence i in head j.
-    ids = torch.int32 if value_pool.numel() // value_pool.shape[-1] < 2**31 else torch.long
-    slots = block_tables[:, :used].to(ids)[:, :, None] * bs + torch.arange(bs, dtype=ids)
-    heads = torch.arange(kv, dtype=ids).view(kv, 1, 1, 1) * (num_blocks * bs)
-    rows = (slots.view(1, b, 1, t) + heads).expand(kv, b, g, t)  # (kv, b, g, T)
     out = torch.nn.functional.embedding_bag(
-        rows.reshape(-1),
-        value_pool.view(-1, value_pool.shape[-1]),
-        torch.arange(0, rows.numel(), t, dtype=ids),  # a bag per query row
+        rows,
+        value_pool.view(n_rows, value_pool.shape[-1]),
+        starts,
         mode="sum",
         per_sample_weights=weights.reshape(-1),
+        include_last_offset=True,
     )  # (kv * b * g, e_v)
     return _ungroup(out.view(kv, b, g, -1), h, 1)  # (b, num_heads, 1, v_head_dim)
+
+
+@functools.lru_cache(maxsize=16)
+def _rows_within(
+    kv: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`(j * num_blocks) * bs + s` for kv head j and slot s, `(kv, 1, 1, 1, bs)`.
+
+    The same few numbers every step, so they are kept (read only).
+    """
+    heads = torch.arange(0, kv * num_blocks * bs, num_blocks * bs, dtype=dtype, device=device)
+    return (heads[:, None] + torch.arange(bs, dtype=dtype, device=device)).view(kv, 1, 1, 1, bs)
+
+
+def _csr(starts: Tensor, columns: Tensor, size: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """A sparse CSR pattern of zeros with the given row starts and column indices.
+
+    Built without PyTorch's O(nnz) invariant check (the indices are ours). PyTorch
+    warns once per process that sparse CSR support is in beta; that is no news here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+        return torch.sparse_csr_tensor(
+            starts,
+            columns,
+            torch.zeros(columns.numel(), dtype=dtype, device=columns.device),
+            size=size,
+            check_invariants=False,
+        )
 
 
 def _fused_online_attention(
