@@ -1028,74 +1028,79 @@ def _decode_attention(
 ) -> Tensor:
     """One query per sequence, reading every key and value where it lies in the pool.
 
-    The block tables are a sparsity pattern over the pool's rows: query row `(j, i, r)`
-    (kv head `j`, sequence `i`, head `r` of the group) needs the rows that hold
-    sequence `i`'s tokens in head `j`. The scores are then a *sampled* product, computed
-    only at that pattern (`torch.sparse.sampled_addmm`: one dot product per entry, keys
-    read in place), the softmax runs over the few scores, and `embedding_bag` sums the
-    value rows through the same pattern, weighted by the softmax. Nothing is copied out
-    of the pools.
+    The block tables are a sparsity pattern over the pools' rows: query row `(i, k)`
+    (sequence `i`, query head `k`) needs the rows that hold sequence `i`'s tokens in
+    the kv head of `k`'s group. The scores are then a *sampled* product, computed only
+    at that pattern (`torch.sparse.sampled_addmm`: one dot product per entry, each key
+    read where it lies), the softmax runs over the few scores, and `embedding_bag` sums
+    the value rows through the same pattern, weighted by the softmax. Nothing is copied
+    out of the pools, and the queries and the output keep their layout.
     """
     kv, num_blocks, bs, e = key_pool.shape
     b, h = query.shape[0], query.shape[1]
-    g = h // kv
     first, used = _reach(positions, block_tables.shape[1], bs)
     t = used * bs
     n_rows = kv * num_blocks * bs  # rows of a pool viewed as (n_rows, features)
     ids = torch.int32 if n_rows < 2**31 else torch.long
-    # The row holding token p of sequence i in kv head j: its block's first row plus
-    # (j * num_blocks) * bs + p % bs (`within`), the same for each head of j's group.
-    firsts = (block_tables[:, :used] * bs).to(ids).view(1, b, 1, used, 1)
-    within = _rows_within(kv, num_blocks, bs, ids, query.device)  # (kv, 1, 1, 1, bs)
-    rows = (firsts + within).expand(kv, b, g, used, bs).reshape(-1)  # kv * b * g * T
+    # The row holding token p of sequence i in kv head j: the first row of its block
+    # plus j * num_blocks * bs + p % bs (`within`), the same for each head of j's group.
+    firsts = block_tables[:, :used].to(ids).mul(bs).view(b, 1, 1, used, 1)
+    within = _rows_within(kv, num_blocks, bs, ids, query.device)  # (1, kv, 1, 1, bs)
+    rows = (firsts + within).expand(b, kv, h // kv, used, bs).reshape(-1)  # b * h * T
     starts = torch.arange(0, rows.numel() + 1, t, dtype=ids, device=query.device)
-    pattern = _csr(starts, rows, (kv * b * g, n_rows), query.dtype)
-    q = _group_queries(query, kv).reshape(-1, e)  # (kv * b * g, e)
+    pattern = _csr(starts, rows, (b * h, n_rows), query.dtype)
     keys = key_pool.view(n_rows, e)
-    scores = torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale)
-    scores = scores.values().view(kv, b, g, t)
+    # Query head k of sequence i is row i * h + k: heads of one group are neighbours.
+    scores = torch.sparse.sampled_addmm(
+        pattern, query.view(b * h, e), keys.t(), beta=0.0, alpha=scale
+    ).values()  # (b * h * T,)
     if t - 1 > first:  # some sequence is shorter than the blocks read
         hidden = torch.arange(t, device=query.device) > positions  # (b, T)
-        scores = scores.masked_fill(hidden[None, :, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (kv, b, g, T)
+        scores = scores.view(b, h, t).masked_fill(hidden[:, None], float("-inf"))
+    weights = torch.softmax(scores.view(b * h, t), dim=-1)  # (b * h, T)
     out = torch.nn.functional.embedding_bag(
         rows,
         value_pool.view(n_rows, value_pool.shape[-1]),
         starts,
         mode="sum",
-        per_sample_weights=weights.reshape(-1),
+        per_sample_weights=weights.view(-1),
         include_last_offset=True,
-    )  # (kv * b * g, e_v)
-    return _ungroup(out.view(kv, b, g, -1), h, 1)  # (b, num_heads, 1, v_head_dim)
+    )  # (b * h, v_head_dim)
+    return out.view(b, h, 1, -1)  # (b, num_heads, 1, v_head_dim)
 
 
 @functools.lru_cache(maxsize=16)
 def _rows_within(
     kv: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
 ) -> Tensor:
-    """`(j * num_blocks) * bs + s` for kv head j and slot s, `(kv, 1, 1, 1, bs)`.
+    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, 1, bs)`.
 
     The same few numbers every step, so they are kept (read only).
     """
     heads = torch.arange(0, kv * num_blocks * bs, num_blocks * bs, dtype=dtype, device=device)
-    return (heads[:, None] + torch.arange(bs, dtype=dtype, device=device)).view(kv, 1, 1, 1, bs)
+    return (heads[:, None] + torch.arange(bs, dtype=dtype, device=device)).view(1, kv, 1, 1, bs)
+
+
+_CSR_BETA_WARNED = False  # PyTorch warns once per process that sparse CSR is in beta
 
 
 def _csr(starts: Tensor, columns: Tensor, size: tuple[int, int], dtype: torch.dtype) -> Tensor:
     """A sparse CSR pattern of zeros with the given row starts and column indices.
 
     Built without PyTorch's O(nnz) invariant check (the indices are ours). PyTorch
-    warns once per process that sparse CSR support is in beta; that is no news here.
+    warns, once per process, that sparse CSR support is in beta; that is no news here.
     """
+    global _CSR_BETA_WARNED
+    values = torch.zeros(columns.numel(), dtype=dtype, device=columns.device)
+    if _CSR_BETA_WARNED:
+        return torch.sparse_csr_tensor(starts, columns, values, size=size, check_invariants=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-        return torch.sparse_csr_tensor(
-            starts,
-            columns,
-            torch.zeros(columns.numel(), dtype=dtype, device=columns.device),
-            size=size,
-            check_invariants=False,
+        pattern = torch.sparse_csr_tensor(
+            starts, columns, values, size=size, check_invariants=False
         )
+    _CSR_BETA_WARNED = True
+    return pattern
 
 
 def _fused_online_attention(
