@@ -114,6 +114,25 @@ def test_paged_attention_methods_agree_at_scale() -> None:
     torch.testing.assert_close(online[1], F.scaled_dot_product_attention(q[1], k, v, scale=0.3))
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_paged_decode_reads_shared_blocks_and_any_pool_layout(contiguous: bool) -> None:
+    # Two sequences hold the same first block (a shared prefix), and a block id repeats
+    # in the padding. Contiguous pools take the decode step's sampled-product path,
+    # strided ones (a view of a larger tensor) the tiled one; both equal SDPA.
+    k_big, v_big = torch.randn(KV, 9, BS, HD + 2), torch.randn(KV, 9, BS, HD_V + 1)
+    k_pool, v_pool = k_big[..., :HD], v_big[..., :HD_V]  # (KV, 9, BS, features), strided
+    if contiguous:
+        k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    tables = torch.tensor([[4, 7, 2], [4, 1, 1], [8, 0, 0]])
+    lengths = torch.tensor([11, 6, 3])
+    q = torch.randn(3, H, 1, HD)
+    out = paged_attention(q, k_pool, v_pool, tables, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        k = _contiguous(k_pool, tables[b].tolist(), n)
+        v = _contiguous(v_pool, tables[b].tolist(), n)
+        torch.testing.assert_close(out[b], _reference(q[b], k, v, 1), **_tol(torch.float32))
+
+
 def test_paged_attention_low_precision_is_computed_in_float32() -> None:
     k_pool, v_pool = torch.randn(KV, 8, BS, HD), torch.randn(KV, 8, BS, HD_V)
     tables, lengths = torch.tensor([[3, 6, 1]]), torch.tensor([11])

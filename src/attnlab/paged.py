@@ -935,12 +935,13 @@ def _online_attention(
     backend: Backend = "scratch",
 ) -> Tensor:
     """Tile by tile through the block tables, merging partial results (online softmax)."""
-    if backend == "torch" and _fused_tiles(query, key_pool, value_pool):
+    if backend == "torch" and _host_inference(query, key_pool, value_pool):
         if _sparse_decode(query, key_pool, value_pool):
             return _decode_attention(query, key_pool, value_pool, block_tables, positions, scale)
-        return _fused_online_attention(
-            query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
-        )
+        if key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
+            return _fused_online_attention(
+                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
+            )
     kv = key_pool.shape[0]
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype
@@ -989,13 +990,13 @@ def _fold(merged: tuple[Tensor, Tensor] | None, out: Tensor, lse: Tensor) -> tup
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
-def _fused_tiles(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
-    """Whether the fused CPU kernel can attend the tiles (CPU, no gradient, same e)."""
+def _host_inference(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
+    """Whether the CPU paths may serve the step: on the CPU, no gradient, not compiling."""
+    wants_grad = query.requires_grad or key_pool.requires_grad or value_pool.requires_grad
     return (
         query.device.type == "cpu"
-        and key_pool.shape[-1] == value_pool.shape[-1]
-        and not (torch.is_grad_enabled() and query.requires_grad)
-        and not torch.compiler.is_compiling()  # it reads positions on the host
+        and not (torch.is_grad_enabled() and wants_grad)
+        and not torch.compiler.is_compiling()  # they read positions on the host
     )
 
 
