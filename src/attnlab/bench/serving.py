@@ -257,7 +257,8 @@ class DecodeCase:
 
     Attributes:
         context: Tokens cached per sequence.
-        paged: attnlab's paged attention (the engine's default: online, fused tiles).
+        paged: attnlab's paged attention (the engine's default: online; a decode
+            step reads the pools in place through the tables).
         teaching: The same, tile by tile with the scores spelled out.
         contiguous: SDPA over a static cache's keys and values, as GQA calls it.
         arguments: `(query, key_pool, value_pool, block_tables, lengths)` of `paged`.
