@@ -667,6 +667,24 @@ window.addEventListener("load", function () { setTimeout(function () {
       });
     }
     var panels = Array.from(fig.querySelectorAll(".attn-heatmap-panel"));
+    var drawn = panels.map(function (p) {
+      return p.querySelectorAll(".attn-heatmap-cell").length;
+    });
+    var shown = panels.map(function (p) { return p.getClientRects().length > 0; }).indexOf(true);
+    // Visit every panel (each is drawn when its button is first pressed), then go back.
+    var visited = Array.from(fig.querySelectorAll(".attn-heatmap-select button")).map(
+      function (button) {
+        button.click();
+        var p = fig.querySelector(
+          '.attn-heatmap-panel[data-panel="' + button.getAttribute("data-panel") + '"]');
+        var last = p.querySelectorAll(".attn-heatmap-row").length - 1;
+        return {
+          cells: p.querySelectorAll(".attn-heatmap-cell").length,
+          lastRow: Array.from(p.querySelectorAll('.attn-heatmap-cell[data-q="' + last + '"]'))
+            .map(function (c) { return Number(c.getAttribute("data-w")); }),
+        };
+      });
+    if (pressed) pressed.click();
     return {
       value: widget.querySelector(".attn-live-input").value,
       rendered: widget.getAttribute("data-attn-live-tokens"),
@@ -674,17 +692,14 @@ window.addEventListener("load", function () { setTimeout(function () {
       stale: widget.querySelector(".attn-live-output").classList.contains("is-stale"),
       controls: widget.querySelector(".attn-live-controls").getClientRects().length > 0,
       ready: fig.hasAttribute("data-attn-ready"),
-      cells: panels.map(function (p) { return p.querySelectorAll(".attn-heatmap-cell").length; }),
-      shown: panels.map(function (p) { return p.getClientRects().length > 0; }).indexOf(true),
+      drawn: drawn,
+      cells: visited.map(function (v) { return v.cells; }),
+      shown: shown,
       pressed: pressed ? pressed.textContent : null,
       tokens: cells(1), predicts: cells(2), probabilities: cells(3),
       hits: Array.from(rows[2].querySelectorAll("td.attn-live-hit")).length,
       summary: widget.querySelector(".attn-live-summary").textContent,
-      lastRows: panels.map(function (p) {
-        var last = p.querySelectorAll(".attn-heatmap-row").length - 1;
-        return Array.from(p.querySelectorAll('.attn-heatmap-cell[data-q="' + last + '"]'))
-          .map(function (c) { return Number(c.getAttribute("data-w")); });
-      }),
+      lastRows: visited.map(function (v) { return v.lastRow; }),
     };
   }
   function type(widget, text) {
@@ -806,6 +821,8 @@ def _check_state(state: dict[str, Any], tokens: list[int]) -> None:
     assert state["stale"] is False
     assert state["rendered"] == " ".join(map(str, tokens))
     assert state["ready"] is True
+    # The chosen panel is drawn at once, each other one when its button is pressed.
+    assert state["drawn"] == [len(tokens) ** 2 if p == state["shown"] else 0 for p in range(8)]
     assert state["cells"] == [len(tokens) ** 2] * 8
     assert state["tokens"] == expected["tokens"]
     assert state["predicts"] == expected["predicts"]

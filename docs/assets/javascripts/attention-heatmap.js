@@ -131,6 +131,18 @@
     readout.textContent = (named ? panel.getAttribute("data-name") + ", " : "") + text;
   }
 
+  // A figure drawn by `render` starts with one panel drawn; the others are drawn when
+  // their button is first pressed (eight panels of 48 x 48 cells take a while to lay out).
+  function fill(figure, panel) {
+    var empty = figure.querySelector('.attn-heatmap-panel[data-panel="' + panel + '"]:empty');
+    if (!empty || !figure.attnDraw) return;
+    var holder = document.createElement("div");
+    holder.innerHTML = figure.attnDraw(Number(panel));
+    var drawn = holder.firstChild;
+    empty.parentNode.replaceChild(drawn, empty);
+    makeFocusable(drawn);
+  }
+
   function select(button) {
     var figure = button.closest("[data-attn-heatmap]");
     if (!figure) return;
@@ -139,6 +151,7 @@
     for (var i = 0; i < buttons.length; i++) {
       buttons[i].setAttribute("aria-pressed", buttons[i] === button ? "true" : "false");
     }
+    fill(figure, panel);
     var panels = figure.querySelectorAll(".attn-heatmap-panel");
     for (var j = 0; j < panels.length; j++) {
       panels[j].hidden = panels[j].getAttribute("data-panel") !== panel;
@@ -331,6 +344,11 @@
   // options: title, panelNames, xlabel, ylabel, vmin, vmax, cellSize, annotate, with the
   // Python function's defaults. Checks only what a page's own script could get wrong.
   function html(weights, rows, cols, options) {
+    return markup(spec(weights, rows, cols, options), null);
+  }
+
+  // The checked arguments, the names of the panels and a function that draws one panel.
+  function spec(weights, rows, cols, options) {
     var o = options || {};
     if (!weights.length || !weights[0].length || !weights[0][0].length) {
       throw new Error("weights is empty: there is no weight to draw");
@@ -345,6 +363,23 @@
     var vmax = o.vmax === undefined || o.vmax === null
       ? maxOf(weights.map(function (p) { return maxOf(p.map(maxOf)); })) : o.vmax;
     var title = o.title === undefined ? null : o.title;
+    rows = rows.map(String);
+    cols = cols.map(String);
+    function panel(index) {
+      return panelSvg(weights[index], rows, cols, {
+        panel: index, name: names[index], vmin: vmin, vmax: vmax,
+        xlabel: o.xlabel === undefined ? "key" : o.xlabel,
+        ylabel: o.ylabel === undefined ? "query" : o.ylabel,
+        hidden: index > 0, cell: o.cellSize === undefined ? 40 : o.cellSize,
+        annotate: o.annotate === undefined ? true : o.annotate,
+      });
+    }
+    return {names: names, title: title, panel: panel};
+  }
+
+  // The figure; with `only`, that panel alone is drawn, the others left empty.
+  function markup(s, only) {
+    var names = s.names, title = s.title;
     var label = escapeHtml(title || "attention weights");
     var out = [
       '<figure class="attn-heatmap" data-attn-heatmap aria-label="' + label + '" ' +
@@ -370,13 +405,9 @@
     out.push('<div class="attn-heatmap-scroll" ' +
       'style="overflow-x:auto;max-width:100%;padding:0 0 .3em">');
     names.forEach(function (name, panel) {
-      out.push(panelSvg(weights[panel], rows.map(String), cols.map(String), {
-        panel: panel, name: name, vmin: vmin, vmax: vmax,
-        xlabel: o.xlabel === undefined ? "key" : o.xlabel,
-        ylabel: o.ylabel === undefined ? "query" : o.ylabel,
-        hidden: panel > 0, cell: o.cellSize === undefined ? 40 : o.cellSize,
-        annotate: o.annotate === undefined ? true : o.annotate,
-      }));
+      out.push(only === null || only === panel ? s.panel(panel)
+        : '<div class="attn-heatmap-panel" data-panel="' + panel + '" data-name="' +
+          escapeHtml(name) + '" hidden></div>');
     });
     out.push("</div>");
     out.push('<p class="attn-heatmap-hint" hidden data-search-exclude ' +
@@ -391,19 +422,23 @@
   }
 
   // Replace `target` (a heatmap figure, or any element) by a heatmap of `weights`, made
-  // interactive; a figure keeps the panel its reader had chosen. Returns the new figure.
+  // interactive; a figure keeps the panel its reader had chosen. Only that panel is drawn
+  // now, each other one when its button is first pressed: the figure ends up as `html`
+  // writes it. Returns the new figure.
   function render(target, weights, rows, cols, options) {
+    var s = spec(weights, rows, cols, options);
     var pressed = target.querySelector(".attn-heatmap-select button[aria-pressed=true]");
-    var chosen = pressed ? pressed.getAttribute("data-panel") : null;
+    var chosen = pressed ? Number(pressed.getAttribute("data-panel")) : 0;
+    if (!(chosen < s.names.length)) chosen = 0;
     var holder = document.createElement("div");
-    holder.innerHTML = html(weights, rows, cols, options);
+    holder.innerHTML = markup(s, chosen);
     var figure = holder.firstChild;
+    figure.attnDraw = s.panel;
     target.parentNode.replaceChild(figure, target);
     addStyle();
     reveal(figure.parentNode);
-    var button = chosen === null ? null
-      : figure.querySelector('.attn-heatmap-select button[data-panel="' + chosen + '"]');
-    if (button && chosen !== "0") select(button);
+    var button = figure.querySelector('.attn-heatmap-select button[data-panel="' + chosen + '"]');
+    if (button && chosen !== 0) select(button);
     return figure;
   }
 
