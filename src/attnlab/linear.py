@@ -52,12 +52,14 @@ from attnlab._validation import (
     check_tensor,
     check_tokens,
     is_validation_enabled,
+    value_checks_enabled,
 )
 
 __all__ = [
     "DELTA_RULE_MODES",
     "GatedDeltaNet",
     "GatedDeltaNetState",
+    "check_padding_mask",
     "delta_rule",
     "elu_feature_map",
     "linear_attention",
@@ -230,6 +232,20 @@ def delta_rule(
     check_positive_int("chunk_size", chunk_size)
     if is_validation_enabled():
         _check_delta_inputs(query, key, value, beta, log_decay, initial_state)
+    return delta_rule_impl(query, key, value, beta, log_decay, mode, chunk_size, initial_state)
+
+
+def delta_rule_impl(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    beta: Tensor,
+    log_decay: Tensor | None,
+    mode: str,
+    chunk_size: int,
+    initial_state: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """[`delta_rule`][attnlab.linear.delta_rule] without its checks (for the layers)."""
     if initial_state is None:
         b, h, _, d_k = key.shape
         initial_state = value.new_zeros((b, h, d_k, value.shape[-1]))
@@ -346,6 +362,54 @@ def _check_delta_inputs(
             )
 
 
+# --- padding ----------------------------------------------------------------------------
+
+
+def check_padding_mask(
+    mask: object, batch: int, length: int, *, like: Tensor, what: str = "(b, t)"
+) -> Tensor:
+    """Check a padding mask, Hugging Face's `attention_mask`; return it as bool.
+
+    It must be a bool or integer tensor of shape `(batch, length)` (`what` names that
+    shape in the message), on the device of `like`, 1 (True) at real tokens and 0 at
+    padding, padding on the left, with a token at the end of every row. Reading the
+    values is a host sync, skipped while compiling or exporting.
+
+    Raises:
+        TypeError: If `mask` is not a bool or integer tensor.
+        ValueError: If its shape or device is wrong, it holds values other than 0 and 1,
+            pads on the right (or in the middle) or has a row without tokens.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"padding_mask must be a tensor, 1 (or True) at real tokens and 0 at padding, "
+            f"got {type(mask).__name__}"
+        )
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(
+            f"padding_mask must be a bool or integer tensor (1 = token, 0 = padding), got "
+            f"dtype {mask.dtype}"
+        )
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(
+            f"padding_mask must have shape {what} = {(batch, length)}, got {_shape(mask)}"
+        )
+    if mask.device != like.device:
+        raise ValueError(f"padding_mask is on {mask.device} but the module on {like.device}")
+    if value_checks_enabled():  # reads the mask: a host sync, skipped while tracing
+        m = mask.long()
+        if not bool(((m == 0) | (m == 1)).all()):
+            raise ValueError("padding_mask must hold only 0 and 1 (or False and True)")
+        if not bool((m[:, 1:] >= m[:, :-1]).all()):
+            raise ValueError(
+                "padding_mask must pad on the left (zeros before the tokens of each row): "
+                "pass tokenizer(..., padding_side='left') output"
+            )
+        if length and not bool(m[:, -1].all()):
+            raise ValueError("padding_mask has a row without tokens")
+    return mask.bool()
+
+
 # --- the layer --------------------------------------------------------------------------
 
 
@@ -370,6 +434,16 @@ class GatedDeltaNetState:
     def nbytes(self) -> int:
         """Bytes the two state tensors hold."""
         return sum(x.numel() * x.element_size() for x in (self.conv, self.recurrent))
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far, as a KV cache's `length` (the position of the next token)."""
+        return self.seen
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences the state holds."""
+        return int(self.conv.shape[0])
 
 
 class GatedDeltaNet(nn.Module):
@@ -499,7 +573,13 @@ class GatedDeltaNet(nn.Module):
         shape = (batch_size, self.num_v_heads, self.head_k_dim, self.head_v_dim)
         return GatedDeltaNetState(conv, torch.zeros(shape, dtype=wide, device=like.device))
 
-    def forward(self, x: Tensor, state: GatedDeltaNetState | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        state: GatedDeltaNetState | None = None,
+        *,
+        padding_mask: Tensor | None = None,
+    ) -> Tensor:
         """Apply the layer to `x` `(b, t, d_model)` or `(t, d_model)`.
 
         Args:
@@ -507,27 +587,56 @@ class GatedDeltaNet(nn.Module):
             state: A state from [`new_state`][attnlab.linear.GatedDeltaNet.new_state] or an
                 earlier call, updated in place (its tensors replaced), or None to start
                 from nothing and keep nothing.
+            padding_mask: `(b, t)`, 1 (True) at real tokens and 0 at left padding (Hugging
+                Face's `attention_mask` over the tokens of `x`). As in Hugging Face's
+                layer, the inputs at padding are zeroed before the projections: they
+                write nothing to the convolution or the state, so the real tokens' outputs
+                and the state are those of the unpadded rows.
 
         Returns:
             The output, the shape of `x`.
 
         Raises:
-            TypeError: If `x` is not a floating-point tensor or `state` not a
-                `GatedDeltaNetState`.
-            ValueError: If `x` has the wrong rank, features, dtype or device, or the
-                state's tensors do not fit this layer and batch.
+            TypeError: If `x` is not a floating-point tensor, `state` not a
+                `GatedDeltaNetState` or `padding_mask` not a bool or integer tensor.
+            ValueError: If `x` has the wrong rank, features, dtype or device, the
+                state's tensors do not fit this layer and batch, or `padding_mask` has
+                the wrong shape, values other than 0 and 1, pads on the right or has a
+                row without tokens.
         """
         if is_validation_enabled():
             x = check_tokens(
                 "x", x, features=self.d_model, param="d_model", owner="GatedDeltaNet",
                 like=self.out_proj.weight,
             )  # fmt: skip
+            b = x.shape[0] if x.ndim == 3 else 1
+            if state is not None:
+                self._check_state(state, b)
+            if padding_mask is not None:
+                if x.ndim == 2:
+                    raise ValueError("padding_mask needs batched x (b, t, d_model)")
+                check_padding_mask(padding_mask, b, x.shape[1], like=x)
+        return self.forward_impl(x, state, padding_mask=padding_mask)
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        state: GatedDeltaNetState | None = None,
+        *,
+        padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """[`forward`][attnlab.linear.GatedDeltaNet.forward] without its checks (for a
+        model that checked its input at its own boundary).
+
+        In `"chunk"` mode a single token runs the recurrent step (a chunk of one token
+        is that step), as Hugging Face's layer decodes.
+        """
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
         b, t, _ = x.shape
-        if state is not None and is_validation_enabled():
-            self._check_state(state, b)
+        if padding_mask is not None:  # Hugging Face's apply_mask_to_padding_states
+            x = x * padding_mask[:, :, None].to(x.dtype)  # (b, t, d_model)
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)  # (b, t, conv)
         qkv, conv_state = self._conv(qkv.transpose(1, 2), None if state is None else state.conv)
         key_dim = self.num_k_heads * self.head_k_dim
@@ -545,9 +654,10 @@ class GatedDeltaNet(nn.Module):
         beta = self.b_proj(x).to(wide).sigmoid().transpose(1, 2)  # (b, num_v_heads, t)
         dt = F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (b, t, h)
         g = (-self.A_log.to(wide).exp() * dt).transpose(1, 2)  # (b, num_v_heads, t)
-        out, recurrent = delta_rule(
-            q * self.head_k_dim**-0.5, k, v, beta, g, mode=self.mode,
-            chunk_size=self.chunk_size, initial_state=None if state is None else state.recurrent,
+        mode = "recurrent" if t == 1 and self.mode == "chunk" else self.mode
+        out, recurrent = delta_rule_impl(
+            q * self.head_k_dim**-0.5, k, v, beta, g, mode, self.chunk_size,
+            None if state is None else state.recurrent,
         )  # fmt: skip
         if state is not None:
             state.conv, state.recurrent, state.seen = conv_state, recurrent, state.seen + t
@@ -615,21 +725,7 @@ class GatedDeltaNet(nn.Module):
             ValueError: If `layer` lacks a part this copy needs, or computes something it
                 does not (a convolution bias, an activation other than SiLU).
         """
-        split = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        fused = not all(hasattr(layer, name) for name in split)  # Qwen3-Next, not 3.5
-        needed: tuple[str, ...] = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
-        needed += ("in_proj_qkvz", "in_proj_ba") if fused else split
-        missing = [name for name in needed if not hasattr(layer, name)]
-        if missing:
-            raise ValueError(
-                "layer must be a Qwen3NextGatedDeltaNet or Qwen3_5GatedDeltaNet; "
-                f"{type(layer).__name__} has no {', '.join(missing)}"
-            )
-        if layer.conv1d.bias is not None or getattr(layer, "activation", "silu") != "silu":
-            raise ValueError(
-                "layer computes what GatedDeltaNet does not: a convolution bias or an "
-                f"activation other than silu (activation={getattr(layer, 'activation', None)!r})"
-            )
+        _check_hf_layer(layer)
         new = cls(
             layer.hidden_size, num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
             head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim,
@@ -638,24 +734,60 @@ class GatedDeltaNet(nn.Module):
         )  # fmt: skip
         weight = layer.out_proj.weight
         new.to(device=weight.device, dtype=weight.dtype)
-        if fused:
+        new.load_state_dict(cls.state_dict_from_hf(layer))
+        return new
+
+    @staticmethod
+    def state_dict_from_hf(layer: Any) -> dict[str, Tensor]:
+        """The weights of a Hugging Face Gated DeltaNet layer under this module's names.
+
+        What [`from_hf`][attnlab.linear.GatedDeltaNet.from_hf] loads (the fused
+        projections split as it describes); a model that holds these layers
+        ([`attnlab.llm.Decoder`][attnlab.llm.Decoder]) loads them under its own prefix.
+
+        Raises:
+            ValueError: As `from_hf`.
+        """
+        _check_hf_layer(layer)
+        split = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        d_k, key_dim = layer.head_k_dim, layer.num_k_heads * layer.head_k_dim
+        if not all(hasattr(layer, name) for name in split):  # Qwen3-Next's fused rows
+            group_v = layer.num_v_heads // layer.num_k_heads * layer.head_v_dim
             parts = _split_hf_projections(
-                layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, new.num_k_heads,
-                new.head_k_dim, new.num_v_heads // new.num_k_heads * new.head_v_dim,
+                layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, layer.num_k_heads, d_k,
+                group_v,
             )  # fmt: skip
         else:
-            key_dim = new.num_k_heads * new.head_k_dim
-            qkv = torch.split(layer.in_proj_qkv.weight, [key_dim, key_dim, new.v_proj.out_features])
+            value_dim = layer.num_v_heads * layer.head_v_dim
+            qkv = torch.split(layer.in_proj_qkv.weight, [key_dim, key_dim, value_dim])
             parts = (*qkv, *(getattr(layer, name).weight for name in split[1:]))
-        with torch.no_grad():
-            for name, value in zip(("q", "k", "v", "z", "b", "a"), parts, strict=True):
-                getattr(new, f"{name}_proj").weight.copy_(value)
-            new.conv_weight.copy_(layer.conv1d.weight.squeeze(1))
-            new.dt_bias.copy_(layer.dt_bias)
-            new.A_log.copy_(layer.A_log)
-            new.norm_weight.copy_(layer.norm.weight)
-            new.out_proj.weight.copy_(weight)
-        return new
+        state = {f"{n}_proj.weight": w for n, w in zip("qkvzba", parts, strict=True)}
+        return state | {
+            "conv_weight": layer.conv1d.weight.squeeze(1),
+            "dt_bias": layer.dt_bias,
+            "A_log": layer.A_log,
+            "norm_weight": layer.norm.weight,
+            "out_proj.weight": layer.out_proj.weight,
+        }
+
+
+def _check_hf_layer(layer: Any) -> None:
+    """Raise unless `layer` has what `GatedDeltaNet.from_hf` copies and computes as it does."""
+    split = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    fused = not all(hasattr(layer, name) for name in split)  # Qwen3-Next, not 3.5
+    needed: tuple[str, ...] = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
+    needed += ("in_proj_qkvz", "in_proj_ba") if fused else split
+    missing = [name for name in needed if not hasattr(layer, name)]
+    if missing:
+        raise ValueError(
+            "layer must be a Qwen3NextGatedDeltaNet or Qwen3_5GatedDeltaNet; "
+            f"{type(layer).__name__} has no {', '.join(missing)}"
+        )
+    if layer.conv1d.bias is not None or getattr(layer, "activation", "silu") != "silu":
+        raise ValueError(
+            "layer computes what GatedDeltaNet does not: a convolution bias or an "
+            f"activation other than silu (activation={getattr(layer, 'activation', None)!r})"
+        )
 
 
 def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:

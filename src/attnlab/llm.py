@@ -40,6 +40,16 @@ alternate with one global layer with base $10^6$, and each sliding layer decodes
 [`RollingKVCache`][attnlab.kv_cache.RollingKVCache] that keeps only its window. Gemma 2
 (https://arxiv.org/abs/2408.00118) has the same block without QK-norm, local and global
 layers one to one, and caps its scores and logits by $c \tanh(x / c)$.
+
+A hybrid stack picks each block's token mixer (`layer_kinds`): full attention, a
+sliding window, or linear attention, a [`GatedDeltaNet`][attnlab.linear.GatedDeltaNet]
+that decodes from a fixed-size [`GatedDeltaNetState`][attnlab.linear.GatedDeltaNetState]
+instead of a KV cache. Qwen3-Next (Qwen Team, 2025) interleaves three Gated DeltaNet
+blocks with one full-attention block whose heads are gated by a sigmoid
+([`GatedAttention`][attnlab.llm.GatedAttention]), rotates a quarter of each head, and
+replaces the MLP by a mixture of experts with a shared expert
+([`SparseMoE`][attnlab.llm.SparseMoE]); `Decoder.from_hf` ports its
+`Qwen3NextForCausalLM`.
 """
 
 from __future__ import annotations
@@ -47,9 +57,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, overload
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._validation import (
@@ -68,22 +79,104 @@ from attnlab.kv_cache import (
     RollingKVCache,
     StaticKVCache,
 )
+from attnlab.linear import GatedDeltaNet, GatedDeltaNetState, check_padding_mask
 from attnlab.masks import combine_impl
 from attnlab.rope import RopeScaling, check_base, check_positions, rope_cos_sin
 
-__all__ = ["Decoder", "DecoderBlock", "DecoderConfig", "SwiGLU"]
+__all__ = [
+    "LAYER_KINDS",
+    "Decoder",
+    "DecoderBlock",
+    "DecoderConfig",
+    "GatedAttention",
+    "LinearAttentionConfig",
+    "MoEConfig",
+    "SparseMoE",
+    "SwiGLU",
+]
 
 CacheKind = Literal["static", "dynamic"]
-Family = Literal["llama", "gemma"]
-LayerCache = KVCache | AttendingCache
+Family = Literal["llama", "gemma", "qwen3_next"]
+LayerKind = Literal["full", "sliding", "linear"]
+LayerState = KVCache | GatedDeltaNetState
+LayerCache = KVCache | AttendingCache | GatedDeltaNetState
 _HF_CLASSES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    "Qwen3NextForCausalLM",
 )
-_FAMILIES: tuple[Family, ...] = ("llama", "gemma")
+_FAMILIES: tuple[Family, ...] = ("llama", "gemma", "qwen3_next")
+LAYER_KINDS: tuple[LayerKind, ...] = ("full", "sliding", "linear")
+"""What a block of a [`Decoder`][attnlab.llm.Decoder] mixes its tokens with: full causal
+attention, sliding-window attention, or a linear-attention
+[`GatedDeltaNet`][attnlab.linear.GatedDeltaNet]."""
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Sizes of the [`GatedDeltaNet`][attnlab.linear.GatedDeltaNet] layers of a hybrid
+    [`Decoder`][attnlab.llm.Decoder] (Qwen3-Next's `linear_*` settings).
+
+    Attributes:
+        num_k_heads: Query/key heads (`linear_num_key_heads`).
+        num_v_heads: Value heads, a multiple of `num_k_heads` (`linear_num_value_heads`).
+        head_k_dim: Features per query/key head (`linear_key_head_dim`).
+        head_v_dim: Features per value head (`linear_value_head_dim`).
+        kernel_size: Taps of the short causal convolution (`linear_conv_kernel_dim`).
+        chunk_size: Tokens per chunk of the delta rule in prefill.
+    """
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    kernel_size: int = 4
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("kernel_size", self.kernel_size)
+        check_positive_int("chunk_size", self.chunk_size)
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(
+                f"num_v_heads must be a multiple of num_k_heads, got num_v_heads="
+                f"{self.num_v_heads} and num_k_heads={self.num_k_heads}"
+            )
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sizes of a [`SparseMoE`][attnlab.llm.SparseMoE] MLP (Qwen3-Next's, Qwen3-MoE's).
+
+    Attributes:
+        num_experts: Routed experts (`num_experts`).
+        top_k: Experts per token (`num_experts_per_tok`), at most `num_experts`.
+        expert_dim: Hidden width of each expert (`moe_intermediate_size`).
+        shared_dim: Hidden width of the shared expert every token also runs, gated by a
+            sigmoid (`shared_expert_intermediate_size`); None for no shared expert.
+        norm_topk_prob: Renormalise the chosen experts' router probabilities to sum to 1.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_dim: int
+    shared_dim: int | None = None
+    norm_topk_prob: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "expert_dim"):
+            check_positive_int(name, getattr(self, name))
+        if self.shared_dim is not None:
+            check_positive_int("shared_dim", self.shared_dim)
+        check_bool("norm_topk_prob", self.norm_topk_prob)
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"top_k must be at most num_experts={self.num_experts}, got {self.top_k}"
+            )
 
 
 @dataclass(frozen=True)
@@ -123,9 +216,24 @@ class DecoderConfig:
             (Gemma 2: 50); the layers then run attnlab's own kernel
             (`backend="scratch"`: PyTorch's has no softcap).
         final_softcap: The same cap on the output logits (Gemma 2: 30).
-        family: `"llama"`, or `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
+        family: `"llama"`; `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
             the embedding times $\\sqrt{d_\\text{model}}$, a tanh-GELU gate and four
-            norms per block.
+            norms per block; `"qwen3_next"`: Llama's block with norms scaling by
+            `1 + weight` (QK-norm's too).
+        layer_kinds: Per layer, `"full"`, `"sliding"` (needs its entry in `windows`) or
+            `"linear"` (a [`GatedDeltaNet`][attnlab.linear.GatedDeltaNet] of sizes
+            `linear`); None: `"sliding"` where `windows` gives a window, else `"full"`.
+        linear: The sizes of the linear-attention layers; needed if any layer is
+            `"linear"`.
+        attn_output_gate: The attention layers gate their heads by a sigmoid before the
+            output projection ([`GatedAttention`][attnlab.llm.GatedAttention],
+            Qwen3-Next).
+        rope_dims: Features of each head that RoPE rotates (partial RoPE, Qwen3-Next's
+            `partial_rotary_factor`); None: all `head_dim`.
+        moe: The sizes of a mixture-of-experts MLP ([`SparseMoE`][attnlab.llm.SparseMoE]);
+            None: every MLP a SwiGLU of `hidden_dim`.
+        moe_layers: Per layer, whether its MLP is the mixture of experts (the others
+            are SwiGLUs of `hidden_dim`); None with `moe`: every layer.
     """
 
     vocab_size: int
@@ -151,6 +259,12 @@ class DecoderConfig:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     family: Family = "llama"
+    layer_kinds: tuple[LayerKind, ...] | None = None
+    linear: LinearAttentionConfig | None = None
+    attn_output_gate: bool = False
+    rope_dims: int | None = None
+    moe: MoEConfig | None = None
+    moe_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -196,6 +310,59 @@ class DecoderConfig:
                 f"windows must give one entry per layer, got {len(self.windows)} for "
                 f"num_layers={self.num_layers}"
             )
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        """The per-layer kinds, the linear layers' sizes, partial RoPE and the MoE."""
+        check_bool("attn_output_gate", self.attn_output_gate)
+        kinds = self.layer_kinds
+        if kinds is not None:
+            if len(kinds) != self.num_layers:
+                raise ValueError(
+                    f"layer_kinds must give one entry per layer, got {len(kinds)} for "
+                    f"num_layers={self.num_layers}"
+                )
+            for i, kind in enumerate(kinds):
+                if kind not in LAYER_KINDS:
+                    raise ValueError(f"layer_kinds[{i}] must be one of {LAYER_KINDS}, got {kind!r}")
+                if (kind == "sliding") != (self.window(i) is not None):
+                    raise ValueError(
+                        f"layer_kinds[{i}]={kind!r} but windows[{i}]={self.window(i)}: a "
+                        "'sliding' layer needs a window and only a sliding layer has one"
+                    )
+        if self.linear is not None and not isinstance(self.linear, LinearAttentionConfig):
+            raise TypeError(
+                f"linear must be a LinearAttentionConfig or None, got {type(self.linear).__name__}"
+            )
+        if self.linear is None and kinds is not None and "linear" in kinds:
+            raise ValueError("layer_kinds has 'linear' layers: give their sizes in linear=")
+        if self.rope_dims is not None:
+            check_positive_int("rope_dims", self.rope_dims)
+            if self.rope_dims % 2 or self.rope_dims > self.head_dim:
+                raise ValueError(
+                    f"rope_dims must be even and at most head_dim={self.head_dim}, got "
+                    f"{self.rope_dims}"
+                )
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise TypeError(f"moe must be a MoEConfig or None, got {type(self.moe).__name__}")
+        if self.moe_layers is not None:
+            if self.moe is None:
+                raise ValueError("moe_layers needs moe= (the experts' sizes)")
+            if len(self.moe_layers) != self.num_layers:
+                raise ValueError(
+                    f"moe_layers must give one entry per layer, got {len(self.moe_layers)} "
+                    f"for num_layers={self.num_layers}"
+                )
+
+    def kind(self, layer: int) -> LayerKind:
+        """What block `layer` mixes tokens with: `"full"`, `"sliding"` or `"linear"`."""
+        if self.layer_kinds is not None:
+            return self.layer_kinds[layer]
+        return "full" if self.window(layer) is None else "sliding"
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether block `layer`'s MLP is the mixture of experts."""
+        return self.moe is not None and (self.moe_layers is None or self.moe_layers[layer])
 
     def window(self, layer: int) -> int | None:
         """The sliding-window size of block `layer`, or None for full causal attention."""
@@ -219,7 +386,8 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, config: Any) -> DecoderConfig:
-        """The settings of a Hugging Face Llama, Mistral, Qwen2, Gemma 2 or Gemma 3 config.
+        """The settings of a Hugging Face Llama, Mistral, Qwen2, Gemma 2, Gemma 3 or
+        Qwen3-Next config.
 
         Gemma 3's `rope_parameters` hold one entry per layer type: `"full_attention"`
         gives `rope_base` and `rope_scaling`, `"sliding_attention"` `local_rope_base`
@@ -238,6 +406,8 @@ class DecoderConfig:
         model_type = config.model_type
         if model_type in ("gemma2", "gemma3_text"):
             return cls._from_gemma(config)
+        if model_type == "qwen3_next":
+            return cls._from_qwen3_next(config)
         rope = dict(getattr(config, "rope_parameters", None) or {})
         scaling = RopeScaling.from_hf(config)
         max_positions = int(config.max_position_embeddings)
@@ -337,6 +507,65 @@ class DecoderConfig:
             family="gemma",
         )
 
+    @classmethod
+    def _from_qwen3_next(cls, config: Any) -> DecoderConfig:
+        """Qwen3-Next: Gated DeltaNet and gated full-attention layers (`layer_types`),
+        partial RoPE, QK-norm, `1 + weight` norms, a mixture of experts with a shared
+        expert in the layers `decoder_sparse_step` and `mlp_only_layers` pick."""
+        if config.hidden_act != "silu":
+            raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+        names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
+        if not set(config.layer_types) <= set(names):
+            raise ValueError(
+                f"config.layer_types must name {sorted(names)}, got {config.layer_types}"
+            )
+        params = config.rope_parameters
+        scaling = RopeScaling.from_hf(config)
+        head_dim = int(config.head_dim)
+        n = config.num_hidden_layers
+        moe, moe_layers = None, None
+        if config.num_experts > 0:
+            moe = MoEConfig(
+                num_experts=config.num_experts,
+                top_k=config.num_experts_per_tok,
+                expert_dim=config.moe_intermediate_size,
+                shared_dim=config.shared_expert_intermediate_size,
+                norm_topk_prob=bool(config.norm_topk_prob),
+            )
+            step, dense = config.decoder_sparse_step, set(config.mlp_only_layers)
+            moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
+        bias = bool(config.attention_bias)
+        return cls(
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            num_layers=n,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            hidden_dim=config.intermediate_size,
+            rope_base=float(params["rope_theta"]),
+            rope_scaling=None if scaling.rope_type == "default" else scaling,
+            norm_eps=float(config.rms_norm_eps),
+            max_positions=int(config.max_position_embeddings),
+            tie_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=bias,
+            out_bias=bias,
+            qk_norm="head",
+            family="qwen3_next",
+            layer_kinds=tuple(names[kind] for kind in config.layer_types),
+            linear=LinearAttentionConfig(
+                num_k_heads=config.linear_num_key_heads,
+                num_v_heads=config.linear_num_value_heads,
+                head_k_dim=config.linear_key_head_dim,
+                head_v_dim=config.linear_value_head_dim,
+                kernel_size=config.linear_conv_kernel_dim,
+            ),
+            attn_output_gate=True,
+            rope_dims=int(head_dim * params.get("partial_rotary_factor", 1.0)),
+            moe=moe,
+            moe_layers=moe_layers,
+        )
+
 
 class SwiGLU(nn.Module):
     r"""The gated MLP of Llama: $W_{\text{down}}(\operatorname{silu}(W_{\text{gate}} x)
@@ -372,12 +601,144 @@ class SwiGLU(nn.Module):
         return out
 
 
+class _Experts(nn.Module):
+    """The routed experts' weights, stacked as in Hugging Face (`gate_up_proj`
+    `(num_experts, 2 expert_dim, d_model)`, `down_proj` `(num_experts, d_model, expert_dim)`)."""
+
+    def __init__(self, d_model: int, num_experts: int, expert_dim: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(num_experts, 2 * expert_dim, d_model))
+        self.down_proj = nn.Parameter(torch.randn(num_experts, d_model, expert_dim))
+        with torch.no_grad():
+            self.gate_up_proj.mul_(d_model**-0.5)
+            self.down_proj.mul_(expert_dim**-0.5)
+
+    def forward(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
+        """Run each token `x` `(n, d_model)` through its `chosen` experts `(n, top_k)` and
+        sum their outputs weighted by `weights` `(n, top_k)`."""
+        out = torch.zeros_like(x)  # (n, d_model)
+        # Only the experts some token chose run: reading which is a host sync, as in
+        # Hugging Face's loop (a dense layer would run every expert on every token).
+        for e in torch.unique(chosen).tolist():
+            token, slot = torch.where(chosen == e)  # (m,) each
+            gate, up = F.linear(x[token], self.gate_up_proj[e]).chunk(2, dim=-1)  # (m, I)
+            y = F.linear(F.silu(gate) * up, self.down_proj[e])  # (m, d_model)
+            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    r"""A mixture-of-experts MLP with a shared expert, as in Qwen3-Next (and Qwen2-MoE).
+
+    A router `gate` scores the `num_experts` experts for each token; the token runs
+    through its `top_k` best, SwiGLU MLPs of width `expert_dim`, whose outputs are summed
+    weighted by the router's softmax probabilities (renormalised over the chosen ones if
+    `norm_topk_prob`). Every token also runs the shared expert, a SwiGLU of width
+    `shared_dim`, scaled by $\sigma(	ext{shared\_expert\_gate}(x))$ (Shazeer et al., 2017,
+    https://arxiv.org/abs/1701.06538; Qwen2-MoE's shared experts).
+
+    Parameters are named as in `Qwen3NextSparseMoeBlock`: `gate.weight`,
+    `experts.gate_up_proj`, `experts.down_proj`, `shared_expert.{gate,up,down}_proj`,
+    `shared_expert_gate`.
+    """
+
+    def __init__(self, d_model: int, config: MoEConfig) -> None:
+        super().__init__()
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
+        self.config = config
+        self.gate = nn.Linear(d_model, config.num_experts, bias=False)
+        self.experts = _Experts(d_model, config.num_experts, config.expert_dim)
+        self.shared_expert: SwiGLU | None = None
+        self.shared_expert_gate: nn.Linear | None = None
+        if config.shared_dim is not None:
+            self.shared_expert = SwiGLU(d_model, config.shared_dim)
+            self.shared_expert_gate = nn.Linear(d_model, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """`x` `(..., d_model)` to `(..., d_model)`."""
+        flat = x.reshape(-1, x.shape[-1])  # (n, d_model)
+        logits = self.gate(flat)  # (n, num_experts)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        weights, chosen = probs.topk(self.config.top_k, dim=-1)  # (n, top_k) each
+        if self.config.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out: Tensor = self.experts(flat, chosen, weights.to(logits.dtype))  # (n, d_model)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.reshape(x.shape)
+
+
+class GatedAttention(nn.Module):
+    r"""Attention whose heads are gated before the output projection (Qwen3-Next).
+
+    $\operatorname{o\_proj}(\operatorname{heads}(x) \odot
+    \sigma(\operatorname{gate\_proj}(x)))$: each feature of each head's output is scaled
+    by a sigmoid of the token's own projection (Qiu et al., "Gated Attention for Large
+    Language Models", 2025, https://arxiv.org/abs/2505.06708), which lets a head output
+    nothing without parking its attention on a sink token.
+
+    Built around a [`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention], whose
+    `o_proj` it takes over (the inner module then returns the concatenated heads).
+
+    Args:
+        attention: The attention; its `o_proj` becomes this module's.
+    """
+
+    def __init__(self, attention: GroupedQueryAttention) -> None:
+        super().__init__()
+        if not isinstance(attention, GroupedQueryAttention):
+            raise TypeError(
+                f"attention must be a GroupedQueryAttention, got {type(attention).__name__}"
+            )
+        features = attention.num_heads * attention.head_dim
+        self.gate_proj = nn.Linear(attention.d_model, features, bias=attention.bias)
+        self.o_proj = attention.o_proj
+        attention.o_proj = nn.Identity()  # type: ignore[assignment]
+        self.attention = attention
+
+    def _gate(self, x: Tensor, heads: Tensor) -> Tensor:
+        out: Tensor = self.o_proj(heads * torch.sigmoid(self.gate_proj(x)))  # (b, t, d_model)
+        return out
+
+    def forward(self, x: Tensor, **kwargs: Any) -> Tensor:
+        """The attention's `forward` (same arguments and checks), gated."""
+        return self._gate(x, self.attention(x, **kwargs))
+
+    @overload
+    def forward_impl(
+        self, x: Tensor, *, need_weights: Literal[False] = False, **kwargs: Any
+    ) -> Tensor: ...
+
+    @overload
+    def forward_impl(
+        self, x: Tensor, *, need_weights: Literal[True], **kwargs: Any
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def forward_impl(
+        self, x: Tensor, *, need_weights: bool = False, **kwargs: Any
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """The attention's unchecked `forward_impl`, gated."""
+        if need_weights:
+            heads, weights = self.attention.forward_impl(x, need_weights=True, **kwargs)
+            return self._gate(x, heads), weights
+        return self._gate(x, self.attention.forward_impl(x, **kwargs))
+
+
 class DecoderBlock(nn.Module):
     """One pre-norm block: attention, then the MLP, each added to the residual stream.
 
     In the Gemma family the outputs of the attention and of the MLP are normalised too
     before they are added (`post_attention_layernorm`, `post_feedforward_layernorm`;
     `pre_feedforward_layernorm` is the MLP's input norm), as in `Gemma3DecoderLayer`.
+
+    A `"linear"` block (`config.kind(layer)`) mixes its tokens with a
+    [`GatedDeltaNet`][attnlab.linear.GatedDeltaNet], `linear_attn`, instead of the
+    attention `self_attn` (None there), and carries a
+    [`GatedDeltaNetState`][attnlab.linear.GatedDeltaNetState] instead of a KV cache, as
+    `Qwen3NextDecoderLayer`; with `config.attn_output_gate` the attention is a
+    [`GatedAttention`][attnlab.llm.GatedAttention], and a mixture-of-experts layer's MLP
+    a [`SparseMoE`][attnlab.llm.SparseMoE].
 
     `forward` does not check its input: it runs inside a
     [`Decoder`][attnlab.llm.Decoder], which checked the tokens at its boundary.
@@ -386,32 +747,57 @@ class DecoderBlock(nn.Module):
     def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
         gemma = config.family == "gemma"
-        base, scaling = config.rope(layer)
+        unit_offset = config.family != "llama"
+        self.kind = config.kind(layer)
         self.input_layernorm = _norm(config)
-        self.self_attn = GroupedQueryAttention(
-            config.d_model,
-            config.num_heads,
-            config.num_kv_heads,
-            head_dim=config.head_dim,
-            bias=config.qkv_bias,
-            out_bias=config.out_bias,
-            rope_base=base,
-            rope_scaling=scaling,
-            window=config.window(layer),
-            scale=config.scale,
-            qk_norm=config.qk_norm,
-            qk_norm_eps=float(config.norm_eps),
-            qk_norm_unit_offset=gemma,
-            softcap=config.attn_softcap,
-            backend="torch" if config.attn_softcap is None else "scratch",
-        )
+        self.self_attn: GroupedQueryAttention | GatedAttention | None = None
+        self.linear_attn: GatedDeltaNet | None = None
+        if self.kind == "linear":
+            lin = config.linear
+            assert lin is not None  # checked by the config
+            self.linear_attn = GatedDeltaNet(
+                config.d_model,
+                num_k_heads=lin.num_k_heads,
+                num_v_heads=lin.num_v_heads,
+                head_k_dim=lin.head_k_dim,
+                head_v_dim=lin.head_v_dim,
+                kernel_size=lin.kernel_size,
+                chunk_size=lin.chunk_size,
+                norm_eps=float(config.norm_eps),
+            )
+        else:
+            base, scaling = config.rope(layer)
+            attention = GroupedQueryAttention(
+                config.d_model,
+                config.num_heads,
+                config.num_kv_heads,
+                head_dim=config.head_dim,
+                bias=config.qkv_bias,
+                out_bias=config.out_bias,
+                rope_base=base,
+                rope_scaling=scaling,
+                rope_dims=config.rope_dims,
+                window=config.window(layer),
+                scale=config.scale,
+                qk_norm=config.qk_norm,
+                qk_norm_eps=float(config.norm_eps),
+                qk_norm_unit_offset=unit_offset,
+                softcap=config.attn_softcap,
+                backend="torch" if config.attn_softcap is None else "scratch",
+            )
+            self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention
         self.post_attention_layernorm = _norm(config)
         self.pre_feedforward_layernorm = _norm(config) if gemma else None
         self.post_feedforward_layernorm = _norm(config) if gemma else None
         activation: Literal["silu", "gelu_tanh"] = "gelu_tanh" if gemma else "silu"
-        self.mlp = SwiGLU(
-            config.d_model, config.hidden_dim, bias=config.mlp_bias, activation=activation
-        )
+        self.mlp: SwiGLU | SparseMoE
+        if config.is_moe(layer):
+            assert config.moe is not None
+            self.mlp = SparseMoE(config.d_model, config.moe)
+        else:
+            self.mlp = SwiGLU(
+                config.d_model, config.hidden_dim, bias=config.mlp_bias, activation=activation
+            )
 
     def _residual(self, x: Tensor, attn: Tensor) -> Tensor:
         """Add the attention's output, then the MLP's, to the residual stream."""
@@ -431,7 +817,17 @@ class DecoderBlock(nn.Module):
         position_embeddings: tuple[Tensor, Tensor],
         cache: LayerCache | None = None,
         attn_mask: Tensor | None = None,
+        padding: Tensor | None = None,
     ) -> Tensor:
+        """The block on `x` `(b, t, d_model)`; `attn_mask` is the attention layers' mask,
+        `padding` `(b, t)` (or None) the new tokens' padding mask for a linear layer."""
+        if self.linear_attn is not None:
+            state = cast("GatedDeltaNetState | None", cache)
+            mixed = self.linear_attn.forward_impl(
+                self.input_layernorm(x), state, padding_mask=padding
+            )
+            return self._residual(x, mixed)
+        assert self.self_attn is not None
         if isinstance(cache, RollingKVCache) and attn_mask is not None and attn_mask.shape[-1] > 1:
             # The model's mask covers every token seen; a rolling cache hands the layer
             # only its held tokens and the new ones, the last columns.
@@ -439,7 +835,7 @@ class DecoderBlock(nn.Module):
         attn = self.self_attn.forward_impl(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
-            cache=cache,
+            cache=cast("KVCache | AttendingCache | None", cache),
             attn_mask=attn_mask,
         )
         return self._residual(x, attn)
@@ -451,6 +847,8 @@ class DecoderBlock(nn.Module):
         attn_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """`forward` (without a cache) and the attention weights `(b, heads, t, t)`."""
+        if self.self_attn is None:
+            raise ValueError("a linear-attention block has no attention weights")
         attn, weights = self.self_attn.forward_impl(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
@@ -521,12 +919,14 @@ class Decoder(nn.Module):
         *,
         kind: CacheKind = "static",
         rolling: bool = True,
-    ) -> list[KVCache]:
+    ) -> list[Any]:
         """One empty KV cache per layer, on the model's device and in its dtype.
 
         A sliding-window layer gets a [`RollingKVCache`][attnlab.kv_cache.RollingKVCache]
         (it keeps only the last `window - 1` tokens, whatever `kind`), unless `rolling`
-        is False; every other layer gets a cache of `kind`.
+        is False; a linear-attention layer its fixed-size
+        [`GatedDeltaNetState`][attnlab.linear.GatedDeltaNetState] (for `batch_size`
+        sequences, whatever `kind`); every other layer gets a cache of `kind`.
 
         Args:
             batch_size: Sequences decoded together (a static cache's batch size).
@@ -536,7 +936,10 @@ class Decoder(nn.Module):
                 kind as the others, holding every token).
 
         Returns:
-            A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`.
+            A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`:
+            a `KVCache` per attention layer, a `GatedDeltaNetState` per linear one (typed
+            `list[Any]` so that code written for attention-only models keeps its
+            `KVCache` methods).
         """
         check_bool("rolling", rolling)
         if kind not in ("static", "dynamic"):
@@ -551,7 +954,10 @@ class Decoder(nn.Module):
             )
         weight = self.embed_tokens.weight
 
-        def one(layer: int) -> KVCache:
+        def one(layer: int) -> LayerState:
+            linear = cast(DecoderBlock, self.layers[layer]).linear_attn
+            if linear is not None:
+                return linear.new_state(batch_size)
             window = c.window(layer)
             if rolling and window is not None:
                 return RollingKVCache(window)
@@ -612,6 +1018,17 @@ class Decoder(nn.Module):
             )
         lengths = set()
         for i, c in enumerate(cache):
+            if self.config.kind(i) == "linear":
+                if not isinstance(c, GatedDeltaNetState):
+                    raise TypeError(
+                        f"cache[{i}] must be a GatedDeltaNetState (layer {i} is linear "
+                        f"attention), got {type(c).__name__}; use make_cache"
+                    )
+                linear = cast(DecoderBlock, self.layers[i]).linear_attn
+                assert linear is not None
+                linear._check_state(c, batch)
+                lengths.add(c.length)
+                continue
             if not isinstance(c, KVCache):
                 raise TypeError(f"cache must hold KVCache objects, got {type(c).__name__}")
             window = self.config.window(i)
@@ -656,35 +1073,8 @@ class Decoder(nn.Module):
             )
 
     def _check_padding(self, mask: object, batch: int, total: int) -> Tensor:
-        if not isinstance(mask, Tensor):
-            raise TypeError(
-                f"padding_mask must be a tensor, 1 (or True) at real tokens and 0 at "
-                f"padding, got {type(mask).__name__}"
-            )
-        if mask.dtype.is_floating_point or mask.dtype.is_complex:
-            raise TypeError(
-                f"padding_mask must be a bool or integer tensor (1 = token, 0 = padding), "
-                f"got dtype {mask.dtype}"
-            )
-        if tuple(mask.shape) != (batch, total):
-            raise ValueError(
-                f"padding_mask must have shape (b, cached + t) = {(batch, total)} (one "
-                f"entry per cached and new token), got {tuple(mask.shape)}"
-            )
-        if mask.device != self.embed_tokens.weight.device:
-            raise ValueError(f"padding_mask is on {mask.device}, the model elsewhere")
-        if value_checks_enabled():  # reads the mask: a host sync, skipped while tracing
-            m = mask.long()
-            if not bool(((m == 0) | (m == 1)).all()):
-                raise ValueError("padding_mask must hold only 0 and 1 (or False and True)")
-            if not bool((m[:, 1:] >= m[:, :-1]).all()):
-                raise ValueError(
-                    "padding_mask must pad on the left (zeros before the tokens of each "
-                    "row): pass tokenizer(..., padding_side='left') output"
-                )
-            if not bool(m[:, -1].all()):
-                raise ValueError("padding_mask has a row without tokens")
-        return mask.bool()
+        weight = self.embed_tokens.weight
+        return check_padding_mask(mask, batch, total, like=weight, what="(b, cached + t)")
 
     # -- the forward pass ----------------------------------------------------------------
 
@@ -696,11 +1086,12 @@ class Decoder(nn.Module):
         padding_mask: Tensor | None,
         attn_mask: Tensor | None,
         validate: bool,
-    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None]:
-        """Embed; build the RoPE tables (one per kind of layer) and the mask, once."""
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None, Tensor | None]:
+        """Embed; build the RoPE tables (one per kind of layer), the attention mask and
+        the new tokens' padding mask `(b, t)` for the linear layers, once."""
         c = self.config
         b, t = ids.shape
-        if cache and isinstance(cache[0], AttendingCache):
+        if cache and any(isinstance(layer, AttendingCache) for layer in cache):
             # A paged cache of sequences of different lengths: the caller places every
             # token, and the cache decides what each query sees.
             x = self._embed(ids)  # (b, t, d_model)
@@ -708,8 +1099,8 @@ class Decoder(nn.Module):
                 self._check_attending(cache, positions, padding_mask, attn_mask)
                 check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
             assert positions is not None
-            return x, self._rope_tables(positions), None
-        kv = cast("Sequence[KVCache] | None", cache)
+            return x, self._rope_tables(positions), None, None
+        kv = cast("Sequence[LayerState] | None", cache)
         past = self._check_cache(kv, b) if validate else (kv[0].length if kv else 0)
         if validate and past + t > c.max_positions:
             raise ValueError(
@@ -717,10 +1108,12 @@ class Decoder(nn.Module):
                 f"the model's max_positions={c.max_positions}"
             )
         x = self._embed(ids)  # (b, t, d_model)
-        mask = None
+        mask = new_padding = None
         if padding_mask is not None:
             pad = self._check_padding(padding_mask, b, past + t) if validate else padding_mask
             pad = pad.bool()
+            if t > 1:  # one new token is never padding (it ends every row)
+                new_padding = pad[:, past:]  # (b, t)
             if positions is None:  # count only real tokens, as transformers does
                 positions = (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
             if t > 1 or not bool(pad.all()):
@@ -738,7 +1131,7 @@ class Decoder(nn.Module):
             positions = torch.arange(past, past + t, device=ids.device)  # (t,)
         elif validate:
             check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
-        return x, self._rope_tables(positions), mask
+        return x, self._rope_tables(positions), mask, new_padding
 
     def _embed(self, ids: Tensor) -> Tensor:
         x: Tensor = self.embed_tokens(ids)  # (b, t, d_model)
@@ -755,8 +1148,9 @@ class Decoder(nn.Module):
         for i in range(c.num_layers):
             key = c.rope(i)
             if key not in tables:
-                base, scaling = key  # (..., t, head_dim / 2) each
-                tables[key] = rope_cos_sin(positions, c.head_dim, base=base, scaling=scaling)
+                base, scaling = key  # (..., t, rope_dims / 2) each
+                dims = c.head_dim if c.rope_dims is None else c.rope_dims
+                tables[key] = rope_cos_sin(positions, dims, base=base, scaling=scaling)
             per_layer.append(tables[key])
         return per_layer
 
@@ -834,9 +1228,12 @@ class Decoder(nn.Module):
         validate: bool,
     ) -> Tensor:
         """`forward` on batched `(b, t)` ids that were checked; the rest checked if `validate`."""
-        x, tables, mask = self._prepare(ids, cache, positions, padding_mask, attn_mask, validate)
+        x, tables, mask, padding = self._prepare(
+            ids, cache, positions, padding_mask, attn_mask, validate
+        )
         for i, layer in enumerate(self.layers):
-            x = layer(x, tables[i], None if cache is None else cache[i], mask)  # (b, t, d_model)
+            layer_cache = None if cache is None else cache[i]
+            x = layer(x, tables[i], layer_cache, mask, padding)  # (b, t, d_model)
         if logits_at is not None:
             rows = torch.arange(x.shape[0], device=x.device)  # (b,)
             x = x[rows, logits_at][:, None]  # (b, 1, d_model)
@@ -876,7 +1273,9 @@ class Decoder(nn.Module):
         maps = []
         with torch.no_grad():
             validate = is_validation_enabled()
-            x, tables, mask = self._prepare(ids2, None, None, padding_mask, attn_mask, validate)
+            if "linear" in map(self.config.kind, range(self.config.num_layers)):
+                raise ValueError("a model with linear-attention layers has no attention maps")
+            x, tables, mask, _ = self._prepare(ids2, None, None, padding_mask, attn_mask, validate)
             for layer, table in zip(self.layers, tables, strict=True):
                 assert isinstance(layer, DecoderBlock)
                 x, weights = layer.forward_with_weights(x, table, mask)
@@ -896,7 +1295,7 @@ class Decoder(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
-        cache: CacheKind | Sequence[KVCache] = "static",
+        cache: CacheKind | Sequence[LayerState] = "static",
         generator: torch.Generator | None = None,
     ) -> Iterator[Tensor]:
         """Generate tokens one at a time: yield each step's new token ids, `(b,)`.
@@ -963,7 +1362,7 @@ class Decoder(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
-        cache: CacheKind | Sequence[KVCache] = "static",
+        cache: CacheKind | Sequence[LayerState] = "static",
         generator: torch.Generator | None = None,
         on_token: Callable[[Tensor], object] | None = None,
     ) -> Tensor:
@@ -1026,7 +1425,9 @@ class Decoder(nn.Module):
         new = torch.stack(tokens, dim=-1)  # (b, n)
         return torch.cat([ids, new[0] if ids.ndim == 1 else new], dim=-1)
 
-    def _generation_cache(self, cache: object, batch: int, t: int, steps: int) -> Sequence[KVCache]:
+    def _generation_cache(
+        self, cache: object, batch: int, t: int, steps: int
+    ) -> Sequence[LayerState]:
         if isinstance(cache, str):
             if cache not in ("static", "dynamic"):
                 raise ValueError(
@@ -1053,13 +1454,16 @@ class Decoder(nn.Module):
         """A `Decoder` with the weights and settings of a Hugging Face causal LM.
 
         Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
-        `Qwen2ForCausalLM`, `Gemma2ForCausalLM` and `Gemma3ForCausalLM` (text only;
-        and subclasses): the
+        `Qwen2ForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM` (text only) and
+        `Qwen3NextForCausalLM` (and subclasses): the
         state dict maps key for key, less the
         `model.` prefix ([`DecoderConfig.from_hf`][attnlab.llm.DecoderConfig.from_hf]
         reads the settings). The attention layers are the ones
         [`GroupedQueryAttention.from_hf`][attnlab.gqa.GroupedQueryAttention.from_hf]
-        would build.
+        would build. Qwen3-Next's fused projections are split: each head's rows of
+        `q_proj` hold its query, then its output gate (`self_attn.attention.q_proj` and
+        `self_attn.gate_proj` here), and the Gated DeltaNet layers' weights are the ones
+        [`GatedDeltaNet.from_hf`][attnlab.linear.GatedDeltaNet.from_hf] copies.
 
         Args:
             model: The Hugging Face model.
@@ -1087,15 +1491,45 @@ class Decoder(nn.Module):
         state = {
             key.removeprefix("model."): value
             for key, value in hf.state_dict().items()
-            if "rotary_emb" not in key
+            if "rotary_emb" not in key and ".linear_attn." not in key
         }
+        if config.attn_output_gate:
+            state = _split_output_gates(state, config)
+        for i, layer in enumerate(hf.model.layers):
+            if config.kind(i) == "linear":
+                ported = GatedDeltaNet.state_dict_from_hf(layer.linear_attn)
+                state |= {f"layers.{i}.linear_attn.{k}": v for k, v in ported.items()}
         new.load_state_dict(state, strict=True)
         return new.train(model.training)
 
 
+def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
+    """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.llm.GatedAttention]'s.
+
+    Its `q_proj` rows (and bias) hold, per head, `head_dim` query rows then `head_dim`
+    gate rows; `o_proj` moves to the wrapper, the rest to the inner attention.
+    """
+    out = {}
+    h, hd = config.num_heads, config.head_dim
+    for key, value in state.items():
+        if ".self_attn." not in key:
+            out[key] = value
+            continue
+        prefix, name = key.split(".self_attn.")
+        if name.startswith("q_proj."):
+            query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
+            out[f"{prefix}.self_attn.attention.{name}"] = query.reshape(h * hd, *value.shape[1:])
+            out[f"{prefix}.self_attn.gate_{name[2:]}"] = gate.reshape(h * hd, *value.shape[1:])
+        elif name.startswith("o_proj."):
+            out[key] = value
+        else:
+            out[f"{prefix}.self_attn.attention.{name}"] = value
+    return out
+
+
 def _norm(config: DecoderConfig) -> nn.Module:
-    """The RMSNorm of the family: `weight` (Llama) or `1 + weight` (Gemma)."""
-    if config.family == "gemma":
+    """The RMSNorm of the family: `weight` (Llama) or `1 + weight` (Gemma, Qwen3-Next)."""
+    if config.family != "llama":  # Gemma, Qwen3-Next
         return RMSNorm(config.d_model, float(config.norm_eps), unit_offset=True)
     return nn.RMSNorm(config.d_model, eps=config.norm_eps)
 
