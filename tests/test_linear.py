@@ -249,3 +249,40 @@ def test_gated_delta_net_bfloat16_error_at_most_twice_hugging_faces() -> None:
         hf_error = (hf(x).double() - reference).abs().max()
         our_error = (ours(x).double() - reference).abs().max()
     assert 0 < our_error <= 2 * hf_error
+
+
+def test_gated_delta_net_left_padded_batch_equals_hf_and_unpadded_rows() -> None:
+    hf, _ = _hf_layer()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=3)
+    x = torch.randn(3, 8, 24)
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[1, :2], mask[2, :5] = 0, 0
+    state = ours.new_state(3)
+    with torch.no_grad():
+        expected = hf(x, attention_mask=mask)
+        got = ours(x, state, padding_mask=mask)
+        alone_state = ours.new_state(1)
+        alone = ours(x[2:, 5:], alone_state)
+    assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # Padding writes nothing: the short row's outputs and state are those without it.
+    assert_close(got[2, 5:], alone[0], atol=1e-5, rtol=1e-5)
+    assert_close(state.recurrent[2:], alone_state.recurrent, atol=1e-5, rtol=1e-5)
+    # Without the mask the padding's inputs would reach the state.
+    assert not torch.allclose(ours(x)[2, 5:], alone[0], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("mask", "error", "match"),
+    [
+        (torch.ones(2, 4), TypeError, "padding_mask must be a bool or integer tensor"),
+        (torch.ones(2, 3, dtype=torch.long), ValueError, r"shape \(b, t\) = \(2, 4\)"),
+        (torch.full((2, 4), 2), ValueError, "only 0 and 1"),
+        (torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), ValueError, "pad on the left"),
+        (torch.zeros(2, 4, dtype=torch.bool), ValueError, "row without tokens"),
+        ([[1, 1, 1, 1]] * 2, TypeError, "padding_mask must be a tensor"),
+    ],
+)
+def test_gated_delta_net_names_a_bad_padding_mask(mask: Any, error: type, match: str) -> None:
+    layer = GatedDeltaNet(8, num_k_heads=1, num_v_heads=2, head_k_dim=2, head_v_dim=3)
+    with pytest.raises(error, match=match):
+        layer(torch.randn(2, 4, 8), padding_mask=mask)
