@@ -688,7 +688,7 @@ window.addEventListener("load", function () { setTimeout(function () {
     return {
       value: widget.querySelector(".attn-live-input").value,
       rendered: widget.getAttribute("data-attn-live-tokens"),
-      error: error.hidden ? null : error.textContent,
+      error: error.getClientRects().length ? error.textContent : null,
       stale: widget.querySelector(".attn-live-output").classList.contains("is-stale"),
       controls: widget.querySelector(".attn-live-controls").getClientRects().length > 0,
       ready: fig.hasAttribute("data-attn-ready"),

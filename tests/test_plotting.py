@@ -542,9 +542,11 @@ def test_live_model_widget_shows_the_models_predictions_and_every_head() -> None
     best = logits.argmax(dim=-1).tolist()
     cells = re.findall(r"<tr><th scope=\"row\">predicts</th>(.*?)</tr>", html)
     assert len(cells) == 1
-    shown = [int(v) for v in re.findall(r"<td[^>]*>(\d+)</td>", cells[0])]
+    shown = [int(v) for v in re.findall(r"<td[^>]*>(?:<b>)?(\d+)(?:</b>)?</td>", cells[0])]
     assert shown == best
     hits = sum(best[i] == tokens[i + 1] for i in range(len(tokens) - 1))
+    assert hits > 0  # the second copy is predicted, so the marking below is checked
+    assert cells[0].count('<td class="attn-live-hit"><b>') == hits
     assert f"comes next at {hits} of the 7 positions" in html
     # 2 layers x 4 heads, each a full t x t grid; the weights are the model's.
     assert html.count('class="attn-heatmap-panel"') == 8

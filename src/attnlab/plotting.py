@@ -709,12 +709,15 @@ def _predictions_html(tokens: list[int], best: list[int], probabilities: list[fl
         return f'<tr><th scope="row">{name}</th>{"".join(cells)}</tr>'
 
     predicted = [
-        f'<td class="attn-live-hit">{b}</td>' if i < len(hits) and hits[i] else f"<td>{b}</td>"
+        f'<td class="attn-live-hit"><b>{b}</b></td>'
+        if i < len(hits) and hits[i]
+        else f"<td>{b}</td>"
         for i, b in enumerate(best)
     ]
     table = (
         '<div class="attn-live-scroll" style="overflow-x:auto;max-width:100%">'
-        '<table class="attn-live-table" style="font-size:.75em;margin:0 auto">'
+        '<table class="attn-live-table" style="font-size:.75em;margin:0 auto;'
+        'border-collapse:separate;border-spacing:.5em .1em">'
         + row("position", [f"<td>{i}</td>" for i in range(len(tokens))])
         + row("token", [f"<td>{t}</td>" for t in tokens])
         + row("predicts", predicted)
@@ -808,7 +811,8 @@ def live_model_widget(
     )
     limits = f"ids from 0 to {config.vocab_size - 1}, at most {config.max_len} of them"
     return (
-        f'<div class="attn-live" data-attn-live {attributes} style="margin:1em 0">'
+        f'<div class="attn-live" data-attn-live {attributes} data-search-exclude '
+        'style="margin:1em 0">'
         '<div class="attn-live-controls" hidden style="margin:0 0 .5em">'
         '<label style="display:block;font-size:.8em">Tokens '
         f"({limits}, separated by spaces or commas)"

@@ -27,10 +27,9 @@
   var RANDOM_LENGTH = 12;
   var STYLE_ID = "attn-live-style";
   var CSS = [
-    ".attn-live-table{border-collapse:collapse;font-variant-numeric:tabular-nums}",
-    ".attn-live-table th{text-align:right;font-weight:600;padding:.1em .5em .1em 0;",
-    "white-space:nowrap}",
-    ".attn-live-table td{text-align:center;padding:.1em .25em;min-width:1.8em}",
+    ".attn-live-table{font-variant-numeric:tabular-nums}",
+    ".attn-live-table th{text-align:right;font-weight:600;white-space:nowrap}",
+    ".attn-live-table td{text-align:center;min-width:1.8em}",
     ".attn-live-table .attn-live-hit{font-weight:700;color:var(--md-accent-fg-color,#ff6e42)}",
     ".attn-live-input[aria-invalid=true]{border-color:var(--md-code-hl-special-color,#c62828)}",
     ".attn-live-output.is-stale{opacity:.45}",
@@ -223,10 +222,11 @@
     var predicted = best.map(function (b, i) {
       var hit = i < n && b === tokens[i + 1];
       if (hit) hits++;
-      return hit ? '<td class="attn-live-hit">' + b + "</td>" : "<td>" + b + "</td>";
+      return hit ? '<td class="attn-live-hit"><b>' + b + "</b></td>" : "<td>" + b + "</td>";
     });
     var html = '<div class="attn-live-scroll" style="overflow-x:auto;max-width:100%">' +
-      '<table class="attn-live-table" style="font-size:.75em;margin:0 auto">' +
+      '<table class="attn-live-table" style="font-size:.75em;margin:0 auto;' +
+      'border-collapse:separate;border-spacing:.5em .1em">' +
       row("position", tokens.map(function (_, i) { return "<td>" + i + "</td>"; })) +
       row("token", tokens.map(function (t) { return "<td>" + t + "</td>"; })) +
       row("predicts", predicted) +
