@@ -742,9 +742,10 @@ def paged_attention(
       and a tile that every query sees whole gets no mask. A decode step (`t_q = 1`,
       float32 or float64, contiguous pools) copies nothing at all: the tables are a
       sparsity pattern over the pool's rows, the scores a product sampled at that
-      pattern (`torch.sparse.sampled_addmm`, each key read where it lies), one softmax
-      follows over the few scores, and `embedding_bag` sums the value rows through the
-      same pattern. Off the CPU, `"torch"` takes the spelled-out path too.
+      pattern (`torch.sparse.sampled_addmm`, each key read where it lies, a tile at a
+      time for all the query heads that share it), one softmax follows over the few
+      scores, and `embedding_bag` sums the value rows through the same pattern. Off the
+      CPU, `"torch"` takes the spelled-out path too.
 
     float16 and bfloat16 are computed in float32 and rounded back. No dropout, no
     gradient intended (inference).
@@ -937,7 +938,9 @@ def _online_attention(
     """Tile by tile through the block tables, merging partial results (online softmax)."""
     if backend == "torch" and _host_inference(query, key_pool, value_pool):
         if _sparse_decode(query, key_pool, value_pool):
-            return _decode_attention(query, key_pool, value_pool, block_tables, positions, scale)
+            return _decode_attention(
+                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
+            )
         if key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
             return _fused_online_attention(
                 query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
@@ -1026,47 +1029,58 @@ def _decode_attention(
     block_tables: Tensor,
     positions: Tensor,
     scale: float,
+    blocks_per_tile: int,
 ) -> Tensor:
     """One query per sequence, reading every key and value where it lies in the pool.
 
-    The block tables are a sparsity pattern over the pools' rows: query row `(i, k)`
-    (sequence `i`, query head `k`) needs the rows that hold sequence `i`'s tokens in
-    the kv head of `k`'s group. The scores are then a *sampled* product, computed only
-    at that pattern (`torch.sparse.sampled_addmm`: one dot product per entry, each key
-    read where it lies), the softmax runs over the few scores, and `embedding_bag` sums
-    the value rows through the same pattern, weighted by the softmax. Nothing is copied
-    out of the pools, and the queries and the output keep their layout.
+    The block tables are a sparsity pattern over the pools' rows: query head `k` of
+    sequence `i` needs the rows that hold sequence `i`'s tokens in the kv head of `k`'s
+    group. The scores are then a *sampled* product, computed only at that pattern
+    (`torch.sparse.sampled_addmm`: one dot product per entry, each key read where it
+    lies), the softmax runs over the few scores, and `embedding_bag` sums the value
+    rows through the same pattern, weighted by the softmax. Nothing is copied out of
+    the pools. A row of the pattern is one tile (`blocks_per_tile` blocks) for one
+    query head, and the heads of a group take the same tile one after the other, so
+    they reread its keys and values while these are still in the processor's cache.
     """
     kv, num_blocks, bs, e = key_pool.shape
     b, h = query.shape[0], query.shape[1]
+    g = h // kv
     first, used = _reach(positions, block_tables.shape[1], bs)
-    t = used * bs
+    per_tile = min(blocks_per_tile, used)
+    c = -(-used // per_tile)  # tiles
+    tables = block_tables[:, :used]
+    if c * per_tile > used:  # the last tile is padded with block 0, hidden below
+        tables = torch.nn.functional.pad(tables, (0, c * per_tile - used))
+    n = per_tile * bs  # keys per tile
+    t = c * n
     n_rows = kv * num_blocks * bs  # rows of a pool viewed as (n_rows, features)
     ids = torch.int32 if n_rows < 2**31 else torch.long
     # The row holding token p of sequence i in kv head j: the first row of its block
     # plus j * num_blocks * bs + p % bs (`within`), the same for each head of j's group.
-    firsts = block_tables[:, :used].to(ids).mul(bs).view(b, 1, 1, used, 1)
-    within = _rows_within(kv, num_blocks, bs, ids, query.device)  # (1, kv, 1, 1, bs)
-    rows = (firsts + within).expand(b, kv, h // kv, used, bs).reshape(-1)  # b * h * T
-    starts = torch.arange(0, rows.numel() + 1, t, dtype=ids, device=query.device)
-    pattern = _csr(starts, rows, (b * h, n_rows), query.dtype)
+    firsts = tables.to(ids).mul(bs).view(b, 1, c, 1, per_tile, 1)
+    within = _rows_within(kv, num_blocks, bs, ids, query.device)  # (1, kv, 1, 1, 1, bs)
+    rows = (firsts + within).expand(b, kv, c, g, per_tile, bs).reshape(-1)  # b * h * T
+    starts = torch.arange(0, rows.numel() + 1, n, dtype=ids, device=query.device)
+    pattern = _csr(starts, rows, (b * kv * c * g, n_rows), query.dtype)  # row (i, j, c, r)
+    q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(-1, e)  # one per row
     keys = key_pool.view(n_rows, e)
-    # Query head k of sequence i is row i * h + k: heads of one group are neighbours.
-    scores = torch.sparse.sampled_addmm(
-        pattern, query.view(b * h, e), keys.t(), beta=0.0, alpha=scale
-    ).values()  # (b * h * T,)
+    scores = torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale)
+    scores = scores.values().view(b, kv, c, g, n).transpose(2, 3).reshape(b, h, t)
     if t - 1 > first:  # some sequence is shorter than the blocks read
         hidden = torch.arange(t, device=query.device) > positions  # (b, T)
-        scores = scores.view(b, h, t).masked_fill(hidden[:, None], float("-inf"))
-    weights = torch.softmax(scores.view(b * h, t), dim=-1)  # (b * h, T)
+        scores = scores.masked_fill(hidden[:, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (b, h, T), back in the pattern's order:
+    weights = weights.view(b, kv, g, c, n).transpose(2, 3).reshape(-1)
     out = torch.nn.functional.embedding_bag(
         rows,
         value_pool.view(n_rows, value_pool.shape[-1]),
         starts,
         mode="sum",
-        per_sample_weights=weights.view(-1),
+        per_sample_weights=weights,
         include_last_offset=True,
-    )  # (b * h, v_head_dim)
+    )  # (b * kv * c * g, v_head_dim): each tile's weighted sum
+    out = out.view(b, kv, c, g, -1).sum(dim=2) if c > 1 else out
     return out.view(b, h, 1, -1)  # (b, num_heads, 1, v_head_dim)
 
 
@@ -1074,12 +1088,13 @@ def _decode_attention(
 def _rows_within(
     kv: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
 ) -> Tensor:
-    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, 1, bs)`.
+    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, 1, 1, bs)`.
 
     The same few numbers every step, so they are kept (read only).
     """
     heads = torch.arange(0, kv * num_blocks * bs, num_blocks * bs, dtype=dtype, device=device)
-    return (heads[:, None] + torch.arange(bs, dtype=dtype, device=device)).view(1, kv, 1, 1, bs)
+    slots = torch.arange(bs, dtype=dtype, device=device)
+    return (heads[:, None] + slots).view(1, kv, 1, 1, 1, bs)
 
 
 _CSR_BETA_WARNED = False  # PyTorch warns once per process that sparse CSR is in beta
