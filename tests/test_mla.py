@@ -458,6 +458,17 @@ def test_mla_from_hf_refuses_layers_with_parts_it_does_not_compute() -> None:
     gated.g_proj = nn.Linear(D_MODEL, HEADS)  # an output gate, as some copies add
     with pytest.raises(TypeError, match="parts MultiHeadLatentAttention does not compute: g_proj"):
         MultiHeadLatentAttention.from_hf(gated)
+    # A caller that computes the extra part itself names it: the MLA part is copied.
+    x = torch.randn(2, 5, D_MODEL)
+    copied = MultiHeadLatentAttention.from_hf(gated, ignore=["g_proj"])
+    del gated.g_proj
+    plain = MultiHeadLatentAttention.from_hf(gated)
+    torch.testing.assert_close(copied(x), plain(x), atol=0, rtol=0)
+    gated.g_proj = nn.Linear(D_MODEL, HEADS)
+    with pytest.raises(ValueError, match="ignore names h_proj, o_proj"):
+        MultiHeadLatentAttention.from_hf(gated, ignore=("h_proj", "o_proj"))
+    with pytest.raises(TypeError, match="ignore must be a sequence of part names"):
+        MultiHeadLatentAttention.from_hf(gated, ignore="g_proj")
     sinks = _hf_layer(_config())
     sinks.sinks = nn.Parameter(torch.zeros(HEADS))
     with pytest.raises(TypeError, match="does not compute: sinks"):

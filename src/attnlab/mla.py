@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -134,8 +135,9 @@ _HF_MODULES = frozenset(
 """The submodules an MLA layer may have for `from_hf` to copy all it computes."""
 
 
-def _hf_structure_problems(layer: nn.Module) -> list[str]:
-    """What keeps `layer` from being a copy of DeepSeek's MLA layer, in words (or [])."""
+def _hf_structure_problems(layer: nn.Module, ignore: Sequence[str] = ()) -> list[str]:
+    """What keeps `layer` from being a copy of DeepSeek's MLA layer, in words (or []);
+    the parts named in `ignore` are the caller's to compute."""
     problems = [f"no {name}" for name in _HF_STRUCTURE if not hasattr(layer, name)]
     if not (hasattr(layer, "q_proj") or all(hasattr(layer, n) for n in _HF_Q_LORA)):
         problems.append("no q_proj (or q_a_proj, q_a_layernorm, q_b_proj)")
@@ -143,6 +145,7 @@ def _hf_structure_problems(layer: nn.Module) -> list[str]:
     # attention sinks): copying the rest would give other outputs without a word.
     extra = [n for n, _ in layer.named_children() if n not in _HF_MODULES]
     extra += [n for n, _ in layer.named_parameters(recurse=False)]
+    extra = [n for n in extra if n not in ignore]
     if extra:
         problems.append(f"parts MultiHeadLatentAttention does not compute: {', '.join(extra)}")
     # A layer that takes no position embeddings applies no RoPE (e.g. Kimi Linear's MLA).
@@ -630,7 +633,7 @@ class MultiHeadLatentAttention(nn.Module):
     # -- interoperability with Hugging Face ----------------------------------------------
 
     @classmethod
-    def from_hf(cls, layer: nn.Module) -> MultiHeadLatentAttention:
+    def from_hf(cls, layer: nn.Module, *, ignore: Sequence[str] = ()) -> MultiHeadLatentAttention:
         """A `MultiHeadLatentAttention` with the weights of a Hugging Face MLA layer.
 
         Accepts any layer with the structure of `transformers`' `DeepseekV3Attention`,
@@ -652,17 +655,32 @@ class MultiHeadLatentAttention(nn.Module):
 
         Args:
             layer: The Hugging Face attention layer.
+            ignore: Names of the layer's extra submodules or parameters that the caller
+                computes itself and this copy leaves out, e.g. `("indexer",)` for
+                [`DeepSeekSparseAttention.from_hf`][attnlab.sparse.DeepSeekSparseAttention.from_hf],
+                which ports DeepSeek-V3.2's indexer on its own.
 
         Returns:
             A new module on the layer's device and dtype, sharing no storage with it.
 
         Raises:
             TypeError: If `layer` does not have that structure (the message says how it
-                differs).
+                differs), or `ignore` is not a sequence of names.
             ValueError: If its RoPE frequencies change with the sequence length
-                (`rope_type` `"dynamic"` or `"longrope"`), which this module does not do.
+                (`rope_type` `"dynamic"` or `"longrope"`), which this module does not do,
+                or `ignore` names a part the layer does not have (or one this copy needs).
         """
-        problems = _hf_structure_problems(layer)
+        if isinstance(ignore, str) or not all(isinstance(n, str) for n in ignore):
+            raise TypeError(f"ignore must be a sequence of part names, got {ignore!r}")
+        parts = {n for n, _ in layer.named_children()}
+        parts |= {n for n, _ in layer.named_parameters(recurse=False)}
+        unknown = [n for n in ignore if n not in parts or n in _HF_MODULES]
+        if unknown:
+            raise ValueError(
+                f"ignore names {', '.join(unknown)}, which {type(layer).__name__} does not "
+                "have as an extra part (its MLA parts cannot be ignored)"
+            )
+        problems = _hf_structure_problems(layer, ignore)
         if problems:
             raise TypeError(
                 f"layer must have the structure of a transformers MLA layer such as "

@@ -28,7 +28,6 @@ MLA's latents and the indexer's keys.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -478,17 +477,6 @@ class SparseAttentionCache:
         return self.latents.nbytes + extra
 
 
-def _without_indexer(layer: nn.Module) -> nn.Module:
-    """A shallow copy of `layer` without its `indexer`: the MLA part, for MLA's `from_hf`.
-
-    MLA's `from_hf` refuses layers with parts it does not compute; this one's extra part
-    is computed here. The copy shares the parameters, which `from_hf` copies anyway.
-    """
-    mla_part = copy.copy(layer)
-    mla_part._modules = {n: m for n, m in layer._modules.items() if n != "indexer"}
-    return mla_part
-
-
 class DeepSeekSparseAttention(nn.Module):
     r"""DeepSeek-V3.2's attention: MLA over the top-k keys that a lightning indexer picks.
 
@@ -786,7 +774,7 @@ class DeepSeekSparseAttention(nn.Module):
                 f"{type(layer).__name__} has "
                 + ("no indexer" if index is None else f"an indexer without {', '.join(missing)}")
             )
-        mla = MultiHeadLatentAttention.from_hf(_without_indexer(layer))
+        mla = MultiHeadLatentAttention.from_hf(layer, ignore=("indexer",))
         hi: Any = index
         weight = hi.wk.weight
         indexer = LightningIndexer(
