@@ -17,7 +17,15 @@ from attnlab.model import (
     per_position_loss,
     repeated_tokens,
 )
-from attnlab.train import TrainConfig, evaluate, load_run, main, train, training_batch
+from attnlab.train import (
+    TrainConfig,
+    evaluate,
+    load_run,
+    main,
+    probe_scores,
+    train,
+    training_batch,
+)
 
 RUN = Path(__file__).resolve().parents[1] / "docs" / "assets" / "model"
 SMALL = ModelConfig(vocab_size=11, max_len=10, d_model=12, num_heads=3, num_layers=2)
@@ -188,6 +196,9 @@ def test_committed_weights_reproduce_their_record() -> None:
     assert_close(
         scores.induction, torch.tensor(record["head_scores"]["induction"]), atol=6e-4, rtol=0
     )
+    assert_close(
+        scores.first_token, torch.tensor(record["head_scores"]["first_token"]), atol=6e-4, rtol=0
+    )
     first, second = evaluate(model, half)
     assert first == pytest.approx(record["loss_curve"]["first_half"][-1], abs=1e-3)
     assert second == pytest.approx(record["loss_curve"]["second_half"][-1], abs=1e-3)
@@ -232,6 +243,16 @@ def test_cli_writes_weights_and_record(tmp_path: Path, capsys: pytest.CaptureFix
     assert record["command"] == f"python -m attnlab.train --steps 2 --out {tmp_path} --no-progress"
     assert record["config"]["steps"] == 2
     assert len(record["head_scores"]["induction"]) == 2
+    # Scores at both evaluations (steps 0 and 2), each layer x head.
+    assert record["head_score_curve"]["step"] == [0, 2]
+    assert len(record["head_score_curve"]["first_token"]) == 2
+    assert set(record["circuit"]) == {
+        "phase_change_step",
+        "ablation",
+        "direct_logit_attribution",
+        "copying_score",
+        "k_composition",
+    }
     state = torch.load(tmp_path / "induction.pt", weights_only=True)
     model = TinyTransformer(ModelConfig(**record["config"]["model"]))
     model.load_state_dict(state)
@@ -255,3 +276,17 @@ def test_train_trains_the_model_it_is_given() -> None:
         train(config, model=TinyTransformer(ModelConfig(vocab_size=11, max_len=10)))
     with pytest.raises(TypeError, match="model must be a TinyTransformer, got Linear"):
         train(config, model=torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_scoring_heads_during_training_leaves_the_weights_bit_for_bit() -> None:
+    """The evaluations draw from their own generators, never the training stream."""
+    config = TrainConfig(model=SMALL, half=5, steps=6, eval_every=2, batch_size=4)
+    scored = train(config)
+    plain = train(config, score_heads=False)
+    assert len(scored.head_scores) == len(scored.steps) == 4
+    assert plain.head_scores == []
+    for key, value in scored.model.state_dict().items():
+        assert torch.equal(value, plain.model.state_dict()[key]), key
+    # The scores recorded at the last evaluation are those of the trained model.
+    final = probe_scores(scored.model, 5)
+    assert torch.equal(scored.head_scores[-1].induction, final.induction)

@@ -1,10 +1,12 @@
 """Train the tiny transformer on repeated random tokens until induction heads appear.
 
-Run it with ``python -m attnlab.train`` (about half a minute on two CPU cores); with
+Run it with ``python -m attnlab.train`` (the record says how long it took); with
 ``--out DIR`` it writes the trained weights (``induction.pt``) and a provenance record
 (``induction.json``: the command, versions and machine, with the keys every recorder of
-the package writes, then the configuration, loss curve and head scores), which the
-chapter "Watching heads learn" reads.
+the package writes, then the configuration, the loss curve, the head scores at every
+evaluation, and a summary of the trained circuit from [`attnlab.circuits`][attnlab.circuits]:
+phase-change step, ablations, direct logit attribution, copying and K-composition
+scores), which the chapter "Watching heads learn" reads and the tests re-check.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab import circuits
 from attnlab._provenance import Start, begin, command_line, provenance
 from attnlab.model import (
+    HeadScores,
     ModelConfig,
     TinyTransformer,
     head_scores,
@@ -34,9 +38,13 @@ from attnlab.model import (
 __all__ = [
     "TrainConfig",
     "TrainResult",
+    "ablation_groups",
+    "ablation_losses",
+    "circuit_summary",
     "evaluate",
     "load_run",
     "main",
+    "probe_scores",
     "train",
     "training_batch",
 ]
@@ -57,7 +65,8 @@ class TrainConfig:
         lr: AdamW learning rate (no weight decay, constant after a short warm-up).
         warmup: Steps of linear warm-up.
         seed: Seeds the initial weights and the stream of training batches.
-        eval_every: Record the first- and second-half loss every this many steps.
+        eval_every: Record the first- and second-half loss (and the head scores) every
+            this many steps.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -80,13 +89,24 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What [`train`][attnlab.train.train] returns: the model and its loss curve."""
+    """What [`train`][attnlab.train.train] returns: the model and its curves.
+
+    Attributes:
+        model: The trained model, in eval mode.
+        steps: The steps at which it was evaluated.
+        first_half_loss: Loss on the unpredictable half at each of `steps`.
+        second_half_loss: Loss on the copyable half at each of `steps`.
+        seconds: Time spent training, evaluations included.
+        head_scores: [`probe_scores`][attnlab.train.probe_scores] at each of `steps`
+            (empty if `train` was told not to score heads).
+    """
 
     model: TinyTransformer
     steps: list[int]
     first_half_loss: list[float]
     second_half_loss: list[float]
     seconds: float
+    head_scores: list[HeadScores] = field(default_factory=list)
 
 
 def evaluate(
@@ -103,6 +123,72 @@ def evaluate(
     with torch.no_grad():
         loss = per_position_loss(model, tokens)  # (2 half - 1,)
     return loss[: half - 1].mean().item(), loss[half:].mean().item()
+
+
+def probe_scores(model: TinyTransformer, half: int, *, seed: int = 1234) -> HeadScores:
+    """[`head_scores`][attnlab.model.head_scores] on the run's probe: 64 fresh sequences.
+
+    The probe is drawn from its own generator (`seed`), so scoring the heads during
+    training leaves the training batches, and so the trained weights, unchanged.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    tokens = repeated_tokens(64, half, model.config.vocab_size, generator=generator)
+    return head_scores(model.attention_maps(tokens), half)
+
+
+def ablation_losses(
+    model: TinyTransformer,
+    half: int,
+    groups: dict[str, list[tuple[int, int]]],
+    *,
+    method: str = "zero",
+    reference_seed: int = 99,
+) -> dict[str, float]:
+    """The second-half loss of [`evaluate`][attnlab.train.evaluate] with heads removed.
+
+    Args:
+        model: The trained model.
+        half: Length of the repeated segment.
+        groups: A name for each set of `(layer, head)` pairs to remove together.
+        method: `"zero"` or `"mean"`; see [`ablated`][attnlab.circuits.ablated].
+        reference_seed: Seeds the 256 repeated sequences that a mean ablation
+            averages each head over (not the evaluation's own sequences).
+
+    Returns:
+        The second-half loss for each name of `groups`.
+    """
+    reference = None
+    if method == "mean":  # one pass over the reference for every group
+        generator = torch.Generator().manual_seed(reference_seed)
+        tokens = repeated_tokens(256, half, model.config.vocab_size, generator=generator)
+        reference = circuits.mean_context(model, tokens)
+    losses = {}
+    for name, heads in groups.items():
+        with circuits.ablated(model, heads, method=method, reference=reference):
+            losses[name] = evaluate(model, half)[1]
+    return losses
+
+
+def ablation_groups(
+    scores: HeadScores, *, threshold: float = 0.2
+) -> dict[str, list[tuple[int, int]]]:
+    """The heads the record ablates: each head alone, and layer 1's two kinds together.
+
+    A layer-1 head counts as a previous-token head if its previous-token score exceeds
+    `threshold` (about five times what a head spreading its weight evenly over the
+    24-48 keys of the probe would score).
+    """
+    num_layers, num_heads = scores.previous_token.shape
+    groups = {
+        f"L{layer + 1} H{head}": [(layer, head)]
+        for layer in range(num_layers)
+        for head in range(num_heads)
+    }
+    previous = [(0, h) for h in range(num_heads) if scores.previous_token[0, h] > threshold]
+    groups["L1 previous-token heads"] = previous
+    groups["L1 other heads"] = [(0, h) for h in range(num_heads) if (0, h) not in previous]
+    groups["L2 all heads"] = [(1, h) for h in range(num_heads)]
+    return groups
 
 
 def training_batch(config: TrainConfig, generator: torch.Generator) -> Tensor:
@@ -127,6 +213,7 @@ def train(
     *,
     progress: bool = False,
     model: TinyTransformer | None = None,
+    score_heads: bool = True,
 ) -> TrainResult:
     """Train a [`TinyTransformer`][attnlab.model.TinyTransformer] on repeated tokens.
 
@@ -141,6 +228,9 @@ def train(
             `config.model`, e.g. one whose attention layers were swapped for another
             kind; its `config` must equal `config.model`. The global seed is still set
             to `config.seed`, so anything random the model draws later repeats too.
+        score_heads: Score the heads at every evaluation
+            ([`probe_scores`][attnlab.train.probe_scores]); turn off for a model whose
+            attention layers cannot return their weights.
 
     Returns:
         The trained model (in eval mode) and its loss curve.
@@ -179,6 +269,8 @@ def train(
         if step % config.eval_every == 0 or step == config.steps:
             model.eval()
             first, second = evaluate(model, config.half)
+            if score_heads:
+                result.head_scores.append(probe_scores(model, config.half))
             model.train()
             result.steps.append(step)
             result.first_half_loss.append(first)
@@ -198,13 +290,63 @@ def train(
     return result
 
 
+def _table(x: Tensor, digits: int) -> list[list[float]]:
+    return [[round(v, digits) for v in row] for row in x.tolist()]
+
+
+def _scores(scores: HeadScores) -> dict[str, list[list[float]]]:
+    return {
+        "previous_token": _table(scores.previous_token, 3),
+        "induction": _table(scores.induction, 3),
+        "first_token": _table(scores.first_token, 3),
+    }
+
+
+def circuit_summary(
+    model: TinyTransformer, config: TrainConfig, result: TrainResult | None = None
+) -> dict[str, Any]:
+    """The numbers of the trained circuit that the record keeps and the tests re-check.
+
+    The phase change (if `result` is given: where the second-half loss falls fastest
+    and where the best layer-2 induction score rises fastest, by
+    [`phase_change_step`][attnlab.circuits.phase_change_step]), the second-half loss with
+    heads removed ([`ablation_losses`][attnlab.train.ablation_losses], zero and mean),
+    each head's mean [direct logit
+    attribution][attnlab.circuits.direct_logit_attribution] to the next token on the
+    second half of `evaluate`'s sequences, its OV [copying
+    score][attnlab.circuits.copying_scores], and the K-composition scores from layer 1
+    to layer 2 ([`composition_scores`][attnlab.circuits.composition_scores]).
+    """
+    half, vocab = config.half, config.model.vocab_size
+    summary: dict[str, Any] = {}
+    if result is not None and len(result.steps) >= 2:
+        best = [-float(s.induction[-1].max()) for s in result.head_scores]
+        summary["phase_change_step"] = {
+            "second_half_loss": circuits.phase_change_step(result.steps, result.second_half_loss),
+            "induction_score": (circuits.phase_change_step(result.steps, best) if best else None),
+        }
+    groups = ablation_groups(probe_scores(model, half))
+    summary["ablation"] = {
+        "groups": {name: [list(pair) for pair in heads] for name, heads in groups.items()},
+        "zero": {k: round(v, 4) for k, v in ablation_losses(model, half, groups).items()},
+        "mean": {
+            k: round(v, 4) for k, v in ablation_losses(model, half, groups, method="mean").items()
+        },
+    }
+    tokens = repeated_tokens(256, half, vocab, generator=torch.Generator().manual_seed(1234))
+    dla = circuits.direct_logit_attribution(model, tokens).heads[:, :, :, half:]
+    summary["direct_logit_attribution"] = _table(dla.mean(dim=(2, 3)), 4)
+    summary["copying_score"] = _table(circuits.copying_scores(model), 4)
+    if config.model.num_layers >= 2:
+        summary["k_composition"] = _table(circuits.composition_scores(model, "k"), 4)
+    return summary
+
+
 def _record(
     config: TrainConfig, result: TrainResult, argv: Sequence[str], begun: Start
 ) -> dict[str, Any]:
     model = result.model
-    generator = torch.Generator().manual_seed(1234)
-    tokens = repeated_tokens(64, config.half, config.model.vocab_size, generator=generator)
-    scores = head_scores(model.attention_maps(tokens), config.half)
+    summary = circuit_summary(model, config, result)  # before the provenance's clock stops
     return {
         # The record is the provenance of the weights: its keys at the top level.
         **provenance(command_line("attnlab.train", argv), begun),
@@ -220,12 +362,15 @@ def _record(
             "second_half": [round(x, 4) for x in result.second_half_loss],
         },
         "chance_loss": round(math.log(config.model.vocab_size), 4),
-        "head_scores": {
-            "previous_token": [
-                [round(x, 3) for x in row] for row in scores.previous_token.tolist()
-            ],
-            "induction": [[round(x, 3) for x in row] for row in scores.induction.tolist()],
+        "head_scores": _scores(probe_scores(model, config.half)),
+        "head_score_curve": {
+            "step": result.steps[: len(result.head_scores)],
+            **{
+                key: [_scores(s)[key] for s in result.head_scores]
+                for key in ("previous_token", "induction", "first_token")
+            },
         },
+        "circuit": summary,
     }
 
 
