@@ -378,3 +378,44 @@ def test_dsa_validation_off_gives_the_same_outputs() -> None:
     with attnlab.validation(False):
         torch.testing.assert_close(dsa(x), expected, atol=0, rtol=0)
         assert torch.equal(dsa.select(x), picked)
+
+
+def test_dsa_left_padded_batch_equals_hf_and_unpadded_rows(hf: DeepseekV32Attention) -> None:
+    # Row 1 has 3 padding tokens (fewer real keys than topk for its first queries); HF's
+    # layer gets the padding in its 4-d mask, as DeepseekV32Model builds it, and the
+    # positions that count only real tokens.
+    ours = DeepSeekSparseAttention.from_hf(hf)
+    x = torch.randn(B, T, D_MODEL)
+    pad = torch.ones(B, T, dtype=torch.long)
+    pad[1, :3] = 0
+    positions = (pad.cumsum(-1) - 1).clamp(min=0)
+    cos_sin = DeepseekV32RotaryEmbedding(hf.config)(x, positions)
+    future = torch.arange(T)[None, :] > torch.arange(T)[:, None]
+    hidden = future[None] | (pad[:, None, :] == 0)  # (B, T, T)
+    mask = torch.zeros(B, 1, T, T).masked_fill(hidden[:, None], torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        expected, _ = hf(x, cos_sin, mask)
+        real = pad.bool()
+        for absorb in (False, True):
+            got = ours(x, positions=positions, padding_mask=pad, absorb=absorb)
+            assert not got.isnan().any()
+            torch.testing.assert_close(got[real], expected[real], atol=ATOL, rtol=0)
+        alone = ours(x[1:, 3:])  # the padded row without its padding
+    torch.testing.assert_close(got[1, 3:], alone[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("mask", "error", "match"),
+    [
+        (torch.ones(B, T), TypeError, "padding_mask must be a bool or integer tensor"),
+        (torch.ones(B, T - 1, dtype=torch.long), ValueError, r"\(b, cached \+ t\) = \(2, 7\)"),
+        (torch.tensor([[1] * T, [1] * (T - 1) + [0]]), ValueError, "pad on the left"),
+        (torch.full((B, T), 3), ValueError, "only 0 and 1"),
+    ],
+)
+def test_dsa_names_a_bad_padding_mask(
+    hf: DeepseekV32Attention, mask: Tensor, error: type, match: str
+) -> None:
+    ours = DeepSeekSparseAttention.from_hf(hf)
+    with pytest.raises(error, match=match):
+        ours(torch.randn(B, T, D_MODEL), padding_mask=mask)

@@ -44,6 +44,7 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.kv_cache import KVCache, check_cache
+from attnlab.linear import check_padding_mask
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import check_head_dim, check_rope_inputs, rotate
 
@@ -697,6 +698,7 @@ class DeepSeekSparseAttention(nn.Module):
         positions: Tensor | None = None,
         cache: SparseAttentionCache | None = None,
         absorb: bool = False,
+        padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Causal sparse attention: each query over its `topk` selected keys.
 
@@ -713,23 +715,44 @@ class DeepSeekSparseAttention(nn.Module):
                 [`new_cache`][attnlab.sparse.DeepSeekSparseAttention.new_cache], updated
                 in place.
             absorb: Run MLA's absorbed (latent) form instead of the naive one.
+            padding_mask: `(b, cached + t)`, 1 (True) at real tokens and 0 at left
+                padding (Hugging Face's `attention_mask`): the indexer never selects a
+                padding key, so a real query attends only to real keys; a padding query
+                attends to itself alone (its output is meaningless, but not NaN).
+                `positions` still places the tokens (count only the real ones, as
+                `transformers` does, for the outputs of the unpadded rows).
 
         Returns:
             `(b, t, d_model)` or `(t, d_model)`.
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor or `cache` not a `SparseAttentionCache`.
+                tensor, `cache` not a `SparseAttentionCache` or `padding_mask` not a
+                bool or integer tensor.
             ValueError: If `x` has the wrong rank, features, dtype or device,
-                `positions` does not fit, or the cache does not fit `x` or has no room
-                (as in MLA).
+                `positions` does not fit, the cache does not fit `x` or has no room
+                (as in MLA), or `padding_mask` has the wrong shape, values other than
+                0 and 1, pads on the right or has a row without tokens.
         """
         if is_validation_enabled():
             self._check_x(x, positions, cache)
+        past_keys = None if cache is None else cache.index_keys
+        past = 0 if past_keys is None else past_keys.shape[1]
+        if is_validation_enabled() and padding_mask is not None:
+            if x.ndim == 2:
+                raise ValueError("padding_mask needs batched x (b, t, d_model)")
+            check_padding_mask(
+                padding_mask, x.shape[0], past + x.shape[1], like=x, what="(b, cached + t)"
+            )
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
-        past_keys = None if cache is None else cache.index_keys
         scores, cos_sin, keys = self._index(xb, positions, past_keys)  # (b, t, s)
+        if padding_mask is not None:
+            t = xb.shape[1]
+            hidden = ~padding_mask.bool()[:, None, :].expand(-1, t, -1).clone()  # (b, t, s)
+            new = torch.arange(t, device=xb.device)
+            hidden[:, new, past + new] = False  # each query keeps itself: no empty row
+            scores = scores.masked_fill(hidden, float("-inf"))
         indices = topk_indices_impl(scores, self.topk)  # (b, t, k)
         mask = selection_mask_impl(indices, scores.shape[-1]).unsqueeze(1)  # (b, 1, t, s)
         # The selection holds no future key, so the mask alone is causal.
