@@ -7,6 +7,7 @@ fixture of conftest.py), the same execution that the chapter's own items check.
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -266,6 +267,31 @@ def test_generated_figure_cells_fit_the_column(notebooks: dict[str, dict[str, An
     assert [line for line in lines if len(line) > notebook.MAX_LINE] == []
     long_call, _ = notebook._figure_source(f"print(draw({'x' * 90!r}))\n")
     assert long_call.endswith(f"HTML(  # drawn below the cell\n    draw({'x' * 90!r})\n)")
+
+
+def test_one_exporter_renders_the_notebook_pages_as_new_ones_do(
+    tmp_path: Path, notebooks: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mkdocs_jupyter import convert, nbconvert2
+    from nbconvert.exporters.html import HTMLExporter
+
+    paths = []
+    for chapter in ("article/05-attention-weights.md", "beyond/masks.md"):
+        path = tmp_path / f"{notebook.notebook_name(chapter)}.ipynb"
+        path.write_text(json.dumps(notebooks[chapter]), "utf-8")
+        paths.append(str(path))
+    options: dict[str, Any] = {
+        "no_prompt": True,
+        "remove_tag_config": {"remove_input_tags": ["hide-input"]},
+    }
+    notebook.reuse_exporters()
+    notebook.reuse_exporters()  # once is enough: a second call changes nothing
+    reused = [convert.nb2html(path, **options) for path in paths]
+    with monkeypatch.context() as patch:  # mkdocs-jupyter's own way: a new exporter each
+        patch.setattr(nbconvert2, "HTMLExporter", HTMLExporter)
+        fresh = [nbconvert2.nb2html(path, **options) for path in paths]
+    assert reused == fresh
+    assert "jp-Notebook" in reused[1]
 
 
 def test_notebook_pages_are_adapted_to_the_site() -> None:

@@ -228,3 +228,42 @@ def test_the_build_worker_runs_pages_ahead_and_a_lost_one_runs_in_the_build(
         "fresh\n",
     ]
     assert "worker" not in outputs._build
+
+
+def test_the_build_reads_the_pages_without_code_first_and_the_slow_ones_last() -> None:
+    def page(src_uri: str, chapter: str | None = None) -> SimpleNamespace:
+        file = SimpleNamespace(src_uri=src_uri)
+        if chapter is not None:
+            file.attnlab_chapter = chapter  # a notebook page, made from its chapter's run
+        return file
+
+    pages = [
+        page("index.md"),
+        page("a.md"),
+        page("reference.md"),
+        page("slow.md"),
+        page("b.md"),
+        page("notebooks/a.ipynb", "a.md"),
+        page("notebooks/slow.ipynb", "slow.md"),
+        page("notebooks/b.ipynb", "b.md"),
+    ]
+    files = SimpleNamespace(documentation_pages=lambda: pages)
+    order = outputs.reading_order(files, code={"a.md", "slow.md", "b.md"}, slow={"slow.md"})
+    assert [f.src_uri for f in order] == [
+        "index.md",
+        "reference.md",
+        "a.md",
+        "notebooks/a.ipynb",
+        "b.md",
+        "notebooks/b.ipynb",
+        "slow.md",
+        "notebooks/slow.ipynb",
+    ]
+    # With every run recorded (no code to run), MkDocs' order, each notebook after its page.
+    order = outputs.reading_order(files, code=(), slow=())
+    assert [f.src_uri for f in order][:4] == [
+        "index.md",
+        "a.md",
+        "notebooks/a.ipynb",
+        "reference.md",
+    ]

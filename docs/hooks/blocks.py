@@ -17,6 +17,7 @@ stands in (the notebook generator turns those into alert boxes and collapsed sol
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -157,8 +158,12 @@ def unwrap_containers(markdown: str) -> tuple[str, list[int]]:
     return "\n".join(lines), removed
 
 
+@functools.cache
 def commonmark() -> Any:
-    """The CommonMark parser the tools share (markdown-it, as pytest-markdown-docs uses)."""
+    """The CommonMark parser the tools share (markdown-it, as pytest-markdown-docs uses).
+
+    One instance, made once: parsing does not change it.
+    """
     from markdown_it import MarkdownIt
 
     return MarkdownIt("commonmark")
@@ -179,8 +184,13 @@ def markdown_it() -> Any:
     return UnwrappingMarkdownIt("commonmark")
 
 
+@functools.lru_cache(maxsize=128)
 def read(markdown: str) -> Page:
-    """Parse a page: its unwrapped text and every fence, containers included."""
+    """Parse a page: its unwrapped text and every fence, containers included.
+
+    A page is read several times in a build (its output check, its notebook, its
+    record); the :class:`Page` is immutable, so the parse of one text is kept.
+    """
     lines, removed, inside = _unwrap(markdown)
     text = "\n".join(lines)
     fences = []

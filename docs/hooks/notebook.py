@@ -631,10 +631,60 @@ def resolve_page_placeholders(html: str, page_url: str, site_url: str, resolve: 
     return re.sub(rf'<a href="{mark}(?P<ident>[\w.]+)"[^>]*>(?P<text>.*?)</a>', placeholder, html)
 
 
+def reuse_exporters() -> None:
+    """Let mkdocs-jupyter convert every notebook with one nbconvert exporter.
+
+    mkdocs-jupyter makes a new exporter for each notebook it renders (one for its HTML,
+    one more for the Markdown its contents are read from), and each new exporter
+    compiles nbconvert's Jinja templates again: a quarter of the time the notebook
+    pages took. An exporter holds no state of the notebook it converted (each
+    conversion starts its own resources), so the first one made with a given set of
+    options serves every later conversion with the same options. mkdocs-jupyter has no
+    option for this; if its module layout is not the one known, nothing changes.
+    """
+    try:
+        from mkdocs_jupyter import convert, nbconvert2
+    except ImportError:
+        return
+    if getattr(convert.nb2html, "attnlab_reuse", False) or not all(
+        hasattr(nbconvert2, name) for name in ("HTMLExporter", "MarkdownExporter")
+    ):
+        return
+    made: dict[tuple[Any, str], Any] = {}
+    options: list[str] = []  # the options of the conversion running now
+
+    def reused(cls: Any) -> Callable[..., Any]:
+        def make(**kwargs: Any) -> Any:
+            key = (cls, options[-1])
+            if key not in made:
+                made[key] = cls(**kwargs)
+            return made[key]
+
+        return make
+
+    def with_options(conversion: Callable[..., Any]) -> Callable[..., Any]:
+        def run(nb_path: Any, *args: Any, **kwargs: Any) -> Any:
+            options.append(repr((args, sorted(kwargs.items()))))
+            try:
+                return conversion(nb_path, *args, **kwargs)
+            finally:
+                options.pop()
+
+        run.attnlab_reuse = True  # type: ignore[attr-defined]
+        return run
+
+    nbconvert2.HTMLExporter = reused(nbconvert2.HTMLExporter)
+    nbconvert2.MarkdownExporter = reused(nbconvert2.MarkdownExporter)
+    convert.nb2html = with_options(nbconvert2.nb2html)
+    convert.nb2md = with_options(nbconvert2.nb2md)
+
+
 @event_priority(50)  # before mkdocs-jupyter's on_files turns .ipynb files into pages
 def on_files(files: Any, config: Any) -> Any:
     """Add the notebooks to the build as pages (their outputs come in ``on_pre_page``)."""
     from mkdocs.structure.files import File
+
+    reuse_exporters()
 
     old = _build.pop("tmp", None)
     if old is not None:
@@ -646,7 +696,9 @@ def on_files(files: Any, config: Any) -> Any:
     for chapter in chapters(docs):
         src_uri = notebook_src_uri(chapter)
         (Path(tmp.name) / src_uri).parent.mkdir(parents=True, exist_ok=True)
-        files.append(File(src_uri, tmp.name, config["site_dir"], config["use_directory_urls"]))
+        notebook = File(src_uri, tmp.name, config["site_dir"], config["use_directory_urls"])
+        notebook.attnlab_chapter = chapter  # outputs.py reads it right after its chapter
+        files.append(notebook)
         pages[src_uri] = chapter
     _build["pages"] = pages
     return files

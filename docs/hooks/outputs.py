@@ -313,7 +313,9 @@ def from_record(path: str | Path, markdown: str, entry: Any) -> PageRun | None:
     return run
 
 
-def work(out_dir: Path, pages: list[str], order: list[int] | None = None) -> None:
+def work(
+    out_dir: Path, pages: list[str], order: list[int] | None = None, niceness: int = 0
+) -> None:
     """Run pages (markdown-exec blocks too) and write each one's record to ``out_dir``.
 
     A build's worker process. Its workers share the list, each in its own ``order`` of
@@ -325,6 +327,8 @@ def work(out_dir: Path, pages: list[str], order: list[int] | None = None) -> Non
     # One thread each: two workers and MkDocs share the machine's two cores, and with
     # two threads each the build took longer (66 s against 47 s, measured here).
     torch.set_num_threads(1)
+    if niceness:
+        os.nice(niceness)
     for k in range(len(pages)) if order is None else order:
         try:
             os.close(os.open(out_dir / f"{k}.claim", os.O_CREAT | os.O_EXCL))
@@ -339,6 +343,7 @@ def work(out_dir: Path, pages: list[str], order: list[int] | None = None) -> Non
 # Calls that take seconds: the pages that make them (the real model's) go to a worker of
 # their own from the start, so that the pages MkDocs reads first are not behind them.
 SLOW_CALLS = ("load_smollm2(", "smollm2_decoder(")
+NICENESS = 5  # of the worker that starts with the other pages (os.nice)
 
 
 class _Worker:
@@ -350,6 +355,10 @@ class _Worker:
     starts with the slow pages (``slow``), the other with the rest in MkDocs' order, and
     each goes on with the other's list. If the workers die, the pages they
     did not finish run in the build's own process.
+
+    The slow pages are the build's critical path: MkDocs reads them last and waits for
+    them, while the other pages' run is done long before MkDocs needs it. So the worker
+    of the other pages yields the processor to them (``NICENESS``) while both run.
     """
 
     def __init__(self, pages: dict[str, str], slow: Collection[str] = ()) -> None:
@@ -361,12 +370,13 @@ class _Worker:
         # In the build's working folder, as the pages' code would run in the build.
         script = str(Path(__file__).resolve())
         files = list(pages.values())
+        orders = [(first + rest, 0), (rest + first, NICENESS if first else 0)]
         self.procs = [
             subprocess.Popen(
                 [sys.executable, script, "--worker", str(self.out), "--order", order, *files],
                 stdout=sys.stderr,  # what page code writes past the capture goes to the log
             )
-            for order in (",".join(map(str, first + rest)), ",".join(map(str, rest + first)))
+            for order in (f"{','.join(map(str, ks))}:{niceness}" for ks, niceness in orders)
         ]
 
     def entry(self, page: str) -> Any:
@@ -452,8 +462,45 @@ def _reuse_exec_runs() -> None:
     module._run_python = run
 
 
+def reading_order(files: Any, code: Collection[str], slow: Collection[str]) -> list[Any]:
+    """The build's pages in the order MkDocs should read them, given the pages with code.
+
+    First the pages with no code to run (the API pages, whose rendering is the longest),
+    while the workers start; then the pages with code in the order a worker runs them,
+    the slow pages last; each notebook page (``attnlab_chapter``, set by
+    ``notebook.py``) right after its chapter, whose run it is made from. So MkDocs
+    renders what is ready while the pages run, instead of waiting on each in turn.
+    """
+    pages = list(files.documentation_pages())
+    after: dict[str, list[Any]] = {}
+    for file in pages:
+        chapter = getattr(file, "attnlab_chapter", None)
+        if chapter is not None:
+            after.setdefault(chapter, []).append(file)
+    followers = {id(f) for fs in after.values() for f in fs}
+    leaders = [f for f in pages if id(f) not in followers]
+    rank = {f.src_uri: (f.src_uri in code) + (f.src_uri in slow) for f in leaders}
+    order = []
+    for file in sorted(leaders, key=lambda f: rank[f.src_uri]):  # stable: MkDocs' order
+        order += [file, *after.pop(file.src_uri, [])]
+    return order + [f for fs in after.values() for f in fs]
+
+
+def _reorder(files: Any, order: list[Any]) -> None:
+    """Put the files of ``order`` in that order, after the others (MkDocs reads in order)."""
+    for file in order:
+        files.remove(file)
+    for file in order:
+        files.append(file)
+
+
 def on_files(files: Any, config: Any) -> Any:
-    """Start running the pages that no recorded run covers, in the order MkDocs reads them."""
+    """Start running the pages that no recorded run covers, and read the others first.
+
+    The build's pages are put in :func:`reading_order` until ``on_env``, where the order
+    MkDocs found them in comes back, so the built site (its search index too) is the
+    same whatever order the pages were read in.
+    """
     on_shutdown()
     _reuse_exec_runs()
     _build.update(exec={}, exec_reused=0, exec_run=0)
@@ -462,6 +509,8 @@ def on_files(files: Any, config: Any) -> Any:
         recorded = json.loads(Path(os.environ[RUNS_ENV]).read_text(encoding="utf-8"))
     pending: dict[str, str] = {}  # the page's name in messages: its file
     slow: set[str] = set()
+    code: set[str] = set()  # src_uri of the pending pages
+    slow_uris: set[str] = set()
     reused = 0
     for file in files.documentation_pages():
         if not _runs_page(file):
@@ -472,13 +521,25 @@ def on_files(files: Any, config: Any) -> Any:
             continue
         if from_record(path, text, recorded.get(path)) is None:
             pending[path] = file.abs_src_path
+            code.add(file.src_uri)
             if any(call in text for call in SLOW_CALLS):
                 slow.add(path)
+                slow_uris.add(file.src_uri)
         else:
             reused += 1
     log.info(f"pages with code: {len(pending)} to run, {reused} from recorded runs")
     _build.update(recorded=recorded, worker=_Worker(pending, slow) if pending else None)
+    _build["found_order"] = list(files)
+    _reorder(files, reading_order(files, code, slow_uris))
     return files
+
+
+def on_env(env: Any, config: Any, files: Any) -> Any:
+    """Every page is read: give the pages back the order MkDocs found them in."""
+    found = _build.pop("found_order", None)
+    if found is not None:
+        _reorder(files, found)
+    return env
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -526,8 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--order", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
-        order = None if args.order is None else [int(k) for k in args.order.split(",")]
-        work(args.worker, [str(f) for f in args.files], order)
+        # --order K,K,...:NICENESS (the pages' indices, in the order this worker takes them)
+        ks, _, niceness = (args.order or "").partition(":")
+        order = [int(k) for k in ks.split(",")] if ks else None
+        work(args.worker, [str(f) for f in args.files], order, int(niceness or 0))
         return 0
     status = 0
     for path in args.files:
