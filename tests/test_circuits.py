@@ -142,6 +142,8 @@ def test_ablation_arguments_are_named(model: TinyTransformer, tokens: torch.Tens
         copying_scores(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"tokens must be \(b, t\) with t >= 2"):
         direct_logit_attribution(model, tokens[:, :1])
+    with pytest.raises(TypeError, match="tokens must be a 2-d integer tensor"):
+        direct_logit_attribution(model, [[1, 2]])  # type: ignore[arg-type]
 
 
 def test_direct_logit_attribution_sums_to_the_centred_logit(

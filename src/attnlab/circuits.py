@@ -364,7 +364,8 @@ def direct_logit_attribution(model: TinyTransformer, tokens: Tensor) -> LogitAtt
         ValueError: As `residual_components`, or if `tokens` has fewer than 2 positions.
     """
     model = _check_model(model)
-    if isinstance(tokens, Tensor) and (tokens.ndim != 2 or tokens.shape[1] < 2):
+    tokens = model._check(tokens)  # a 2-d integer tensor within the model's sizes
+    if tokens.shape[1] < 2:
         raise ValueError(
             f"tokens must be (b, t) with t >= 2 (a token to predict), got "
             f"tokens.shape={tuple(tokens.shape)}"
@@ -521,8 +522,9 @@ def composition_score(left: Tensor, right: Tensor) -> float:
     reads only directions `right` never writes (Elhage et al., 2021).
 
     Examples:
-        >>> a = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # reads the first coordinate
-        >>> composition_score(a, a), composition_score(a, a.roll(1, dims=1))
+        >>> a = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # reads, and writes, coordinate 0
+        >>> b = torch.tensor([[0.0, 0.0], [0.0, 1.0]])  # writes coordinate 1
+        >>> composition_score(a, a), composition_score(a, b)
         (1.0, 0.0)
     """
     for name, m in (("left", left), ("right", right)):
