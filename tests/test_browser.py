@@ -17,6 +17,7 @@ Skipped when no Chromium is installed; install it with `apt-get install -y chrom
 from __future__ import annotations
 
 import functools
+import http.server
 import importlib.util
 import json
 import os
@@ -24,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ IMAGES = ROOT / "docs" / "assets" / "images"
 LIVE_SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "live-model.js"
 LIVE_HOOK = ROOT / "docs" / "hooks" / "live_model.py"
 MODEL_RUN = ROOT / "docs" / "assets" / "model"
+SITE = "site"  # the small site's folder, and its path on the test server
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
@@ -365,6 +368,9 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (root / "mkdocs.yml").write_text(
         "site_name: offline\n"
+        # Material's instant navigation needs the site's URL: served as test_browser_live_
+        # widget_after_real_instant_navigation serves it (from file:// it is not used).
+        f"site_url: http://127.0.0.1/{SITE}/\n"
         "use_directory_urls: false\n"
         f"hooks: [{LIVE_HOOK}]\n"
         f"theme:\n  name: material\n  font: false\n  custom_dir: {ROOT / 'docs' / 'overrides'}\n"
@@ -389,7 +395,7 @@ def offline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return root / "site"
+    return root / SITE
 
 
 def _with_driver(site: Path, page: str, driver: str, width: int | None = None) -> Path:
@@ -928,3 +934,65 @@ def test_browser_live_widget_fits_a_phone(offline_site: Path, tmp_path: Path) ->
     assert result["tableScrolls"] is True
     assert result["hint"] is True
     assert result["buttons"] is True
+
+
+# Material's own instant navigation, served over HTTP: it only runs on the default port
+# (elsewhere every click is a full load), so the test needs port 80 and skips without it.
+REAL_NAVIGATION = """
+window.__samePage = true;  // gone if the click loads a new page instead of swapping
+window.addEventListener("load", function () { setTimeout(function () {
+  document.querySelector('nav a[href$="live.html"]').click();
+  var tries = 0;
+  (function check() {
+    var widget = document.querySelector("[data-attn-live]");
+    if ((!widget || !widget.hasAttribute("data-attn-live-tokens")) && ++tries < 100) {
+      return setTimeout(check, 100);
+    }
+    var input = widget.querySelector(".attn-live-input");
+    var figure = widget.querySelector("[data-attn-heatmap]");
+    var result = {samePage: window.__samePage === true, url: location.pathname,
+                  tokens: widget.getAttribute("data-attn-live-tokens"),
+                  figure: figure.hasAttribute("data-attn-ready")};
+    input.value = "1 2 3 1 2 3";
+    input.dispatchEvent(new Event("input", {bubbles: true}));
+    result.edited = widget.getAttribute("data-attn-live-tokens");
+    var out = document.createElement("pre");
+    out.id = "result";
+    out.textContent = JSON.stringify(result);
+    document.body.appendChild(out);
+  })();
+}, 300); });
+"""
+
+
+def test_browser_live_widget_after_real_instant_navigation(
+    offline_site: Path, tmp_path: Path
+) -> None:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(offline_site.parent))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 80), handler)
+    except OSError as err:  # not root, or port 80 taken
+        pytest.skip(f"cannot serve on port 80, which instant navigation needs: {err}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page = _with_driver(offline_site, "index.html", REAL_NAVIGATION)
+        assert BROWSER is not None
+        command = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"]
+        command += ["--no-first-run", "--disable-background-networking", "--disable-sync"]
+        command += [f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000"]
+        command += ["--dump-dom", f"http://127.0.0.1/{SITE}/{page.name}"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    result = _result(done.stdout)
+    assert result["samePage"] is True, "the click loaded a page: no instant navigation"
+    assert result["url"] == f"/{SITE}/live.html"
+    assert result["tokens"] == " ".join(map(str, LIVE_TOKENS))  # set up after the swap
+    assert result["figure"] is True
+    assert result["edited"] == "1 2 3 1 2 3"  # and it reruns on an edit
