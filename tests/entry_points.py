@@ -40,6 +40,8 @@ from attnlab import (
 )
 from attnlab import functional as AF
 from attnlab.distributed import ShardLayout, ring_attention
+from attnlab.linear import GatedDeltaNet, delta_rule, linear_attention
+from attnlab.sparse import DeepSeekSparseAttention, LightningIndexer, topk_indices
 
 # All sizes differ (a swapped pair of axes cannot pass by luck), and they are small: the
 # finite differences of gradcheck cost two forward passes per input element and parameter.
@@ -162,6 +164,62 @@ def _ring(
             return ring_attention(q, k, v, layout=layout, block_size=3, **kwargs)
 
     return call
+
+
+def _gated_delta_net() -> nn.Module:
+    return GatedDeltaNet(
+        D_MODEL, num_k_heads=1, num_v_heads=2, head_k_dim=3, head_v_dim=4, chunk_size=2
+    ).eval()
+
+
+def _state_decode(module: Any, x: Tensor) -> Tensor:
+    """Prefill all tokens of `x` but the last into a state, then decode the last one."""
+    state = module.new_state(x.shape[0])
+    module(x[:, :-1], state)
+    out: Tensor = module(x[:, -1:], state)
+    return out  # (b, 1, d_model)
+
+
+def _delta(mode: str) -> Callable[[nn.Module | None, dict[str, Tensor]], Tensor]:
+    # Unit keys, beta in (0, 1) and a decay <= 0, as Gated DeltaNet feeds it: raw random
+    # keys of size 1e4 would make any delta rule blow up.
+    def call(module: nn.Module | None, i: dict[str, Tensor]) -> Tensor:
+        k = nn.functional.normalize(i["k"], dim=-1)
+        beta, g = i["beta"].sigmoid(), -nn.functional.softplus(i["g"])
+        return delta_rule(i["q"], k, i["v"], beta, g, mode=mode, chunk_size=2)[0]
+
+    return call
+
+
+def _dsa() -> nn.Module:
+    mla = MultiHeadLatentAttention(
+        D_MODEL, HEADS, kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=3,
+        q_lora_rank=7,
+    )  # fmt: skip
+    indexer = LightningIndexer(D_MODEL, 2, 4, d_query=7, rope_dim=2)
+    return DeepSeekSparseAttention(mla, indexer, topk=2).eval()
+
+
+def _dsa_decode(module: Any, x: Tensor) -> Tensor:
+    cache = module.new_cache(x.shape[0], x.shape[1])
+    module(x[:, :-1], cache=cache)
+    out: Tensor = module(x[:, -1:], cache=cache, absorb=True)
+    return out  # (b, 1, d_model)
+
+
+def _indexer() -> nn.Module:
+    return LightningIndexer(D_MODEL, 2, 4, d_query=D_MODEL).eval()
+
+
+def _scores(scores: Tensor, x: Tensor) -> Tensor:
+    return scores.masked_fill(scores == float("-inf"), 0.0).to(x.dtype)
+
+
+def _top_scores(i: dict[str, Tensor]) -> Tensor:
+    # topk_indices returns indices: gather the scores they pick, a float output.
+    scores = i["scores"]
+    picked = topk_indices(scores, 2).clamp(min=0)  # (b, t, 2)
+    return scores.gather(-1, picked)
 
 
 X = {"x": (B, T, D_IN)}
@@ -390,6 +448,46 @@ ENTRIES: dict[str, Entry] = {
     "ring_attention[contiguous] window": Entry(RING_QKV, _ring("contiguous", window=4), **RING),
     # the window's edge crosses the pair (queries 5:10, keys 0:5): a masked block
     "ring_attention[zigzag] window": Entry(RING_QKV, _ring("zigzag", window=4), **RING),
+    "linear_attention": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)},
+        lambda m, i: linear_attention(i["q"], i["k"], i["v"]),
+        names=QKV_NAMES["names"],
+        query=None,  # queries, keys and values share one length
+    ),
+    "linear_attention recurrent": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)},
+        lambda m, i: linear_attention(i["q"], i["k"], i["v"], form="recurrent"),
+        names=QKV_NAMES["names"],
+        query=None,
+    ),
+    "delta_rule chunk": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)}
+        | {"beta": (B, HEADS, T), "g": (B, HEADS, T)},
+        _delta("chunk"),
+        names=QKV_NAMES["names"] | {"g": "log_decay"},
+        query=None,
+    ),
+    "delta_rule recurrent": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)}
+        | {"beta": (B, HEADS, T), "g": (B, HEADS, T)},
+        _delta("recurrent"),
+        names=QKV_NAMES["names"] | {"g": "log_decay"},
+        query=None,
+    ),
+    "GatedDeltaNet": Entry(X_GQA, lambda m, i: _m(m)(i["x"]), _gated_delta_net),
+    "GatedDeltaNet decode after a state": Entry(
+        X_GQA, lambda m, i: _state_decode(_m(m), i["x"]), _gated_delta_net, query=None
+    ),
+    # Its keys are its own tokens (no queries, no keys); its scores are float32 with
+    # -inf at future keys: the call keeps the finite ones, in the input's dtype.
+    "LightningIndexer": Entry(
+        X_GQA, lambda m, i: _scores(_m(m)(i["x"]), i["x"]), _indexer, query=None
+    ),
+    "topk_indices": Entry({"scores": (B, T, T)}, lambda m, i: _top_scores(i), query=None),
+    "DeepSeekSparseAttention": Entry(X_GQA, lambda m, i: _m(m)(i["x"]), _dsa),
+    "DeepSeekSparseAttention decode, absorbed": Entry(
+        X_GQA, lambda m, i: _dsa_decode(_m(m), i["x"]), _dsa, query=None
+    ),
     "DynamicKVCache.update": Entry(KV, lambda m, i: _two_updates(DynamicKVCache(), i), **KV_NAMES),
     "StaticKVCache.update": Entry(KV, lambda m, i: _two_updates(_static(i), i), **KV_NAMES),
 }

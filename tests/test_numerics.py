@@ -329,7 +329,10 @@ HALF_SAFE = [
         (
             *("MultiHeadAttention[", "MultiHeadAttention.", "scaled_dot", "attention_weights"),
             *("flash", "GroupedQueryAttention", "MultiHeadLatentAttention", "rope.", "DynamicKV"),
-            *("StaticKV", "ring_attention"),
+            # Not the bare delta rule: its outputs are S^T q, of size |q| |v| (9e4 at this
+            # scale), past float16's range whatever precision it computes in.
+            *("StaticKV", "ring_attention", "GatedDeltaNet"),
+            *("LightningIndexer", "topk_indices", "DeepSeekSparseAttention"),
         )
     )
 ]

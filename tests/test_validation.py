@@ -473,6 +473,8 @@ def test_multihead_window_checks() -> None:
 # Inputs the registry's call reads a dtype from to build something else (a mask, a cache):
 # an integer one fails there, in the test's helper, not at attnlab's boundary.
 _BUILT_FROM = {("scaled_dot_product_attention additive mask", "q"), ("StaticKVCache.update", "k")}
+# The delta rule's entries make unit keys and gates in (0, 1) from their inputs first.
+_BUILT_FROM |= {(f"delta_rule {m}", k) for m in ("chunk", "recurrent") for k in ("k", "beta", "g")}
 
 
 def _one_per_backend() -> list[str]:

@@ -44,11 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_bool,
     check_choice,
     check_positive_int,
     check_rank,
+    check_same_dtype_device,
     check_tensor,
     check_tokens,
     is_validation_enabled,
@@ -69,6 +71,7 @@ DELTA_RULE_MODES = ("chunk", "recurrent", "naive")
 """The three ways [`delta_rule`][attnlab.linear.delta_rule] computes the same outputs."""
 
 _FORMS = ("parallel", "recurrent")
+_EPS = 1e-6
 
 
 def _shape(x: Tensor) -> tuple[int, ...]:
@@ -133,15 +136,17 @@ def linear_attention(
     if is_validation_enabled():
         _check_linear_inputs(query, key, value)
     q, k = feature_map(query), feature_map(key)
+    # The normaliser gets Katharopoulos et al.'s epsilon: a query whose features all
+    # underflow to 0 (elu + 1 of a large negative input) then reads 0, not 0 / 0.
     if form == "parallel":
         weights = q @ k.transpose(-1, -2)  # (..., t, t)
         if causal:
             weights = weights.tril()
-        return (weights @ value) / weights.sum(-1, keepdim=True)
+        return (weights @ value) / (weights.sum(-1, keepdim=True) + _EPS)
     if not causal:
         state = k.transpose(-1, -2) @ value  # (..., d_k, d_v)
         norm = k.sum(-2)  # (..., d_k)
-        return (q @ state) / (q @ norm.unsqueeze(-1))
+        return (q @ state) / (q @ norm.unsqueeze(-1) + _EPS)
     state = q.new_zeros((*q.shape[:-2], q.shape[-1], value.shape[-1]))  # (..., d_k, d_v)
     norm = q.new_zeros((*q.shape[:-2], q.shape[-1]))  # (..., d_k)
     outputs = []
@@ -150,7 +155,7 @@ def linear_attention(
         state = state + k_t.unsqueeze(-1) * value[..., t, :].unsqueeze(-2)
         norm = norm + k_t
         read = (q_t.unsqueeze(-1) * state).sum(-2)  # (..., d_v)
-        outputs.append(read / (q_t * norm).sum(-1, keepdim=True))
+        outputs.append(read / ((q_t * norm).sum(-1, keepdim=True) + _EPS))
     return torch.stack(outputs, dim=-2)  # (..., t, d_v)
 
 
@@ -165,6 +170,7 @@ def _check_linear_inputs(query: object, key: object, value: object) -> None:
             f"the same leading shape, got query.shape={_shape(q)}, key.shape={_shape(k)}, "
             f"value.shape={_shape(v)}"
         )
+    check_same_dtype_device("query", q, key=k, value=v)
 
 
 # --- the delta rule ---------------------------------------------------------------------
@@ -214,6 +220,8 @@ def delta_rule(
 
     Returns:
         The outputs `(b, h, t, d_v)` and the state after the last token `(b, h, d_k, d_v)`.
+        Float16 and bfloat16 inputs are computed in float32: the outputs come back in
+        the inputs' dtype, the state stays float32 (as Hugging Face's kernels keep it).
 
     Raises:
         TypeError: If an input is not a floating-point tensor or `chunk_size` not an int.
@@ -246,6 +254,16 @@ def delta_rule_impl(
     initial_state: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """[`delta_rule`][attnlab.linear.delta_rule] without its checks (for the layers)."""
+    dtype = query.dtype
+    wide = compute_dtype(dtype)
+    if wide != dtype:  # half precision: compute in float32, return the outputs in dtype
+        query, key, value, beta = (x.to(wide) for x in (query, key, value, beta))
+        log_decay = None if log_decay is None else log_decay.to(wide)
+        initial_state = None if initial_state is None else initial_state.to(wide)
+        out, state = delta_rule_impl(
+            query, key, value, beta, log_decay, mode, chunk_size, initial_state
+        )
+        return out.to(dtype), state
     if initial_state is None:
         b, h, _, d_k = key.shape
         initial_state = value.new_zeros((b, h, d_k, value.shape[-1]))
@@ -345,6 +363,7 @@ def _check_delta_inputs(
             f"b, h, t, got query.shape={_shape(q)}, key.shape={_shape(k)}, "
             f"value.shape={_shape(v)}"
         )
+    check_same_dtype_device("query", q, key=k, value=v)
     gates = {"beta": beta} if log_decay is None else {"beta": beta, "log_decay": log_decay}
     for name, gate in gates.items():
         y = check_tensor(name, gate)
@@ -352,6 +371,8 @@ def _check_delta_inputs(
             raise ValueError(
                 f"{name} must be (b, h, t) = {_shape(q)[:-1]}, got {name}.shape={_shape(y)}"
             )
+        if y.device != q.device:
+            raise ValueError(f"{name} is on {y.device} but query is on {q.device}")
     if initial_state is not None:
         s = check_tensor("initial_state", initial_state)
         expected = (*q.shape[:2], q.shape[-1], v.shape[-1])
@@ -360,6 +381,8 @@ def _check_delta_inputs(
                 f"initial_state must be (b, h, d_k, d_v) = {expected}, "
                 f"got initial_state.shape={_shape(s)}"
             )
+        if s.device != q.device:
+            raise ValueError(f"initial_state is on {s.device} but query is on {q.device}")
 
 
 # --- padding ----------------------------------------------------------------------------
@@ -671,6 +694,8 @@ class GatedDeltaNet(nn.Module):
         """Depthwise causal convolution + SiLU of `x` `(b, conv_dim, t)` after `state`."""
         if state is None:
             state = x.new_zeros((x.shape[0], x.shape[1], self.kernel_size - 1))
+        if x.shape[-1] == 0:  # no new tokens: nothing to convolve, the state stays
+            return x, state
         padded = torch.cat([state, x], dim=-1)  # (b, conv_dim, kernel - 1 + t)
         weight = self.conv_weight.unsqueeze(1)  # (conv_dim, 1, kernel)
         out = F.silu(F.conv1d(padded, weight, groups=self.conv_dim))  # (b, conv_dim, t)
