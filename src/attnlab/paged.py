@@ -860,7 +860,7 @@ def _query_positions(
     """
     if query_lengths is None:  # the last t_q tokens: a decode step when t_q = 1
         offsets = torch.arange(1 - t_q, 1, device=lengths.device)  # (t_q,)
-        return (lengths[:, None] - 1 + offsets).clamp_min(0), None  # (b, t_q)
+        return (lengths.unsqueeze(1) - 1 + offsets).clamp_min(0), None  # (b, t_q)
     rows = torch.arange(t_q, device=lengths.device)  # (t_q,)
     n = query_lengths
     real = rows < n[:, None]  # (b, t_q)
@@ -1059,8 +1059,8 @@ def _decode_attention(
     # The row holding token p of sequence i in kv head j: the first row of its block
     # plus j * num_blocks * bs + p % bs (`within`), the same for each head of j's group.
     firsts = tables.to(ids).mul(bs).view(b, 1, c, 1, per_tile, 1)
-    within = _rows_within(kv, num_blocks, bs, ids, query.device)  # (1, kv, 1, 1, 1, bs)
-    rows = (firsts + within).expand(b, kv, c, g, per_tile, bs).reshape(-1)  # b * h * T
+    within = _rows_within(kv, g, num_blocks, bs, ids, query.device)  # (1, kv, 1, g, 1, bs)
+    rows = (firsts + within).view(-1)  # b * h * T, in the order (i, j, c, r, block, slot)
     starts = torch.arange(0, rows.numel() + 1, n, dtype=ids, device=query.device)
     pattern = _csr(starts, rows, (b * kv * c * g, n_rows), query.dtype)  # row (i, j, c, r)
     q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(-1, e)  # one per row
@@ -1086,15 +1086,18 @@ def _decode_attention(
 
 @functools.lru_cache(maxsize=16)
 def _rows_within(
-    kv: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
+    kv: int, g: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
 ) -> Tensor:
-    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, 1, 1, bs)`.
+    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, g, 1, bs)`.
 
+    Repeated for the `g` query heads of each group, so that adding a step's block
+    offsets gives the pattern's column indices in their final order in one operation.
     The same few numbers every step, so they are kept (read only).
     """
     heads = torch.arange(0, kv * num_blocks * bs, num_blocks * bs, dtype=dtype, device=device)
     slots = torch.arange(bs, dtype=dtype, device=device)
-    return (heads[:, None] + slots).view(1, kv, 1, 1, 1, bs)
+    within = (heads[:, None] + slots).view(1, kv, 1, 1, 1, bs)
+    return within.expand(1, kv, 1, g, 1, bs).contiguous()
 
 
 _CSR_BETA_WARNED = False  # PyTorch warns once per process that sparse CSR is in beta
