@@ -133,6 +133,21 @@ def test_paged_decode_reads_shared_blocks_and_any_pool_layout(contiguous: bool) 
         torch.testing.assert_close(out[b], _reference(q[b], k, v, 1), **_tol(torch.float32))
 
 
+def test_paged_attention_of_no_sequences_is_empty() -> None:
+    k_pool, v_pool = torch.randn(KV, 4, BS, HD), torch.randn(KV, 4, BS, HD_V)
+    empty = torch.zeros(0, 2, dtype=torch.long)
+    for method in METHODS:
+        out = paged_attention(
+            torch.randn(0, H, 1, HD),
+            k_pool,
+            v_pool,
+            empty,
+            empty[:, 0],
+            method=method,  # type: ignore[arg-type]
+        )
+        assert out.shape == (0, H, 1, HD_V)
+
+
 def test_paged_attention_low_precision_is_computed_in_float32() -> None:
     k_pool, v_pool = torch.randn(KV, 8, BS, HD), torch.randn(KV, 8, BS, HD_V)
     tables, lengths = torch.tensor([[3, 6, 1]]), torch.tensor([11])

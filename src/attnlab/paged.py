@@ -833,7 +833,9 @@ def paged_attention_impl(
     backend: Backend = "torch",
 ) -> Tensor:
     """[`paged_attention`][attnlab.paged.paged_attention] without the checks."""
-    *_, t_q, e = query.shape
+    b, h, t_q, e = query.shape
+    if b == 0:  # no sequence: nothing to read (and no positions to take a max of)
+        return query.new_zeros(0, h, t_q, value_pool.shape[-1])
     s = 1.0 / math.sqrt(e) if scale is None else float(scale)
     positions, real = _query_positions(lengths, query_lengths, t_q)
     block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
