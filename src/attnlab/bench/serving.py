@@ -120,7 +120,7 @@ class ServingSettings:
     head_dim: int = 64
     num_layers: int = 30
     block_size: int = 16
-    decode_rounds: int = 15
+    decode_rounds: int = 41
     throughput_rounds: int = 2
     static_batch: int = 4
     flex: bool = True
