@@ -1067,8 +1067,9 @@ def _decode_attention(
     pattern = _csr(starts, rows, (b * kv * c * g, n_rows), query.dtype)  # row (i, j, c, r)
     q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(-1, e)  # one per row
     keys = key_pool.view(n_rows, e)
-    scores = torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale)
-    scores = scores.values().view(b, kv, c, g, n).transpose(2, 3).reshape(b, h, t)
+    # In place (out=pattern): the pattern's zeros become the scores, nothing is copied.
+    torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale, out=pattern)
+    scores = pattern.values().view(b, kv, c, g, n).transpose(2, 3).reshape(b, h, t)
     if t - 1 > first:  # some sequence is shorter than the blocks read
         hidden = torch.arange(t, device=query.device) > positions  # (b, T)
         scores = scores.masked_fill(hidden[:, None], float("-inf"))
