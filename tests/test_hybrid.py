@@ -72,10 +72,29 @@ def test_config_from_qwen3_next() -> None:
     )
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_logits_equal_qwen3_next(bias: bool) -> None:
-    hf = _hf_model(attention_bias=bias)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        # biases on the attention (its output gate's rows too), experts every second
+        # layer, tied embeddings, all of RoPE, two full-attention layers of five
+        dict(attention_bias=True, decoder_sparse_step=2, mlp_only_layers=[],
+             tie_word_embeddings=True, num_hidden_layers=5,
+             layer_types=["linear_attention", "full_attention"] * 2 + ["linear_attention"],
+             rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                              "partial_rotary_factor": 1.0}),
+    ],
+    ids=["qwen3-next", "variants"],
+)  # fmt: skip
+def test_logits_equal_qwen3_next(settings: dict[str, Any]) -> None:
+    hf = _hf_model(**settings)
     ours = _ours(hf)
+    if settings:
+        c = ours.config
+        assert c.moe_layers == (False, True, False, True, False)
+        assert c.tie_embeddings
+        assert c.rope_dims == 8
+        assert ours.lm_head.weight is ours.embed_tokens.weight
     ids = torch.randint(0, 97, (2, 11))
     with torch.no_grad():
         expected = hf(ids).logits
