@@ -24,6 +24,7 @@ from attnlab.circuits import (
     ov_circuit,
     phase_change_step,
     residual_components,
+    rotated_composition_baseline,
 )
 from attnlab.model import ModelConfig, TinyTransformer, repeated_tokens
 from attnlab.train import ablation_groups, ablation_losses, load_run, probe_scores
@@ -144,6 +145,30 @@ def test_ablation_arguments_are_named(model: TinyTransformer, tokens: torch.Tens
         direct_logit_attribution(model, tokens[:, :1])
     with pytest.raises(TypeError, match="tokens must be a 2-d integer tensor"):
         direct_logit_attribution(model, [[1, 2]])  # type: ignore[arg-type]
+    with (
+        pytest.raises(TypeError, match=r"reference must be a tensor: .* got list"),
+        ablated(model, [(0, 0)], method="mean", reference=[[1, 2]]),  # type: ignore[arg-type]
+    ):
+        pass
+    with (
+        pytest.raises(TypeError, match=r"heads must hold \(layer, head\) pairs, got \[0, 1, 2\]"),
+        ablated(model, [[0, 1, 2]]),  # type: ignore[list-item]
+    ):
+        pass
+    with (
+        pytest.raises(TypeError, match=r"layer must be an int, got 0\.0"),
+        ablated(model, [(0.0, 1)]),  # type: ignore[list-item]
+    ):
+        pass
+
+
+def test_ablation_takes_pairs_as_a_json_record_stores_them(
+    model: TinyTransformer, tokens: torch.Tensor
+) -> None:
+    with ablated(model, [(0, 1), (1, 2)]):
+        expected = model(tokens)
+    with ablated(model, [[0, 1], [1, 2]]):  # type: ignore[list-item]
+        assert torch.equal(model(tokens), expected)
 
 
 def test_direct_logit_attribution_sums_to_the_centred_logit(
@@ -242,6 +267,17 @@ def test_composition_score_by_hand() -> None:
     assert composition_score(a, b) == pytest.approx(3 / 5)
     with pytest.raises(ValueError, match=r"left has 3 columns but right has 2 rows"):
         composition_score(a, torch.ones(2, 2))
+    # Aligned maps of higher rank score less: two equal rank-r projections 1 / sqrt(r).
+    p = torch.diag(torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    assert composition_score(p, p) == pytest.approx(1 / math.sqrt(3))
+    nan = b.clone()
+    nan[2, 2] = math.nan
+    with pytest.raises(ValueError, match="right has NaN or infinite entries"):
+        composition_score(a, nan)
+    with pytest.raises(ValueError, match="left has NaN or infinite entries"):
+        composition_score(nan, a)
+    with pytest.raises(ValueError, match="circuit has NaN or infinite entries"):
+        copying_score(nan)
 
 
 def test_composition_scores_match_their_definition(model: TinyTransformer) -> None:
@@ -263,13 +299,39 @@ def test_composition_scores_match_their_definition(model: TinyTransformer) -> No
 
 
 def test_composition_baseline_is_the_random_level() -> None:
-    base = composition_baseline(64, 16, samples=200, generator=torch.Generator().manual_seed(0))
-    # For Gaussian factors the score concentrates near sqrt(rank / d_model) / 2-ish; the
-    # mean is bounded away from 0 and from 1 and the spread is small.
-    assert 0.05 < base.mean() < 0.3
-    assert base.std() < 0.05
+    # An untrained model's heads are random matrices of these shapes: their
+    # K-composition scores fall inside the range of the Gaussian baseline.
+    base = composition_baseline(64, 16, generator=torch.Generator().manual_seed(0))
+    assert base.shape == (1000,)
+    torch.manual_seed(0)
+    untrained = composition_scores(TinyTransformer(ModelConfig()), "k")
+    assert base.min() < untrained.min()
+    assert untrained.max() < base.max()
+    # For random maps E[score^2] = 1/d_model (d_model=64): the mean is near 1/8.
+    assert (base**2).mean() == pytest.approx(1 / 64, rel=0.05)
     with pytest.raises(ValueError, match="samples must be a positive int, got 0"):
         composition_baseline(64, 16, samples=0)
+
+
+def test_rotated_composition_baseline(model: TinyTransformer) -> None:
+    null = rotated_composition_baseline(
+        model, "v", samples=400, generator=torch.Generator().manual_seed(0)
+    )
+    assert null.shape == (400, 3, 3)
+    # A Haar rotation R spreads what a head writes evenly over the d_model=12
+    # directions, E[R B B^T R^T] = |B|_F^2 / d I, so E[score^2] = 1/12 for every pair,
+    # whatever the matrices' spectra.
+    assert_close((null**2).mean(dim=0), torch.full((3, 3), 1 / 12), atol=0.012, rtol=0)
+    # The same generator gives the same rotations; the scores are those of the
+    # turned matrix against the intact later head.
+    again = rotated_composition_baseline(
+        model, "v", samples=400, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(null, again)
+    with pytest.raises(ValueError, match="samples must be a positive int, got 0"):
+        rotated_composition_baseline(model, samples=0)
+    with pytest.raises(ValueError, match="earlier must be before later"):
+        rotated_composition_baseline(model, earlier=1, later=1)
 
 
 def test_phase_change_step() -> None:
@@ -280,6 +342,8 @@ def test_phase_change_step() -> None:
         phase_change_step([0, 0], [1.0, 0.5])
     with pytest.raises(ValueError, match="same length"):
         phase_change_step([0, 1], [1.0])
+    with pytest.raises(ValueError, match=r"values must be finite numbers, got \[4.0, nan"):
+        phase_change_step([0, 25, 50], [4.0, math.nan, 1.0])
 
 
 # -- the committed run ---------------------------------------------------------------------
@@ -329,9 +393,23 @@ def test_committed_circuit_reproduces_its_record() -> None:
     ).quantile(0.95)
 
 
-def test_committed_head_score_curve_ends_at_the_final_scores() -> None:
-    _, record = load_run(RUN)
+def test_committed_head_score_curve_ends_at_the_weights_scores() -> None:
+    model, record = load_run(RUN)
     curve = record["head_score_curve"]
     assert curve["step"] == record["loss_curve"]["step"]
+    final = probe_scores(model, record["config"]["half"])  # from the committed weights
     for key in ("previous_token", "induction", "first_token"):
-        assert curve[key][-1] == record["head_scores"][key]
+        assert_close(torch.tensor(curve[key][-1]), getattr(final, key), atol=6e-4, rtol=0, msg=key)
+
+
+def test_committed_composition_against_its_rotated_baseline() -> None:
+    """What the chapter reads from the K-composition scores of the committed model."""
+    model, _ = load_run(RUN)
+    k = composition_scores(model, "k")
+    null = rotated_composition_baseline(
+        model, samples=300, generator=torch.Generator().manual_seed(0)
+    )
+    # Layer 2's keys read both previous-token heads (L1 H0, L1 H2) above the random
+    # range; L1 H1 stays inside it (at its upper edge for L2 H2).
+    assert (k[[0, 2]] > null.max(dim=0).values[[0, 2]]).all()
+    assert (k[1] < null.quantile(0.99, dim=0)[1]).all()

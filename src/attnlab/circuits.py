@@ -19,7 +19,9 @@ holds the tools the chapter "Watching heads learn" uses on the trained model:
   [`copying_scores`][attnlab.circuits.copying_scores]: what a head writes about the token
   it attends to, `vocab x vocab`, and Elhage et al.'s eigenvalue summary of it;
 - [`composition_scores`][attnlab.circuits.composition_scores] (with
-  [`composition_baseline`][attnlab.circuits.composition_baseline] for random weights):
+  [`rotated_composition_baseline`][attnlab.circuits.rotated_composition_baseline], the
+  model's own heads turned to random directions, and
+  [`composition_baseline`][attnlab.circuits.composition_baseline], Gaussian weights):
   how much a layer-2 head reads, through its queries, keys or values, what a layer-1
   head writes;
 - [`phase_change_step`][attnlab.circuits.phase_change_step]: where a recorded loss curve
@@ -37,7 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +66,7 @@ __all__ = [
     "ov_circuit",
     "phase_change_step",
     "residual_components",
+    "rotated_composition_baseline",
 ]
 
 
@@ -183,8 +187,8 @@ def _parse_heads(model: TinyTransformer, heads: object) -> list[tuple[int, int]]
     if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
         raise TypeError(f"heads must be an iterable of (layer, head) pairs, got {heads!r}")
     parsed = []
-    for pair in heads:
-        if not isinstance(pair, tuple) or len(pair) != 2:
+    for pair in heads:  # tuples, or lists as a JSON record stores them: [0, 2]
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
             raise TypeError(f"heads must hold (layer, head) pairs, got {pair!r}")
         parsed.append(_check_head(model, *pair))
     return parsed
@@ -203,14 +207,15 @@ def ablated(
     A head is removed at the input of its layer's output projection: its slice of the
     concatenated head outputs (its context vectors $z^h$) is set to zero (`"zero"`),
     or to the mean of $z^h$ over every sequence and position of `reference`
-    (`"mean"`), so that the layer adds $W_O^h ar{z}^h$, the head's average output,
+    (`"mean"`), so that the layer adds $W_O^h \bar{z}^h$, the head's average output,
     whatever the input. Zero ablation equals zeroing the head's columns of $W_O$; mean
-    ablation equals that plus adding $W_O^h ar{z}^h$ to the output bias.
+    ablation equals that plus adding $W_O^h \bar{z}^h$ to the output bias.
 
     Args:
         model: An attention-only `TinyTransformer`; it is changed only inside the block
             (by forward hooks, removed on exit).
-        heads: `(layer, head)` pairs, 0-based.
+        heads: `(layer, head)` pairs, 0-based: tuples or any length-2 sequences of
+            ints (lists, as a record read from JSON holds them).
         method: `"zero"` or `"mean"`.
         reference: For `"mean"` (refused for `"zero"`): integer tokens `(b, t)` to
             average each head over, or those averages,
@@ -222,7 +227,8 @@ def ablated(
         `model`, with the heads removed.
 
     Raises:
-        TypeError: If `heads` does not hold `(layer, head)` int pairs.
+        TypeError: If `heads` does not hold `(layer, head)` int pairs, or `reference`
+            is not a tensor.
         ValueError: If a layer or head is out of range, `method` is unknown,
             `reference` is missing for `"mean"` (or given for `"zero"`), or averages
             of the wrong shape.
@@ -246,6 +252,11 @@ def ablated(
         raise ValueError("reference is only read by method='mean', not method='zero'")
     means: Tensor | None = None
     if reference is not None:
+        if not isinstance(reference, Tensor):
+            raise TypeError(
+                "reference must be a tensor: (b, t) integer tokens or (num_layers, "
+                f"num_heads, head_dim) averages, got {type(reference).__name__}"
+            )
         means = reference if reference.is_floating_point() else mean_context(model, reference)
         config, head_dim = model.config, model.config.d_model // model.config.num_heads
         expected = (config.num_layers, config.num_heads, head_dim)
@@ -472,7 +483,8 @@ def copying_score(circuit: Tensor) -> float:
 
     Raises:
         TypeError: If `circuit` is not a floating-point tensor.
-        ValueError: If it is not square, or all its eigenvalues are 0.
+        ValueError: If it is not square, holds NaN or infinite entries, or all its
+            eigenvalues are 0.
 
     Examples:
         >>> copying_score(torch.diag(torch.tensor([3.0, 1.0, -1.0])))
@@ -482,6 +494,8 @@ def copying_score(circuit: Tensor) -> float:
         raise TypeError(f"circuit must be a floating-point tensor, got {circuit!r:.60}")
     if circuit.ndim != 2 or circuit.shape[0] != circuit.shape[1]:
         raise ValueError(f"circuit must be a square matrix, got shape {tuple(circuit.shape)}")
+    if not bool(torch.isfinite(circuit).all()):
+        raise ValueError("circuit has NaN or infinite entries: no copying score is defined")
     eigenvalues = torch.linalg.eigvals(circuit.double())
     magnitude = float(eigenvalues.abs().sum())
     if magnitude == 0.0:
@@ -518,14 +532,29 @@ def copying_scores(model: TinyTransformer) -> Tensor:
 def composition_score(left: Tensor, right: Tensor) -> float:
     r"""$\|A B\|_F / (\|A\|_F \|B\|_F)$: how much of what `right` writes `left` reads.
 
-    1 when `left` reads exactly the (rank-one) direction that `right` writes, 0 when it
-    reads only directions `right` never writes (Elhage et al., 2021).
+    $\|M\|_F = (\sum_{ij} M_{ij}^2)^{1/2}$ is the Frobenius norm. The score is 0 when
+    `left` reads only directions that `right` never writes (Elhage et al., 2021), and at
+    most 1, which it reaches only when `left` has rank one and `right` writes along
+    the one direction it reads. Matrices of higher rank score less even when perfectly
+    aligned: two equal projections onto $r$ dimensions score $1/\sqrt{r}$ (0.25 for
+    the 16-dimensional heads of the chapter's model).
+
+    Args:
+        left: `(n, d)`: the reading matrix ($A$).
+        right: `(d, m)`: the writing matrix ($B$).
+
+    Raises:
+        TypeError: If either is not a 2-d floating-point tensor.
+        ValueError: If their inner sizes differ, either holds NaN or infinite entries,
+            or either is all zeros.
 
     Examples:
         >>> a = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # reads, and writes, coordinate 0
         >>> b = torch.tensor([[0.0, 0.0], [0.0, 1.0]])  # writes coordinate 1
         >>> composition_score(a, a), composition_score(a, b)
         (1.0, 0.0)
+        >>> round(composition_score(torch.eye(4), torch.eye(4)), 3)  # rank 4: 1 / sqrt(4)
+        0.5
     """
     for name, m in (("left", left), ("right", right)):
         if not isinstance(m, Tensor) or not m.is_floating_point() or m.ndim != 2:
@@ -535,6 +564,9 @@ def composition_score(left: Tensor, right: Tensor) -> float:
             f"left has {left.shape[1]} columns but right has {right.shape[0]} rows "
             f"(left.shape={tuple(left.shape)}, right.shape={tuple(right.shape)})"
         )
+    for name, m in (("left", left), ("right", right)):
+        if not bool(torch.isfinite(m).all()):
+            raise ValueError(f"{name} has NaN or infinite entries: no composition score is defined")
     denominator = float(torch.linalg.matrix_norm(left) * torch.linalg.matrix_norm(right))
     if denominator == 0.0:
         raise ValueError("left or right is all zeros: no composition score is defined")
@@ -568,8 +600,10 @@ def composition_scores(
     \|W_{OV}^{i}\|_F)$, Q-composition the same with $W_{QK}^{j\top}$, V-composition with
     $W_{OV}^{j}$ (each the [`composition_score`][attnlab.circuits.composition_score] of
     the pair), from [`folded_qk`][attnlab.circuits.folded_qk] and
-    [`folded_ov`][attnlab.circuits.folded_ov]. What counts as high is set by random
-    matrices of the same shapes:
+    [`folded_ov`][attnlab.circuits.folded_ov]. What counts as high is set by the same
+    heads with their output turned to random directions,
+    [`rotated_composition_baseline`][attnlab.circuits.rotated_composition_baseline], or
+    by random matrices of the same shapes,
     [`composition_baseline`][attnlab.circuits.composition_baseline].
 
     Args:
@@ -598,6 +632,66 @@ def composition_scores(
     ov_later = torch.stack([folded_ov(model, later, j) for j in heads])  # (h, d, d)
     # rows: the earlier head i, columns: the later head j
     return _compose_batched(kind, qk[None], ov_later[None], ov_earlier[:, None])
+
+
+@torch.no_grad()
+def rotated_composition_baseline(
+    model: TinyTransformer,
+    kind: str = "k",
+    *,
+    earlier: int = 0,
+    later: int = 1,
+    samples: int = 1000,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    r"""Composition scores of the model's own heads with the earlier heads' output turned.
+
+    Each sample multiplies every earlier head's $W_{OV}^{i}$ from the left by a random
+    rotation $R$ (a Haar-distributed orthogonal matrix, drawn afresh per sample and
+    head) and scores it against the later heads as
+    [`composition_scores`][attnlab.circuits.composition_scores] does. $R W_{OV}^{i}$
+    writes with the same singular values as the head itself, only into random
+    directions, so this is the level of "no composition" for these very matrices;
+    [`composition_baseline`][attnlab.circuits.composition_baseline], with Gaussian
+    matrices, ignores how unevenly a trained head spreads its weight over its
+    directions, which widens the random range. Whatever the spectra, the mean squared
+    score is $1/d_{\mathrm{model}}$.
+
+    Args:
+        model: An attention-only `TinyTransformer`.
+        kind: `"k"`, `"q"` or `"v"`.
+        earlier: The writing layer (0-based).
+        later: The reading layer, after `earlier`.
+        samples: Rotations per pair of heads.
+        generator: Seeds the rotations.
+
+    Returns:
+        `(samples, num_heads, num_heads)`: the samples of each pair, laid out as in
+        `composition_scores` (row: earlier head, column: later head).
+
+    Raises:
+        TypeError, ValueError: As `composition_scores`, or if `samples` is not a
+            positive int.
+    """
+    model = _check_model(model)
+    check_choice("kind", kind, _KINDS)
+    check_positive_int("samples", samples)
+    _check_head(model, earlier, 0)
+    _check_head(model, later, 0)
+    if not earlier < later:
+        raise ValueError(f"earlier must be before later, got earlier={earlier}, later={later}")
+    heads, d = range(model.config.num_heads), model.config.d_model
+    ov_earlier = torch.stack([folded_ov(model, earlier, i) for i in heads])  # (h, d, d)
+    qk = torch.stack([folded_qk(model, later, j) for j in heads])  # (h, d, d)
+    ov_later = torch.stack([folded_ov(model, later, j) for j in heads])  # (h, d, d)
+    rows = []
+    for i in heads:  # one earlier head at a time: (samples, h, d, d) products at most
+        q, r = torch.linalg.qr(torch.randn(samples, d, d, generator=generator))
+        # Signs of r's diagonal into q make q Haar-distributed (Mezzadri, 2007).
+        rotation = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]
+        turned = rotation.to(ov_earlier.dtype) @ ov_earlier[i]  # (samples, d, d)
+        rows.append(_compose_batched(kind, qk[None], ov_later[None], turned[:, None]))
+    return torch.stack(rows, dim=1)  # (samples, h earlier, h later)
 
 
 def composition_baseline(
@@ -644,8 +738,9 @@ def phase_change_step(steps: list[int], values: list[float]) -> int:
         The later step of the steepest falling interval, per step elapsed.
 
     Raises:
-        ValueError: If the lists differ in length, have fewer than 2 entries, or the
-            steps do not increase.
+        ValueError: If the lists differ in length, have fewer than 2 entries, the
+            steps do not increase, or a value is NaN or infinite (a diverged run has no
+            phase change to find).
 
     Examples:
         >>> phase_change_step([0, 10, 20, 30], [4.0, 3.9, 2.0, 1.8])
@@ -658,5 +753,7 @@ def phase_change_step(steps: list[int], values: list[float]) -> int:
         )
     if any(b <= a for a, b in itertools.pairwise(steps)):
         raise ValueError(f"steps must increase, got {steps}")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"values must be finite numbers, got {values}")
     drops = [(values[i - 1] - values[i]) / (steps[i] - steps[i - 1]) for i in range(1, len(steps))]
     return steps[1 + max(range(len(drops)), key=drops.__getitem__)]
