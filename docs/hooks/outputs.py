@@ -20,8 +20,9 @@ This module is used three ways, with one implementation (:class:`PageSession`):
   differs from what it prints is a warning, so ``mkdocs build --strict`` fails; the run
   (markdown-exec's blocks included) is left on the page (``page.attnlab_run``), where
   ``notebook.py`` takes the chapter's outputs from instead of running its code again.
-  The pages run in a worker process, ahead of MkDocs in its reading order, so that
-  their code and the rendering share the machine's cores; a build given recorded runs
+  The pages run in two worker processes while MkDocs reads the pages without code
+  (:func:`reading_order`), so that their code and the rendering share the machine's
+  cores; a build given recorded runs
   (``ATTNLAB_PAGE_RUNS``, as tests/test_site.py gives the test session's) checks those
   instead of running the pages again;
 - as a script that rewrites the stored outputs after a deliberate change::
@@ -577,6 +578,18 @@ def on_post_build(config: Any) -> None:
         f"run, {_build.get('exec_run', 0)} run by markdown-exec"
     )
     on_shutdown()  # `mkdocs serve` builds again: each build has its own worker
+    try:
+        import resource
+    except ImportError:  # not POSIX: no figures to give
+        return
+    own, workers = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    log.info(  # what a change to the build saves is read here, whatever else loads the machine
+        f"CPU time: {own.ru_utime + own.ru_stime:.1f} s in the build's own process, "
+        f"{workers.ru_utime + workers.ru_stime:.1f} s in the page workers "
+        f"(load average {os.getloadavg()[0]:.1f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
