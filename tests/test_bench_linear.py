@@ -75,6 +75,10 @@ def test_record_holds_every_model_at_every_context() -> None:
     assert first["cache_bytes"]["linear"] == second["cache_bytes"]["linear"]
     assert second["bytes_per_token"]["softmax"] == first["bytes_per_token"]["softmax"] == 4 * 128
     assert set(first["over_softmax"]) == {"linear", "hybrid"}
+    counts = {
+        n: sum(p.numel() for p in Decoder(decoder_config(n, TINY)).parameters()) for n in MODELS
+    }
+    assert data["parameters"] == counts
 
 
 def test_timed_step_continues_the_prefill() -> None:

@@ -17,11 +17,11 @@ For each context length (512, 2048, 8192) each model prefills that many random t
 (timed once, recorded), then decodes one token per call from its caches: the time per
 decoded token is the median over interleaved rounds (each round runs the three once, in
 a shuffled order, so a busy spell of the shared machine slows them all), and the ratios
-are medians of per-round ratios against `softmax`. Each call appends a token, so the
-context grows by at most `rounds + 1` tokens over a case. The bytes the caches hold
-are read off the cache objects: a static cache's buffer per filled position times the
-context, a state's whole size. The provenance records the load average before and after
-and the CPU share of other processes.
+are medians of per-round ratios against `softmax`, after three untimed rounds. Each
+call appends a token, so the context grows by at most `rounds + 4` tokens over a case.
+The bytes the caches hold are read off the cache objects: a static cache's buffer per
+filled position times the context, a state's whole size. The provenance records the
+load average before and after and the CPU share of other processes.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ __all__ = [
 
 MODELS = ("softmax", "linear", "hybrid")
 """The three token-mixer stacks, the first the baseline of the ratios."""
+_WARMUP = 3  # untimed rounds per context: the first calls of a shape allocate
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class LinearSettings:
         linear_head_dim: Their features per head (keys and values).
         hidden_dim: Width of the SwiGLU MLP.
         vocab_size: Distinct tokens.
-        rounds: Timed rounds per context, after one untimed round.
+        rounds: Timed rounds per context, after three untimed rounds.
     """
 
     contexts: tuple[int, ...] = (512, 2048, 8192)
@@ -127,7 +128,7 @@ def decoder_config(model: str, settings: LinearSettings) -> DecoderConfig:
         num_kv_heads=s.num_kv_heads,
         head_dim=s.head_dim,
         hidden_dim=s.hidden_dim,
-        max_positions=max(s.contexts) + s.rounds + 2,
+        max_positions=max(s.contexts) + s.rounds + _WARMUP + 1,
         tie_embeddings=False,
         qk_norm="head",
         family="qwen3_next",
@@ -172,7 +173,9 @@ def measure_linear(
         command: The command line, for the provenance.
 
     Returns:
-        Each entry of `cases` holds `context`; per model `time_s` (per decoded token:
+        `parameters` holds each model's parameter count (its layers' widths differ:
+        a Gated DeltaNet layer projects to more features than an attention layer, as in
+        Qwen3-Next). Each entry of `cases` holds `context`; per model `time_s` (per decoded token:
         median, min, max over rounds), `prefill_s` (one run), `cache_bytes` and
         `bytes_per_token` (of context); and `over_softmax`, per model the median of
         per-round time ratios against `softmax`.
@@ -192,14 +195,14 @@ def measure_linear(
             token = ids[:, -1:]  # (1, 1), fed back at every step
             caches, prefill = {}, {}
             for name, model in models.items():
-                caches[name] = model.make_cache(1, context + settings.rounds + 2)
+                caches[name] = model.make_cache(1, context + settings.rounds + _WARMUP + 1)
                 start = time.perf_counter()
                 model(ids, cache=caches[name], last_only=True)
                 prefill[name] = time.perf_counter() - start
             sizes = {name: cache_bytes(caches[name], context) for name in MODELS}
 
             calls = {name: _step(models[name], token, caches[name]) for name in MODELS}
-            interleaved(calls, 1, order)  # warm-up
+            interleaved(calls, _WARMUP, order)
             times = interleaved(calls, settings.rounds, order)
             cases.append(
                 {
@@ -227,6 +230,7 @@ def measure_linear(
             "seed": seed,
         },
         "settings": asdict(settings),
+        "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()},
         "cases": cases,
     }
     return round_floats(record)  # type: ignore[no-any-return]
