@@ -152,7 +152,7 @@ def test_ablation_arguments_are_named(model: TinyTransformer, tokens: torch.Tens
         pass
     with (
         pytest.raises(TypeError, match=r"heads must hold \(layer, head\) pairs, got \[0, 1, 2\]"),
-        ablated(model, [[0, 1, 2]]),  # type: ignore[list-item]
+        ablated(model, [[0, 1, 2]]),
     ):
         pass
     with (
@@ -167,7 +167,7 @@ def test_ablation_takes_pairs_as_a_json_record_stores_them(
 ) -> None:
     with ablated(model, [(0, 1), (1, 2)]):
         expected = model(tokens)
-    with ablated(model, [[0, 1], [1, 2]]):  # type: ignore[list-item]
+    with ablated(model, [[0, 1], [1, 2]]):
         assert torch.equal(model(tokens), expected)
 
 
@@ -361,7 +361,7 @@ def test_committed_circuit_reproduces_its_record() -> None:
     }
     for method, names in (("zero", checked), ("mean", checked[1:4:2])):
         chosen = {name: [tuple(pair) for pair in groups[name]] for name in names}
-        got = ablation_losses(model, half, chosen, method=method)  # type: ignore[arg-type]
+        got = ablation_losses(model, half, chosen, method=method)
         for name in names:
             assert got[name] == pytest.approx(recorded["ablation"][method][name], abs=2e-3)
     batch = repeated_tokens(256, half, 64, generator=torch.Generator().manual_seed(1234))

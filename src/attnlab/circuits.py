@@ -197,7 +197,7 @@ def _parse_heads(model: TinyTransformer, heads: object) -> list[tuple[int, int]]
 @contextlib.contextmanager
 def ablated(
     model: TinyTransformer,
-    heads: Iterable[tuple[int, int]],
+    heads: Iterable[Sequence[int]],
     *,
     method: str = "zero",
     reference: Tensor | None = None,
