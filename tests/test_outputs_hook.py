@@ -211,8 +211,7 @@ def test_the_build_worker_runs_pages_ahead_and_a_lost_one_runs_in_the_build(
     lost = outputs._Worker(
         {"docs/slow.md": str(docs / "slow.md"), "docs/tabs.md": str(docs / "tabs.md")}
     )
-    for proc in lost.procs:
-        proc.kill()
+    lost.kill()  # both workers: the second is forked by the first
     assert lost.entry("docs/tabs.md") is None
     page = SimpleNamespace(file=SimpleNamespace(src_uri="tabs.md", generated_by=None))
     page.file.abs_src_path = str(docs / "tabs.md")

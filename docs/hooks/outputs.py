@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -314,23 +315,44 @@ def from_record(path: str | Path, markdown: str, entry: Any) -> PageRun | None:
     return run
 
 
-def work(
-    out_dir: Path, pages: list[str], order: list[int] | None = None, niceness: int = 0
-) -> None:
+def work(out_dir: Path, pages: list[str], orders: list[list[int]]) -> None:
     """Run pages (markdown-exec blocks too) and write each one's record to ``out_dir``.
 
-    A build's worker process. Its workers share the list, each in its own ``order`` of
-    the pages' indices: each takes the next page no other has taken (``k.claim``,
-    created exclusively) and writes ``k.json``, whole, when page ``k`` has run.
+    A build's worker processes, one per order. They share the list, each in its own
+    order of the pages' indices: each takes the next page no other has taken
+    (``k.claim``, created exclusively) and writes ``k.json``, whole, when page ``k`` has
+    run. The first process imports what every page imports first (torch and attnlab,
+    3.3 s of CPU time), then forks the others, which so start with it done; it returns
+    when they have ended. (Without ``os.fork`` it takes the first order alone, which
+    holds every page.)
     """
-    import torch  # the pages' own first import, done here to set its threads
+    import torch  # noqa: F401  (the pages' own first import, done once for all workers)
+
+    with contextlib.suppress(ImportError):
+        import attnlab  # noqa: F401  (imports torch's attention modules: 1.5 s more)
+    children = []
+    for order in orders[1:] if hasattr(os, "fork") else []:
+        pid = os.fork()
+        if pid == 0:  # the child: run this order, and nothing of the parent's
+            try:
+                _take(out_dir, pages, order)
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        children.append(pid)
+    _take(out_dir, pages, orders[0])
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+def _take(out_dir: Path, pages: list[str], order: list[int]) -> None:
+    import torch
 
     # One thread each: two workers and MkDocs share the machine's two cores, and with
     # two threads each the build took longer (66 s against 47 s, measured here).
     torch.set_num_threads(1)
-    if niceness:
-        os.nice(niceness)
-    for k in range(len(pages)) if order is None else order:
+    for k in order:
         try:
             os.close(os.open(out_dir / f"{k}.claim", os.O_CREAT | os.O_EXCL))
         except FileExistsError:
@@ -344,7 +366,6 @@ def work(
 # Calls that take seconds: the pages that make them (the real model's) go to a worker of
 # their own from the start, so that the pages MkDocs reads first are not behind them.
 SLOW_CALLS = ("load_smollm2(", "smollm2_decoder(")
-NICENESS = 5  # of the worker that starts with the other pages (os.nice)
 
 
 class _Worker:
@@ -356,10 +377,6 @@ class _Worker:
     starts with the slow pages (``slow``), the other with the rest in MkDocs' order, and
     each goes on with the other's list. If the workers die, the pages they
     did not finish run in the build's own process.
-
-    The slow pages are the build's critical path: MkDocs reads them last and waits for
-    them, while the other pages' run is done long before MkDocs needs it. So the worker
-    of the other pages yields the processor to them (``NICENESS``) while both run.
     """
 
     def __init__(self, pages: dict[str, str], slow: Collection[str] = ()) -> None:
@@ -371,13 +388,16 @@ class _Worker:
         # In the build's working folder, as the pages' code would run in the build.
         script = str(Path(__file__).resolve())
         files = list(pages.values())
-        orders = [(first + rest, 0), (rest + first, NICENESS if first else 0)]
+        orders = [first + rest, rest + first]
+        # One process, which forks the second worker (``work``): a session of its own, so
+        # that killing its group ends both.
+        command = [sys.executable, script, "--worker", str(self.out), "--orders"]
         self.procs = [
             subprocess.Popen(
-                [sys.executable, script, "--worker", str(self.out), "--order", order, *files],
+                [*command, json.dumps(orders), *files],
                 stdout=sys.stderr,  # what page code writes past the capture goes to the log
+                start_new_session=True,
             )
-            for order in (f"{','.join(map(str, ks))}:{niceness}" for ks, niceness in orders)
         ]
 
     def entry(self, page: str) -> Any:
@@ -392,11 +412,17 @@ class _Worker:
             time.sleep(0.02)
         return json.loads(done.read_text(encoding="utf-8"))
 
-    def close(self) -> None:
+    def kill(self) -> None:
+        """End the workers, the forked ones too, now."""
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, AttributeError):
+                proc.kill()  # not POSIX, or the group is gone: the process itself
             proc.wait()
+
+    def close(self) -> None:
+        self.kill()
         self._tmp.cleanup()
 
 
@@ -597,13 +623,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--update", action="store_true", help="rewrite the stored outputs")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--order", help=argparse.SUPPRESS)
+    parser.add_argument("--orders", help=argparse.SUPPRESS)  # JSON: [[k, ...], ...]
     args = parser.parse_args(argv)
     if args.worker is not None:
-        # --order K,K,...:NICENESS (the pages' indices, in the order this worker takes them)
-        ks, _, niceness = (args.order or "").partition(":")
-        order = [int(k) for k in ks.split(",")] if ks else None
-        work(args.worker, [str(f) for f in args.files], order, int(niceness or 0))
+        files = [str(f) for f in args.files]
+        orders = json.loads(args.orders) if args.orders else [list(range(len(files)))]
+        work(args.worker, files, orders)
         return 0
     status = 0
     for path in args.files:
