@@ -121,7 +121,7 @@ class ServingSettings:
     num_layers: int = 30
     block_size: int = 16
     decode_rounds: int = 41
-    throughput_rounds: int = 2
+    throughput_rounds: int = 3
     static_batch: int = 4
     flex: bool = True
 
