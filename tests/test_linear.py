@@ -20,6 +20,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
 from attnlab.linear import (
     GatedDeltaNet,
     GatedDeltaNetState,
+    LinearSelfAttention,
     _split_hf_projections,
     delta_rule,
     elu_feature_map,
@@ -40,6 +41,47 @@ def test_linear_attention_forms_equal_sdpa_with_log_weights(causal: bool) -> Non
     reference = F.scaled_dot_product_attention(torch.zeros_like(q), k, v, weights.log())
     for form in ("parallel", "recurrent"):
         assert_close(linear_attention(q, k, v, causal=causal, form=form), reference)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_self_attention_equals_the_quadratic_form_by_hand(causal: bool) -> None:
+    # Reference built from the layer's weights one query at a time, in float64: weights
+    # phi(q_i) . phi(k_j) over the keys j it sees, normalised to sum to one.
+    b, t, d_model, num_heads = 2, 7, 12, 3
+    layer = LinearSelfAttention(d_model, num_heads).double()
+    x = torch.randn(b, t, d_model, dtype=torch.float64)
+    w, bias = layer.qkv.weight, layer.qkv.bias
+    phi = lambda z: torch.where(z > 0, z + 1, z.exp())  # noqa: E731 (elu + 1 by hand)
+    heads = torch.empty(b, t, d_model, dtype=torch.float64)
+    for h in range(num_heads):
+        cols = slice(4 * h, 4 * h + 4)  # head h's features within q, k and v
+        q, k, v = (x @ w[d_model * i :][cols].T + bias[d_model * i :][cols] for i in range(3))
+        for i in range(t):
+            seen = slice(0, i + 1) if causal else slice(0, t)
+            weights = phi(k[:, seen]) @ phi(q[:, i]).unsqueeze(-1)  # (b, keys, 1)
+            heads[:, i, cols] = (weights * v[:, seen]).sum(1) / weights.sum(1)
+    expected = heads @ layer.out.weight.T + layer.out.bias
+    with torch.no_grad():
+        assert_close(layer(x, is_causal=causal), expected, atol=1e-6, rtol=1e-6)
+        assert_close(layer.forward_impl(x, is_causal=causal), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_linear_self_attention_names_the_bad_argument() -> None:
+    with pytest.raises(ValueError, match="d_model must be a multiple of num_heads"):
+        LinearSelfAttention(10, 4)
+    with pytest.raises(TypeError, match="num_heads must be a positive int"):
+        LinearSelfAttention(8, 2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="d_model must be a positive int"):
+        LinearSelfAttention(0, 1)
+    layer = LinearSelfAttention(8, 2)
+    with pytest.raises(ValueError, match=r"x has 7 features.*d_model=8 \(x.shape=\(2, 3, 7\)\)"):
+        layer(torch.randn(2, 3, 7))
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions \(b, t, d_model\)"):
+        layer(torch.randn(3, 8))
+    with pytest.raises(TypeError, match="x must have a floating-point dtype"):
+        layer(torch.ones(2, 3, 8, dtype=torch.long))
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        layer(torch.randn(2, 3, 8), is_causal=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("gated", [False, True])

@@ -11,6 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from attnlab.circuits import phase_change_step
+from attnlab.linear import LinearSelfAttention
 from attnlab.model import (
     ModelConfig,
     TinyTransformer,
@@ -20,6 +21,7 @@ from attnlab.model import (
 )
 from attnlab.train import (
     TrainConfig,
+    build_model,
     evaluate,
     load_run,
     main,
@@ -29,6 +31,7 @@ from attnlab.train import (
 )
 
 RUN = Path(__file__).resolve().parents[1] / "docs" / "assets" / "model"
+LINEAR_RUN = RUN / "linear"  # the same run with linear attention in every block
 SMALL = ModelConfig(vocab_size=11, max_len=10, d_model=12, num_heads=3, num_layers=2)
 
 
@@ -322,3 +325,56 @@ def test_scoring_heads_during_training_leaves_the_weights_bit_for_bit() -> None:
     # The scores recorded at the last evaluation are those of the trained model.
     final = probe_scores(scored.model, 5)
     assert torch.equal(scored.head_scores[-1].induction, final.induction)
+
+
+# -- the committed linear-attention run ----------------------------------------------------
+
+
+def test_committed_linear_weights_reproduce_their_record() -> None:
+    model, record = load_run(LINEAR_RUN)
+    _, softmax = _committed()
+    assert record["attention"] == "linear"
+    assert all(isinstance(block.attn, LinearSelfAttention) for block in model.blocks)
+    # The softmax run's schedule, and a model of as many parameters.
+    assert record["config"] == softmax["config"]
+    assert record["parameters"] == softmax["parameters"] == 44_928
+    assert "head_scores" not in record
+    assert "circuit" not in record
+    first, second = evaluate(model, record["config"]["half"])
+    assert first == pytest.approx(record["loss_curve"]["first_half"][-1], abs=1e-3)
+    assert second == pytest.approx(record["loss_curve"]["second_half"][-1], abs=1e-3)
+
+
+def test_a_short_linear_run_repeats_the_committed_record() -> None:
+    # The committed linear run's first 150 steps, rebuilt as the CLI builds it. Before
+    # the softmax model's phase change the two curves are close, so the test first checks
+    # that at step 150 they are far enough apart for the tolerance to tell them apart.
+    _, record = load_run(LINEAR_RUN)
+    _, softmax = _committed()
+    curve, tol = record["loss_curve"], 0.02
+    assert abs(curve["second_half"][6] - softmax["loss_curve"]["second_half"][6]) > 5 * tol
+    config = TrainConfig(steps=150)  # eval_every 25 as recorded
+    torch.manual_seed(config.seed)
+    result = train(config, model=build_model(config.model, "linear"), score_heads=False)
+    n = len(result.steps)
+    assert curve["step"][:n] == result.steps == list(range(0, 151, 25))
+    assert result.first_half_loss == pytest.approx(curve["first_half"][:n], abs=tol)
+    assert result.second_half_loss == pytest.approx(curve["second_half"][:n], abs=tol)
+
+
+def test_cli_writes_a_linear_run_that_load_run_rebuilds(tmp_path: Path) -> None:
+    assert (
+        main(["--steps", "2", "--attention", "linear", "--out", str(tmp_path), "--no-progress"])
+        == 0
+    )
+    model, record = load_run(tmp_path)
+    assert record["attention"] == "linear"
+    assert record["loss_curve"]["step"] == [0, 2]
+    assert isinstance(model.blocks[1].attn, LinearSelfAttention)
+    first, second = evaluate(model, record["config"]["half"])
+    assert [first, second] == pytest.approx(
+        [record["loss_curve"]["first_half"][-1], record["loss_curve"]["second_half"][-1]],
+        abs=1e-3,
+    )
+    with pytest.raises(ValueError, match="attention must be one of 'softmax', 'linear'"):
+        build_model(SMALL, "flash")

@@ -11,7 +11,9 @@ $$
 
 reads a state $S_t$ of `d_k x d_v` numbers, whatever the context length.
 [`linear_attention`][attnlab.linear.linear_attention] computes it as a masked
-`t x t` matrix (`form="parallel"`) or with that state (`form="recurrent"`).
+`t x t` matrix (`form="parallel"`) or with that state (`form="recurrent"`);
+[`LinearSelfAttention`][attnlab.linear.LinearSelfAttention] is a multi-head layer of it,
+a drop-in for the attention of a [`TinyTransformer`][attnlab.model.TinyTransformer] block.
 
 The delta rule (DeltaNet: Schlag et al. 2021; Yang et al., "Parallelizing Linear
 Transformers with the Delta Rule over Sequence Length", 2024) writes to the state only
@@ -48,6 +50,7 @@ from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_bool,
     check_choice,
+    check_features,
     check_positive_int,
     check_rank,
     check_same_dtype_device,
@@ -61,6 +64,7 @@ __all__ = [
     "DELTA_RULE_MODES",
     "GatedDeltaNet",
     "GatedDeltaNetState",
+    "LinearSelfAttention",
     "check_padding_mask",
     "delta_rule",
     "elu_feature_map",
@@ -135,6 +139,17 @@ def linear_attention(
     check_bool("causal", causal)
     if is_validation_enabled():
         _check_linear_inputs(query, key, value)
+    return _linear_attention_impl(query, key, value, causal, form, feature_map)
+
+
+def _linear_attention_impl(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    causal: bool,
+    form: str,
+    feature_map: Callable[[Tensor], Tensor],
+) -> Tensor:
     q, k = feature_map(query), feature_map(key)
     # The normaliser gets Katharopoulos et al.'s epsilon: a query whose features all
     # underflow to 0 (elu + 1 of a large negative input) then reads 0, not 0 / 0.
@@ -157,6 +172,76 @@ def linear_attention(
         read = (q_t.unsqueeze(-1) * state).sum(-2)  # (..., d_v)
         outputs.append(read / ((q_t * norm).sum(-1, keepdim=True) + _EPS))
     return torch.stack(outputs, dim=-2)  # (..., t, d_v)
+
+
+class LinearSelfAttention(nn.Module):
+    """Multi-head self-attention with [`linear_attention`][attnlab.linear.linear_attention].
+
+    One projection `qkv` makes queries, keys and values of `num_heads` heads of
+    `d_model // num_heads` features; each head attends with elu + 1 features in the
+    masked parallel form, and `out` projects the concatenated heads back. It has the
+    call that a [`TinyTransformer`][attnlab.model.TinyTransformer] block makes of its
+    attention (`forward_impl(x, is_causal=True)`) and the same number of parameters as
+    the [`MultiHeadAttention`][attnlab.MultiHeadAttention] it replaces, so a block's
+    `attn` can be swapped for it. It has no softmax weights to return, so
+    `attention_maps` and head scores do not apply to a model that uses it.
+
+    Args:
+        d_model: Features per token, in and out.
+        num_heads: Heads; must divide `d_model`.
+
+    Shapes:
+        x: `(b, t, d_model)`. Output: the same shape.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a size is not positive or `num_heads` does not divide `d_model`.
+
+    Examples:
+        >>> layer = LinearSelfAttention(8, num_heads=2)
+        >>> x = torch.randn(3, 5, 8)
+        >>> out = layer(x)
+        >>> torch.allclose(out[:, :2], layer(x[:, :2]), atol=1e-6)  # causal
+        True
+    """
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        if d_model % num_heads:
+            raise ValueError(
+                f"d_model must be a multiple of num_heads, got d_model={d_model} and "
+                f"num_heads={num_heads}"
+            )
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}"
+
+    def forward(self, x: Tensor, *, is_causal: bool = True) -> Tensor:
+        """Attend over `x` `(b, t, d_model)`; query `i` sees keys `j <= i` if `is_causal`.
+
+        Raises:
+            TypeError: If `x` is not a floating-point tensor or `is_causal` not a bool.
+            ValueError: If `x` is not `(b, t, d_model)`.
+        """
+        if is_validation_enabled():
+            x = check_tensor("x", x)
+            check_rank("x", x, (3,), "(b, t, d_model)")
+            check_features("x", x, self.d_model, "LinearSelfAttention", "d_model")
+            check_bool("is_causal", is_causal)
+        return self.forward_impl(x, is_causal=is_causal)
+
+    def forward_impl(self, x: Tensor, is_causal: bool = True) -> Tensor:
+        """[`forward`][attnlab.linear.LinearSelfAttention.forward] without its checks."""
+        b, t, d = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (b, num_heads, t, head_dim) each
+        heads = _linear_attention_impl(q, k, v, is_causal, "parallel", elu_feature_map)
+        out: Tensor = self.out(heads.transpose(1, 2).reshape(b, t, d))  # (b, t, d_model)
+        return out
 
 
 def _check_linear_inputs(query: object, key: object, value: object) -> None:

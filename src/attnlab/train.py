@@ -26,6 +26,8 @@ from torch import Tensor
 
 from attnlab import circuits
 from attnlab._provenance import Start, begin, command_line, provenance
+from attnlab._validation import check_choice
+from attnlab.linear import LinearSelfAttention
 from attnlab.model import (
     HeadScores,
     ModelConfig,
@@ -36,10 +38,12 @@ from attnlab.model import (
 )
 
 __all__ = [
+    "ATTENTION_KINDS",
     "TrainConfig",
     "TrainResult",
     "ablation_groups",
     "ablation_losses",
+    "build_model",
     "circuit_summary",
     "evaluate",
     "load_run",
@@ -48,6 +52,30 @@ __all__ = [
     "train",
     "training_batch",
 ]
+
+
+ATTENTION_KINDS = ("softmax", "linear")
+"""The attention a run's blocks use: `--attention` of `python -m attnlab.train`."""
+
+
+def build_model(config: ModelConfig, attention: str = "softmax") -> TinyTransformer:
+    """A fresh [`TinyTransformer`][attnlab.model.TinyTransformer] with that attention.
+
+    `"softmax"` is the model as it comes; `"linear"` swaps every block's attention for
+    a [`LinearSelfAttention`][attnlab.linear.LinearSelfAttention] of the same sizes
+    (built after the whole model, so the softmax model's other weights are those of
+    the same seed). [`load_run`][attnlab.train.load_run] rebuilds a record's model
+    with it.
+
+    Raises:
+        ValueError: If `attention` is not one of `ATTENTION_KINDS`.
+    """
+    check_choice("attention", attention, ATTENTION_KINDS)
+    model = TinyTransformer(config)
+    if attention == "linear":
+        for block in model.blocks:
+            block.attn = LinearSelfAttention(config.d_model, config.num_heads)
+    return model
 
 
 @dataclass(frozen=True)
@@ -344,13 +372,20 @@ def circuit_summary(
 
 
 def _record(
-    config: TrainConfig, result: TrainResult, argv: Sequence[str], begun: Start
+    config: TrainConfig,
+    result: TrainResult,
+    argv: Sequence[str],
+    begun: Start,
+    attention: str = "softmax",
 ) -> dict[str, Any]:
     model = result.model
-    summary = circuit_summary(model, config, result)  # before the provenance's clock stops
-    return {
+    # A linear-attention model has no attention weights: no head scores, no circuit.
+    softmax = attention == "softmax"
+    summary = circuit_summary(model, config, result) if softmax else None  # before the clock
+    record = {
         # The record is the provenance of the weights: its keys at the top level.
         **provenance(command_line("attnlab.train", argv), begun),
+        "attention": attention,
         "config": {
             **{k: v for k, v in vars(config).items() if k != "model"},
             "model": config.model.to_dict(),
@@ -363,6 +398,11 @@ def _record(
             "second_half": [round(x, 4) for x in result.second_half_loss],
         },
         "chance_loss": round(math.log(config.model.vocab_size), 4),
+    }
+    if not softmax:
+        return record
+    return {
+        **record,
         "head_scores": _scores(probe_scores(model, config.half)),
         "head_score_curve": {
             "step": result.steps[: len(result.head_scores)],
@@ -382,16 +422,20 @@ def load_run(directory: str | Path) -> tuple[TinyTransformer, dict[str, Any]]:
         directory: The folder holding `induction.pt` and `induction.json`.
 
     Returns:
-        The trained model, in eval mode, and the run's record (command, versions,
-        config, loss curve, head scores; older records name some keys differently,
-        `threads` for `torch_threads`: `attnlab.bench.read_provenance` reads either).
+        The trained model, in eval mode, built by [`build_model`][attnlab.train.build_model]
+        for the record's `attention` (`"softmax"` in records older than that key), and
+        the run's record (command, versions, config, loss curve, and for softmax runs the
+        head scores and circuit; older records name some keys differently, `threads` for
+        `torch_threads`: `attnlab.bench.read_provenance` reads either).
 
     Raises:
         FileNotFoundError: If either file is missing.
+        ValueError: If the record names an attention not in `ATTENTION_KINDS`.
     """
     directory = Path(directory)
     record: dict[str, Any] = json.loads((directory / "induction.json").read_text())
-    model = TinyTransformer(ModelConfig(**record["config"]["model"]))
+    attention = record.get("attention", "softmax")
+    model = build_model(ModelConfig(**record["config"]["model"]), attention)
     model.load_state_dict(torch.load(directory / "induction.pt", weights_only=True))
     return model.eval(), record
 
@@ -405,6 +449,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_KINDS,
+        default="softmax",
+        help="the blocks' attention (linear: no head scores or circuit in the record)",
+    )
     parser.add_argument("--out", type=Path, help="write induction.pt and induction.json here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -416,14 +466,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     begun = begin()
     config = TrainConfig(steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr)
-    result = train(config, progress=not args.no_progress)
-    record = _record(config, result, argv, begun)
+    if args.attention == "softmax":
+        result = train(config, progress=not args.no_progress)
+    else:  # built after the global seed, as train builds its own model
+        torch.manual_seed(config.seed)
+        model = build_model(config.model, args.attention)
+        result = train(config, progress=not args.no_progress, model=model, score_heads=False)
+    record = _record(config, result, argv, begun, args.attention)
     print(
         f"trained {record['parameters']:,} parameters for {config.steps} steps in "
         f"{result.seconds:.1f} s: loss first half {result.first_half_loss[-1]:.3f}, "
         f"second half {result.second_half_loss[-1]:.3f} (chance {record['chance_loss']})"
     )
-    for name in ("previous_token", "induction"):
+    for name in ("previous_token", "induction") if "head_scores" in record else ():
         print(f"{name} scores (layer x head): {record['head_scores'][name]}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
