@@ -426,3 +426,53 @@ def test_every_local_image_exists(site: tuple[Path, str]) -> None:
             if not (page.parent / src.split("#")[0]).resolve().is_file():
                 broken.append(f"{page.relative_to(site_dir)}: {src}")
     assert broken == []
+
+
+def test_the_search_reader_gives_the_entries_the_search_plugin_makes() -> None:
+    # search_tex reads the later pages' HTML for Material's search plugin in a forked
+    # process; the plugin's entries must be the ones its own reading gives.
+    from types import SimpleNamespace
+
+    from hooks import search_tex
+    from material.plugins.search.plugin import SearchIndex
+
+    figure = '<svg data-search-exclude width="9"><text>axis 0.5</text></svg>'
+    contents = [
+        '<h1 id="one">One</h1><p>The weights \\(\\alpha\\) sum to 1.</p>',
+        f'<h1 id="two">Two</h1><p>Scores</p>{figure}<h2 id="s">Softmax</h2><p>exp</p>',
+        '<h1 id="three">Three</h1>' + "<p><code>q @ k.T</code> scaled</p>" * 200,
+        '<h1 id="four">Four</h1><pre><code>print(1)\n</code></pre>' * 100,
+    ]
+    pages = [
+        SimpleNamespace(content=c, meta={}, toc=[], url=f"p{k}/", title=f"P{k}")
+        for k, c in enumerate(contents)
+    ]
+    pages.append(
+        SimpleNamespace(
+            content="<h1>Skipped</h1>",
+            meta={"search": {"exclude": True}},
+            toc=[],
+            url="x/",
+            title="X",
+        )
+    )
+    files = SimpleNamespace(documentation_pages=lambda: [SimpleNamespace(page=p) for p in pages])
+
+    def entries() -> list[dict[str, Any]]:
+        index = SearchIndex()
+        for page in pages:
+            index.add_entry_from_context(page)
+        return index.entries
+
+    own = entries()  # nothing read ahead: the plugin's parser reads every page
+    search_tex.parse_ahead(files)
+    try:
+        assert search_tex._ahead.pending == set(contents[3:])  # the last half of the HTML
+        ahead = entries()
+        assert search_tex._ahead.parsed is not None
+        assert set(search_tex._ahead.parsed) == set(contents[3:])  # the child read them
+    finally:
+        search_tex._ahead.finish()
+    assert ahead == own
+    assert [e["location"] for e in own][:3] == ["p0/", "p1/", "p1/#s"]
+    assert "axis" not in json.dumps(own)  # the figure is not indexed

@@ -521,19 +521,16 @@ def _reorder(files: Any, order: list[Any]) -> None:
         files.append(file)
 
 
-def on_files(files: Any, config: Any) -> Any:
-    """Start running the pages that no recorded run covers, and read the others first.
+def _recorded() -> dict[str, Any]:
+    """The recorded runs the build was given (``ATTNLAB_PAGE_RUNS``), if any."""
+    if not os.environ.get(RUNS_ENV):
+        return {}
+    result: dict[str, Any] = json.loads(Path(os.environ[RUNS_ENV]).read_text(encoding="utf-8"))
+    return result
 
-    The build's pages are put in :func:`reading_order` until ``on_env``, where the order
-    MkDocs found them in comes back, so the built site (its search index too) is the
-    same whatever order the pages were read in.
-    """
-    on_shutdown()
-    _reuse_exec_runs()
-    _build.update(exec={}, exec_reused=0, exec_run=0)
-    recorded: dict[str, Any] = {}
-    if os.environ.get(RUNS_ENV):
-        recorded = json.loads(Path(os.environ[RUNS_ENV]).read_text(encoding="utf-8"))
+
+def _scan(files: Any, config: Any, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The pages of ``files`` that no recorded run covers, and which of them are slow."""
     pending: dict[str, str] = {}  # the page's name in messages: its file
     slow: set[str] = set()
     code: set[str] = set()  # src_uri of the pending pages
@@ -554,10 +551,55 @@ def on_files(files: Any, config: Any) -> Any:
                 slow_uris.add(file.src_uri)
         else:
             reused += 1
-    log.info(f"pages with code: {len(pending)} to run, {reused} from recorded runs")
-    _build.update(recorded=recorded, worker=_Worker(pending, slow) if pending else None)
+    return dict(pending=pending, slow=slow, code=code, slow_uris=slow_uris, reused=reused)
+
+
+def on_config(config: Any) -> Any:
+    """Start the workers on the pages MkDocs will find, before the other plugins set up.
+
+    ``on_files`` checks that the pages are those it gets (another plugin may add or drop
+    some) and starts the workers again if not; starting here saves it the time the
+    plugins take between the two events.
+    """
+    on_shutdown()
+    _build.pop("started", None)
+    try:
+        from mkdocs.structure.files import get_files
+
+        recorded = _recorded()
+        scan = _scan(get_files(config), config, recorded)
+    except Exception:  # on_files finds the pages in any case
+        return config
+    _build.update(recorded=recorded, started=scan)
+    if scan["pending"]:
+        _build["worker"] = _Worker(scan["pending"], scan["slow"])
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Run the pages that no recorded run covers (unless started), and read the others first.
+
+    The build's pages are put in :func:`reading_order` until ``on_env``, where the order
+    MkDocs found them in comes back, so the built site (its search index too) is the
+    same whatever order the pages were read in.
+    """
+    _reuse_exec_runs()
+    _build.update(exec={}, exec_reused=0, exec_run=0)
+    started = _build.pop("started", None)
+    recorded = _build["recorded"] if started is not None else _recorded()
+    _build["recorded"] = recorded
+    scan = _scan(files, config, recorded)
+    if started is None or [list(started["pending"].items()), started["slow"]] != [
+        list(scan["pending"].items()),
+        scan["slow"],
+    ]:
+        on_shutdown()
+        if scan["pending"]:
+            _build["worker"] = _Worker(scan["pending"], scan["slow"])
+    pending, reused = len(scan["pending"]), scan["reused"]
+    log.info(f"pages with code: {pending} to run, {reused} from recorded runs")
     _build["found_order"] = list(files)
-    _reorder(files, reading_order(files, code, slow_uris))
+    _reorder(files, reading_order(files, scan["code"], scan["slow_uris"]))
     return files
 
 
@@ -613,7 +655,8 @@ def on_post_build(config: Any) -> None:
     )
     log.info(  # what a change to the build saves is read here, whatever else loads the machine
         f"CPU time: {own.ru_utime + own.ru_stime:.1f} s in the build's own process, "
-        f"{workers.ru_utime + workers.ru_stime:.1f} s in the page workers "
+        f"{workers.ru_utime + workers.ru_stime:.1f} s in the page workers and the search "
+        "reader "
         f"(load average {os.getloadavg()[0]:.1f})"
     )
 
