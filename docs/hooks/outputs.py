@@ -330,6 +330,10 @@ def work(out_dir: Path, pages: list[str], orders: list[list[int]]) -> None:
 
     with contextlib.suppress(ImportError):
         import attnlab  # noqa: F401  (imports torch's attention modules: 1.5 s more)
+    with contextlib.suppress(ImportError):  # both workers' pages draw and build HF models
+        import matplotlib.pyplot  # noqa: F401  (0.4 s, once instead of once a worker)
+        import transformers  # noqa: F401  (0.9 s with its model classes, likewise)
+        from transformers import LlamaConfig, Qwen3NextConfig  # noqa: F401
     children = []
     for order in orders[1:] if hasattr(os, "fork") else []:
         pid = os.fork()
