@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab._provenance import begin, command_line, provenance
+from attnlab._provenance import begin, command_line
 from attnlab.bench.measure import CpuUse, round_floats
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import StaticKVCache
@@ -270,13 +270,9 @@ def measure_decode_heads(
             **_with_ratios(kernel_times, "enable_gqa"),
         }
     data = {
-        "provenance": {
-            **provenance(command, since=started),
-            "other_processes_cpu_share": cpu_use.others_share(),
-            "rounds": rounds,
-            "seed": seed,
-            "dtype": "float32",
-        },
+        "provenance": cpu_use.provenance(
+            command, started, rounds=rounds, seed=seed, dtype="float32"
+        ),
         "shape": asdict(shape),
         "cache_bytes_per_token": {name: bytes_per_token[name] for name in IMPLS},
         "decode": decode,

@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from attnlab import flex
-from attnlab._provenance import begin, command_line, provenance
+from attnlab._provenance import begin, command_line
 from attnlab.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.flash import flash_attention
 
@@ -239,11 +239,7 @@ def measure_flex(
                     flush=True,
                 )
     record = {
-        "provenance": {
-            **provenance(command, started),
-            "other_processes_cpu_share": cpu_use.others_share(),
-            "seed": seed,
-        },
+        "provenance": cpu_use.provenance(command, started, seed=seed),
         "settings": asdict(settings),
         "compile": {"cold_s": cold, "warm_s": warm},
         "cases": cases,

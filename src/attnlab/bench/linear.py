@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from attnlab._provenance import begin, command_line, provenance
+from attnlab._provenance import begin, command_line
 from attnlab._validation import validation
 from attnlab.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.kv_cache import StaticKVCache
@@ -224,11 +224,7 @@ def measure_linear(
                 flush=True,
             )
     record = {
-        "provenance": {
-            **provenance(command, started),
-            "other_processes_cpu_share": cpu_use.others_share(),
-            "seed": seed,
-        },
+        "provenance": cpu_use.provenance(command, started, seed=seed),
         "settings": asdict(settings),
         "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()},
         "cases": cases,

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab._provenance import begin, command_line, provenance
+from attnlab._provenance import begin, command_line
 from attnlab.bench.measure import (
     CpuUse,
     peak_extra_bytes,
@@ -379,13 +379,13 @@ def measure_llm(
     )
     c = decoder.config
     data = {
-        "provenance": {
-            **provenance(command, since=started),
-            "other_processes_cpu_share": cpu_use.others_share(),
-            "seed": seed,
-            "dtype": str(decoder.embed_tokens.weight.dtype).removeprefix("torch."),
-            "transformers": _transformers_version(),
-        },
+        "provenance": cpu_use.provenance(
+            command,
+            started,
+            seed=seed,
+            dtype=str(decoder.embed_tokens.weight.dtype).removeprefix("torch."),
+            transformers=_transformers_version(),
+        ),
         "settings": asdict(settings),
         "model": {
             "class": type(model).__name__,

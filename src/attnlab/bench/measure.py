@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from attnlab._provenance import Start, provenance
 from attnlab._provenance import cpu_model as cpu_model  # its home; here for old imports
 
 # ---------------------------------------------------------------------------------------
@@ -143,6 +144,16 @@ class CpuUse:
         wall = time.perf_counter() - self.wall
         others = (end[0] - self.start[0]) - (end[1] - self.start[1])
         return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+    def provenance(self, command: str, since: Start, **extra: Any) -> dict[str, Any]:
+        """A benchmark record's provenance: `attnlab._provenance.provenance`, then the
+        share of CPU time other processes took since this object was made, then `extra`
+        (the recorder's own keys, e.g. its seed), in that order."""
+        return {
+            **provenance(command, since=since),
+            "other_processes_cpu_share": self.others_share(),
+            **extra,
+        }
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

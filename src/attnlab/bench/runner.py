@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from attnlab._provenance import begin, provenance
+from attnlab._provenance import begin
 from attnlab.bench.cases import CASES, impl_names
 from attnlab.bench.config import (
     BASELINES,
@@ -143,12 +143,7 @@ def run(
     kv_memory = measure_kv_memory(kv_shape, seed=seed) if "kv_memory" in suites else None
     data: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
-        "provenance": {
-            **provenance(command, begun),
-            "other_processes_cpu_share": cpu_use.others_share(),
-            "repeats": repeats,
-            "seed": seed,
-        },
+        "provenance": cpu_use.provenance(command, begun, repeats=repeats, seed=seed),
         "matmul_peak": {
             "gflops": peak["gflops"],
             "size": peak["size"],

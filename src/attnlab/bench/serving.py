@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 
 from attnlab._backends import attend
-from attnlab._provenance import begin, command_line, provenance
+from attnlab._provenance import begin, command_line
 from attnlab.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.kv_cache import StaticKVCache, kv_cache_bytes_per_token
 from attnlab.paged import PagedKVCache, paged_attention_impl
@@ -723,11 +723,7 @@ def measure_serving(
     flex = measure_flex(settings, order, seed=seed) if settings.flex else None
     worst = max(p["ratio"] for p in decode)
     data = {
-        "provenance": {
-            **provenance(command, since=started),
-            "other_processes_cpu_share": cpu_use.others_share(),
-            "seed": seed,
-        },
+        "provenance": cpu_use.provenance(command, started, seed=seed),
         "settings": dataclasses.asdict(settings),
         "decode": decode,
         "memory": memory,
