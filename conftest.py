@@ -9,13 +9,15 @@ tests/test_site.py, through `page_record`) look at it. Fences are read by
 docs/hooks/blocks.py, the parser the site's build, notebooks and width test use.
 
 It lives at the repository root so that it applies to `docs/` and `README.md` as well as
-`tests/`.
+`tests/`. It also tells pytest-xdist (`--numprocesses=auto`, in pyproject.toml) which
+items must share a worker process: see `pytest_xdist_make_scheduler`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,68 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
             parent, path=file_path, name=f"{file_path.name}::outputs"
         )
     return None
+
+
+# pytest-xdist runs the items in worker processes, a group of them per worker (the
+# scheduler below). The items that share a process's state form one group: every page's
+# blocks and their shown outputs, the two test files that read those runs
+# (tests/test_notebook.py through `page_run`, tests/test_site.py through `page_record`),
+# and the test files that use SmolLM2 (the `smollm2` fixture), which `real-llm.md`'s
+# blocks load too. So each block runs once per session and the real model is loaded
+# once. Every other file is a group of its own, so module-scoped fixtures are set up
+# once as well. (xdist's own `xdist_group` marks cannot do this with pytest 9.2: xdist
+# 3.8 renames the items through an attribute that pytest no longer reads.)
+_PAGE_TESTS = ("tests/test_notebook.py", "tests/test_site.py")
+_REAL_MODEL_TESTS = ("tests/test_llm.py", "tests/test_serving.py")
+
+
+def _xdist_group(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0]
+    if file.endswith(".md") or file in _PAGE_TESTS + _REAL_MODEL_TESTS:
+        return "pages and SmolLM2"
+    return file
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (not called under -n 0)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None  # another --dist given on the command line: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Each group to one worker, the largest groups (by item count) first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+_HOMES = {"page_run": _PAGE_TESTS, "page_record": _PAGE_TESTS, "smollm2": _REAL_MODEL_TESTS}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that uses a shared fixture must live in a file of the shared group."""
+    file = item.nodeid.split("::", 1)[0]
+    for fixture in sorted(set(getattr(item, "fixturenames", ())) & _HOMES.keys()):
+        if file not in _HOMES[fixture]:
+            pytest.fail(
+                f"{item.nodeid} uses the `{fixture}` fixture: add {file} to the files of "
+                "conftest.py's shared group, so that the worker that holds its state runs it",
+                pytrace=False,
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Two workers on two cores: one intra-op thread each, not two threads fighting over
+    # each core (the pages' printed values do not depend on it: the build runs them with
+    # one thread per worker too).
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is not None:
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        torch.set_num_threads(max(1, cores // int(workers)))
 
 
 def pytest_markdown_docs_markdown_it() -> Any:
