@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._validation import check_choice, check_positive_int
-from attnlab.model import TinyTransformer, _Block
+from attnlab.model import Block, TinyTransformer
 from attnlab.multihead import MultiHeadAttention
 
 __all__ = [
@@ -82,7 +82,7 @@ def _check_model(model: object) -> TinyTransformer:
             "models, whose residual stream is the embedding plus the heads' outputs"
         )
     for i, block in enumerate(model.blocks):
-        if not isinstance(block, _Block) or not isinstance(block.attn, MultiHeadAttention):
+        if not isinstance(block, Block) or not isinstance(block.attn, MultiHeadAttention):
             raise TypeError(
                 f"model.blocks[{i}] must hold a MultiHeadAttention (block.attn), got "
                 f"{type(getattr(block, 'attn', block)).__name__}"
@@ -107,9 +107,9 @@ def _check_head(model: TinyTransformer, layer: object, head: object) -> tuple[in
     return layer, head
 
 
-def _attn(model: TinyTransformer, layer: int) -> tuple[_Block, MultiHeadAttention]:
+def _attn(model: TinyTransformer, layer: int) -> tuple[Block, MultiHeadAttention]:
     block = model.blocks[layer]
-    assert isinstance(block, _Block)
+    assert isinstance(block, Block)
     assert isinstance(block.attn, MultiHeadAttention)
     return block, block.attn
 
@@ -160,7 +160,7 @@ def residual_components(model: TinyTransformer, tokens: Tensor) -> ResidualCompo
         ValueError: If the model has MLPs, or `tokens` does not fit it.
     """
     model = _check_model(model)
-    x = model._embed(tokens)  # (b, t, d_model), tokens checked here
+    x = model.embed(tokens)  # (b, t, d_model), tokens checked here
     embed = x
     heads: list[Tensor] = []
     biases: list[Tensor] = []
@@ -375,7 +375,7 @@ def direct_logit_attribution(model: TinyTransformer, tokens: Tensor) -> LogitAtt
         ValueError: As `residual_components`, or if `tokens` has fewer than 2 positions.
     """
     model = _check_model(model)
-    tokens = model._check(tokens)  # a 2-d integer tensor within the model's sizes
+    tokens = model.check_tokens(tokens)  # a 2-d integer tensor within the model's sizes
     if tokens.shape[1] < 2:
         raise ValueError(
             f"tokens must be (b, t) with t >= 2 (a token to predict), got "

@@ -718,7 +718,7 @@ class GatedDeltaNet(nn.Module):
             )  # fmt: skip
             b = x.shape[0] if x.ndim == 3 else 1
             if state is not None:
-                self._check_state(state, b)
+                self.check_state(state, b)
             if padding_mask is not None:
                 if x.ndim == 2:
                     raise ValueError("padding_mask needs batched x (b, t, d_model)")
@@ -792,7 +792,18 @@ class GatedDeltaNet(nn.Module):
         normed = self.norm_weight * normed.to(x.dtype)
         return (normed * F.silu(z.to(normed.dtype))).to(x.dtype)
 
-    def _check_state(self, state: object, batch_size: int) -> None:
+    def check_state(self, state: object, batch_size: int) -> None:
+        """Check that `state` can carry this layer's recurrence for `batch_size` rows.
+
+        `forward` calls it once when handed a state; a decoder that holds one state per
+        layer calls it for every layer before its first step.
+
+        Raises:
+            TypeError: If `state` is not a
+                [`GatedDeltaNetState`][attnlab.linear.GatedDeltaNetState].
+            ValueError: If its `conv` or `recurrent` tensor has another shape, dtype or
+                device than [`new_state`][attnlab.linear.GatedDeltaNet.new_state] gives.
+        """
         if not isinstance(state, GatedDeltaNetState):
             raise TypeError(f"state must be a GatedDeltaNetState, got {type(state).__name__}")
         expected = self.new_state(batch_size)

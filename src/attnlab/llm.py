@@ -1026,7 +1026,7 @@ class Decoder(nn.Module):
                     )
                 linear = cast(DecoderBlock, self.layers[i]).linear_attn
                 assert linear is not None
-                linear._check_state(c, batch)
+                linear.check_state(c, batch)
                 lengths.add(c.length)
                 continue
             if not isinstance(c, KVCache):

@@ -419,11 +419,14 @@ class MultiHeadLatentAttention(nn.Module):
 
     # -- computation ---------------------------------------------------------------------
 
-    def _rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """RoPE's cos/sin for `positions`, once per forward for queries and keys alike.
+    def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE's `(cos, sin)` for integer `positions`, `(..., t, qk_rope_head_dim / 2)` each.
 
-        Hugging Face folds the rotary embedding's `attention_scaling` into cos and sin;
-        so does this, with `rope_scale`.
+        `forward` builds them once and rotates queries and keys with the same tables;
+        [`queries`][attnlab.mla.MultiHeadLatentAttention.queries] and
+        [`latents`][attnlab.mla.MultiHeadLatentAttention.latents] take them. Hugging
+        Face folds the rotary embedding's `attention_scaling` into cos and sin; so does
+        this, with `rope_scale`. The positions are not checked here.
         """
         cos, sin = rope_cos_sin(
             positions, self.qk_rope_head_dim, base=self.rope_base, frequencies=self.rope_frequencies
@@ -437,8 +440,18 @@ class MultiHeadLatentAttention(nn.Module):
             x = _deinterleave(x)  # (..., t, qk_rope_head_dim)
         return rotate(x, cos, sin, layout="half")
 
-    def _queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """The no-RoPE and the rotated parts of the queries, `(b, h, t, ...)` each."""
+    def queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """The queries of `x` `(b, t, d_model)`, split as MLA scores them.
+
+        Args:
+            x: Tokens `(b, t, d_model)`, not checked here.
+            cos: From [`rope_tables`][attnlab.mla.MultiHeadLatentAttention.rope_tables].
+            sin: From the same call.
+
+        Returns:
+            The part without RoPE `(b, h, t, qk_nope_head_dim)` and the rotated part
+            `(b, h, t, qk_rope_head_dim)`.
+        """
         b, t, _ = x.shape
         if self.q_proj is not None:
             q = self.q_proj(x)  # (b, t, h * qk_head_dim)
@@ -451,8 +464,18 @@ class MultiHeadLatentAttention(nn.Module):
         q_nope, q_rope = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], -1)
         return q_nope, self._rope(q_rope, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
 
-    def _latents(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """What the cache keeps: the normed latent and the rotated RoPE key, `(b, 1, t, ...)`."""
+    def latents(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """What MLA's cache keeps of `x` `(b, t, d_model)`: one latent and one RoPE key.
+
+        Args:
+            x: Tokens `(b, t, d_model)`, not checked here.
+            cos: From [`rope_tables`][attnlab.mla.MultiHeadLatentAttention.rope_tables].
+            sin: From the same call.
+
+        Returns:
+            The normed latent `(b, 1, t, kv_lora_rank)` and the rotated key
+            `(b, 1, t, qk_rope_head_dim)` that every head shares.
+        """
         b, t, _ = x.shape
         latent = self.kv_down(x)  # (b, t, r + d_rope)
         c_kv, k_rope = torch.split(latent, [self.kv_lora_rank, self.qk_rope_head_dim], -1)
@@ -460,8 +483,12 @@ class MultiHeadLatentAttention(nn.Module):
         k_rope = k_rope.view(b, 1, t, self.qk_rope_head_dim)  # (b, 1, t, d_rope)
         return c_kv, self._rope(k_rope, cos, sin)
 
-    def _up_weights(self) -> tuple[Tensor, Tensor]:
-        """`kv_up`'s weight split per head into W_UK `(h, d_nope, r)` and W_UV `(h, d_v, r)`."""
+    def up_weights(self) -> tuple[Tensor, Tensor]:
+        """`kv_up`'s weight split per head: W_UK `(h, d_nope, r)` and W_UV `(h, d_v, r)`.
+
+        Views, not copies: folding W_UK into the queries and W_UV after the values is
+        how the absorbed (cached) path attends to the latents directly.
+        """
         w = self.kv_up.weight.view(
             self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank
         )  # (h, d_nope + d_v, r)
@@ -497,7 +524,7 @@ class MultiHeadLatentAttention(nn.Module):
         is_causal: bool,
     ) -> Tensor:
         """Attend over the latents themselves; heads `(b, h, t, v_head_dim)`."""
-        w_uk, w_uv = self._up_weights()
+        w_uk, w_uv = self.up_weights()
         # q_nope . (W_UK c) = (W_UK^T q_nope) . c: move W_UK onto the query side, once per
         # query instead of once per cached token and head.
         q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (b, h, t, r)
@@ -618,10 +645,10 @@ class MultiHeadLatentAttention(nn.Module):
             if positions is None:
                 past = 0 if cache is None else cache.length
                 positions = torch.arange(past, past + t, device=x.device)  # (t,)
-            position_embeddings = self._rope_tables(positions)
+            position_embeddings = self.rope_tables(positions)
         cos, sin = position_embeddings
-        q_nope, q_rope = self._queries(x, cos, sin)
-        c_kv, k_rope = self._latents(x, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
+        q_nope, q_rope = self.queries(x, cos, sin)
+        c_kv, k_rope = self.latents(x, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
         if cache is not None:
             c_kv, k_rope = cache.update(c_kv, k_rope)  # (b, 1, s, r), (b, 1, s, d_rope)
         attend_heads = self._attend_absorbed if absorb else self._attend_naive

@@ -32,6 +32,7 @@ from attnlab._validation import (
 from attnlab.multihead import MultiHeadAttention
 
 __all__ = [
+    "Block",
     "HeadScores",
     "ModelConfig",
     "TinyTransformer",
@@ -76,8 +77,16 @@ class ModelConfig:
         return asdict(self)
 
 
-class _Block(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)) if any."""
+class Block(nn.Module):
+    """One layer of [`TinyTransformer`][attnlab.model.TinyTransformer], pre-norm.
+
+    `x + attn(norm_attn(x))`, then `x + mlp(norm_mlp(x))` when the config has an MLP.
+    `attn` is a causal [`MultiHeadAttention`][attnlab.MultiHeadAttention]; its input
+    is not checked again (the model checks its tokens once, at its boundary).
+
+    Args:
+        config: The model's sizes.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -122,12 +131,19 @@ class TinyTransformer(nn.Module):
         self.config = config = ModelConfig() if config is None else config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = nn.Embedding(config.max_len, config.d_model)
-        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.d_model)
         self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
-    def _check(self, tokens: object) -> Tensor:
-        """Check `tokens`; the range of the ids reads values (skipped while tracing)."""
+    def check_tokens(self, tokens: object) -> Tensor:
+        """`tokens`, checked: a 2-d integer tensor `(b, t)` that the model can embed.
+
+        Raises:
+            TypeError: If `tokens` is not a 2-d integer tensor.
+            ValueError: If it has more positions than `max_len`, or an id outside
+                `[0, vocab_size)`. That range check reads the ids, a **host sync**,
+                and is skipped while `torch.compile` traces or `torch.export` exports.
+        """
         if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.ndim != 2:
             got = (
                 f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}"
@@ -151,9 +167,19 @@ class TinyTransformer(nn.Module):
             )
         return tokens
 
-    def _embed(self, tokens: Tensor) -> Tensor:
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The residual stream the first block reads: token plus position embeddings.
+
+        Args:
+            tokens: Integer ids `(b, t)`, checked as
+                [`check_tokens`][attnlab.model.TinyTransformer.check_tokens] does (when
+                validation is on).
+
+        Returns:
+            `(b, t, d_model)`.
+        """
         if is_validation_enabled():
-            tokens = self._check(tokens)
+            tokens = self.check_tokens(tokens)
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x: Tensor = self.token_embedding(tokens) + self.position_embedding(positions)
         return x  # (b, t, d_model)
@@ -167,7 +193,7 @@ class TinyTransformer(nn.Module):
                 `[0, vocab_size)`. That range check reads the ids, a **host sync**,
                 and is skipped while `torch.compile` traces or `torch.export` exports.
         """
-        x = self._embed(tokens)
+        x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
         logits: Tensor = self.unembed(self.norm(x))
@@ -180,10 +206,10 @@ class TinyTransformer(nn.Module):
         They are the weights the forward pass uses (the model has no dropout), read
         with [`MultiHeadAttention.attention_weights`][attnlab.MultiHeadAttention].
         """
-        x = self._embed(tokens)
+        x = self.embed(tokens)
         maps = []
         for block in self.blocks:
-            assert isinstance(block, _Block)
+            assert isinstance(block, Block)
             maps.append(block.attn.attention_weights(block.norm_attn(x), is_causal=True))
             x = block(x)
         return maps

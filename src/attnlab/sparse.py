@@ -561,7 +561,7 @@ class DeepSeekSparseAttention(nn.Module):
         past = 0 if past_keys is None else past_keys.shape[1]
         if positions is None:
             positions = torch.arange(past, past + x.shape[-2], device=x.device)  # (t,)
-        cos_sin = mla._rope_tables(positions)  # once, for the indexer and for MLA
+        cos_sin = mla.rope_tables(positions)  # once, for the indexer and for MLA
         q_input = x
         if mla.q_down is not None:
             assert mla.q_norm is not None
@@ -625,9 +625,9 @@ class DeepSeekSparseAttention(nn.Module):
             indices = topk_indices_impl(scores, self.topk)
             mask = selection_mask_impl(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
         # MLA's absorbed scores: W_UK folded into the queries, the latents as keys.
-        q_nope, q_rope = mla._queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
-        c_kv, k_rope = mla._latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
-        w_uk, _ = mla._up_weights()
+        q_nope, q_rope = mla.queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
+        c_kv, k_rope = mla.latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
+        w_uk, _ = mla.up_weights()
         q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_rope], dim=-1)
         k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, t, r + d_rope)
         weights = _attention_weights(

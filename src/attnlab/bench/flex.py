@@ -271,9 +271,9 @@ def write_flex_plot(data: dict[str, Any], out_dir: Path) -> Path:
     from matplotlib.ticker import NullLocator
 
     from attnlab.bench.config import FORWARD
-    from attnlab.bench.plots import CARD, WIDTH_IN, _panel, _rc
+    from attnlab.bench.plots import CARD, WIDTH_IN, draw_panel, rc_params
 
-    with matplotlib.rc_context(_rc()):
+    with matplotlib.rc_context(rc_params()):
         fig = Figure(
             figsize=(WIDTH_IN, 1.2 + 3.0 * len(MASKS)), layout="constrained", facecolor=CARD
         )
@@ -290,7 +290,7 @@ def write_flex_plot(data: dict[str, Any], out_dir: Path) -> Path:
                 if case["mask"] == mask
                 for impl in IMPLS
             ]
-            _panel(ax, "flex", {"results": results}, FORWARD, "time")
+            draw_panel(ax, "flex", {"results": results}, FORWARD, "time")
             ax.set_title(_TITLES[mask].format(window=data["settings"]["window"]))
             ax.xaxis.set_minor_locator(NullLocator())
             for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):

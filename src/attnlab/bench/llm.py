@@ -493,11 +493,11 @@ def write_llm_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
-    from attnlab.bench.plots import CARD, TEXT, WIDTH_IN, _rc, _seconds
+    from attnlab.bench.plots import CARD, TEXT, WIDTH_IN, format_seconds, rc_params
 
     written = []
     points = data["context"]["points"]
-    with matplotlib.rc_context(_rc()):
+    with matplotlib.rc_context(rc_params()):
         fig = Figure(figsize=(WIDTH_IN, 3.9), layout="constrained", facecolor=CARD)
         ax = fig.subplots()
         xs = [p["context"] for p in points]
@@ -530,7 +530,7 @@ def write_llm_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("context already cached (tokens)")
         ax.set_ylabel("time per generated token")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _seconds(y) if y else "0"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_seconds(y) if y else "0"))
         ax.set_ylim(bottom=0)
         ax.set_title("SmolLM2-135M, decoding after a context")
         ax.grid(True, which="major", alpha=0.35)

@@ -69,7 +69,8 @@ def _title(suite: str, mode: str) -> str:
     return f"{_SUITE_TITLES.get(suite, suite)}, {_MODE_TITLES.get(mode, mode)}"
 
 
-def _rc() -> Any:  # matplotlib types the keys as a Literal of every rcParam
+def rc_params() -> Any:  # matplotlib types the keys as a Literal of every rcParam
+    """The matplotlib settings of every benchmark figure, for `matplotlib.rc_context`."""
     return {
         "font.size": 11,
         "axes.titlesize": 12,
@@ -115,7 +116,7 @@ def write_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
         if not modes:
             continue
         for what in ("time", "memory") if suite in MEMORY_PLOTS else ("time",):
-            with matplotlib.rc_context(_rc()):
+            with matplotlib.rc_context(rc_params()):
                 labels = {r["impl"] for r in results}
                 if what == "memory" and suite == "kernels":
                     labels.add(_SCORES_LABEL)
@@ -128,7 +129,7 @@ def write_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
                 axes = fig.subplots(len(modes), 1, squeeze=False)[:, 0]
                 legend: dict[str, Any] = {}
                 for ax, mode in zip(axes, modes, strict=True):
-                    _panel(ax, suite, content, mode, what)
+                    draw_panel(ax, suite, content, mode, what)
                     ax.xaxis.set_minor_locator(NullLocator())
                     for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
                         legend.setdefault(label, handle)
@@ -146,7 +147,13 @@ def write_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
-def _seconds(y: float) -> str:
+def format_seconds(y: float) -> str:
+    """`y` seconds with a unit of its size, to three digits.
+
+    Examples:
+        >>> format_seconds(0.0213), format_seconds(2.5e-6), format_seconds(3.0)
+        ('21.3 ms', '2.5 µs', '3 s')
+    """
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if y >= scale * (1 - 1e-9):
             return f"{y / scale:.3g} {unit}"
@@ -176,19 +183,22 @@ def log_ticks(low: float, high: float) -> list[float]:
     return ticks
 
 
-def _log_axis(ax: Any, values: list[float], *, seconds: bool) -> None:
+def log_axis(ax: Any, values: list[float], *, seconds: bool) -> None:
     """Labelled ticks on the log y axis (`20 ms`, not $2 \\times 10^{-2}$)."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     ticks = log_ticks(min(values), max(values))
     ax.set_ylim(ticks[0] / 1.15, ticks[-1] * 1.15)
     ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _seconds(y) if seconds else f"{y:g}"))
+    ax.yaxis.set_major_formatter(
+        FuncFormatter(lambda y, _: format_seconds(y) if seconds else f"{y:g}")
+    )
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _panel(ax: Any, suite: str, content: dict[str, Any], mode: str, what: str) -> None:
+def draw_panel(ax: Any, suite: str, content: dict[str, Any], mode: str, what: str) -> None:
+    """Draw one panel: `what` ("time" or "memory") of `content`'s results in `mode`."""
     results = [r for r in content["results"] if r["mode"] == mode]
     values: list[float] = []
     for impl in sorted({r["impl"] for r in results}):
@@ -231,6 +241,6 @@ def _panel(ax: Any, suite: str, content: dict[str, Any], mode: str, what: str) -
         ax.set_ylabel("time per token" if suite == "decode" else "time (median, min–max)")
     else:
         ax.set_ylabel("peak extra memory (MiB)")
-    _log_axis(ax, values, seconds=what == "time")
+    log_axis(ax, values, seconds=what == "time")
     ax.set_title(_title(suite, mode))
     ax.grid(True, which="major", alpha=0.35)

@@ -759,7 +759,7 @@ def write_serving_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
     import matplotlib
     from matplotlib.figure import Figure
 
-    from attnlab.bench.plots import CARD, WIDTH_IN, _log_axis, _rc
+    from attnlab.bench.plots import CARD, WIDTH_IN, log_axis, rc_params
 
     written = []
     points = data["decode"]
@@ -780,7 +780,7 @@ def write_serving_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
         "contiguous": "contiguous (SDPA)",
         "flex": "torch flex, paged",
     }
-    with matplotlib.rc_context(_rc()):
+    with matplotlib.rc_context(rc_params()):
         fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained", facecolor=CARD)
         ax = fig.subplots()
         for name, ys in lines.items():
@@ -798,7 +798,7 @@ def write_serving_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.minorticks_off()
         ax.set_yscale("log")
-        _log_axis(ax, [y / 1e3 for ys in lines.values() for y in ys], seconds=True)
+        log_axis(ax, [y / 1e3 for ys in lines.values() for y in ys], seconds=True)
         ax.set_xlabel("context per sequence (tokens)")
         ax.set_ylabel("one decode step of attention")
         ax.set_title(f"{data['settings']['batch']} sequences, 9 q / 3 kv heads")
