@@ -48,16 +48,17 @@ from torch import Tensor, nn
 
 from attnlab._precision import compute_dtype
 from attnlab._validation import (
+    _shape,
     check_bool,
     check_choice,
     check_features,
+    check_padding_mask,  # re-exported: its home is _validation, used by llm and sparse too
     check_positive_int,
     check_rank,
     check_same_dtype_device,
     check_tensor,
     check_tokens,
     is_validation_enabled,
-    value_checks_enabled,
 )
 
 __all__ = [
@@ -76,10 +77,6 @@ DELTA_RULE_MODES = ("chunk", "recurrent", "naive")
 
 _FORMS = ("parallel", "recurrent")
 _EPS = 1e-6
-
-
-def _shape(x: Tensor) -> tuple[int, ...]:
-    return tuple(x.shape)
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -474,51 +471,6 @@ def _check_delta_inputs(
 
 
 # --- padding ----------------------------------------------------------------------------
-
-
-def check_padding_mask(
-    mask: object, batch: int, length: int, *, like: Tensor, what: str = "(b, t)"
-) -> Tensor:
-    """Check a padding mask, Hugging Face's `attention_mask`; return it as bool.
-
-    It must be a bool or integer tensor of shape `(batch, length)` (`what` names that
-    shape in the message), on the device of `like`, 1 (True) at real tokens and 0 at
-    padding, padding on the left, with a token at the end of every row. Reading the
-    values is a host sync, skipped while compiling or exporting.
-
-    Raises:
-        TypeError: If `mask` is not a bool or integer tensor.
-        ValueError: If its shape or device is wrong, it holds values other than 0 and 1,
-            pads on the right (or in the middle) or has a row without tokens.
-    """
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"padding_mask must be a tensor, 1 (or True) at real tokens and 0 at padding, "
-            f"got {type(mask).__name__}"
-        )
-    if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise TypeError(
-            f"padding_mask must be a bool or integer tensor (1 = token, 0 = padding), got "
-            f"dtype {mask.dtype}"
-        )
-    if tuple(mask.shape) != (batch, length):
-        raise ValueError(
-            f"padding_mask must have shape {what} = {(batch, length)}, got {_shape(mask)}"
-        )
-    if mask.device != like.device:
-        raise ValueError(f"padding_mask is on {mask.device} but the module on {like.device}")
-    if value_checks_enabled():  # reads the mask: a host sync, skipped while tracing
-        m = mask.long()
-        if not bool(((m == 0) | (m == 1)).all()):
-            raise ValueError("padding_mask must hold only 0 and 1 (or False and True)")
-        if not bool((m[:, 1:] >= m[:, :-1]).all()):
-            raise ValueError(
-                "padding_mask must pad on the left (zeros before the tokens of each row): "
-                "pass tokenizer(..., padding_side='left') output"
-            )
-        if length and not bool(m[:, -1].all()):
-            raise ValueError("padding_mask has a row without tokens")
-    return mask.bool()
 
 
 # --- the layer --------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from torch import Tensor, nn
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
+    check_padding_mask,
     check_positive_int,
     check_softcap,
     is_validation_enabled,
@@ -79,7 +80,7 @@ from attnlab.kv_cache import (
     RollingKVCache,
     StaticKVCache,
 )
-from attnlab.linear import GatedDeltaNet, GatedDeltaNetState, check_padding_mask
+from attnlab.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.masks import combine_impl
 from attnlab.rope import RopeScaling, check_base, check_positions, rope_cos_sin
 

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from attnlab._backends import attention_weights as _attention_weights
 from attnlab._validation import (
     check_features,
+    check_padding_mask,
     check_positive_int,
     check_rank,
     check_tensor,
@@ -44,7 +45,6 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.kv_cache import KVCache, check_cache
-from attnlab.linear import check_padding_mask
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import check_head_dim, check_rope_inputs, rotate
 
