@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,23 @@ def test_committed_result_matches_the_module() -> None:
         assert data["cache_bytes_per_token"][name] == expected
     latent = (shape.kv_lora_rank + shape.qk_rope_head_dim) * 4
     assert data["cache_bytes_per_token"]["MLA absorbed"] == latent
+
+
+def test_main_records_the_command_line_it_parsed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Called without argv, main() parses sys.argv and records those arguments too (it
+    used to record none)."""
+
+    def measured(*, rounds: int, seed: int, command: str) -> dict[str, object]:
+        return {"rounds": rounds, "seed": seed, "command": command}
+
+    monkeypatch.setattr(decode_heads, "measure_decode_heads", measured)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # the session's
+    monkeypatch.setattr(sys, "argv", ["decode_heads", "--rounds", "2", "--seed", "5"])
+    assert decode_heads.main() == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "rounds": 2,
+        "seed": 5,
+        "command": "python -m attnlab.bench.decode_heads --rounds 2 --seed 5",
+    }

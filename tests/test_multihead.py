@@ -1051,3 +1051,26 @@ def test_flash_takes_pytorch_causal_bias_as_a_positional_mask(variant: str, t: i
     mha.backend = "torch"
     expected = mha(x, context, attn_mask=masks.causal(t, S, align=align))  # type: ignore[arg-type]
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+def test_float_masks_of_the_autocast_dtype_are_taken_as_attn_mask_takes_them(
+    backend: str,
+) -> None:
+    """Under autocast a bfloat16 additive key_padding_mask is accepted, as a bfloat16
+    attn_mask is (one rule: _validation.mask_float_dtypes), and hides what the bool
+    key_padding_mask hides."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 8, 2, backend=backend)
+    x, context = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    blocked = ~masks.padding([5, 3], max_len=5)  # (b, s), True = padding
+    additive = torch.zeros(2, 5).masked_fill(blocked, -math.inf).to(torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        by_bool = mha(x, context, key_padding_mask=blocked)
+        by_float = mha(x, context, key_padding_mask=additive)
+        by_attn_mask = mha(x, context, attn_mask=additive[:, None, None, :])
+    torch.testing.assert_close(by_float, by_bool)
+    torch.testing.assert_close(by_attn_mask, by_bool)
+    with torch.no_grad():
+        plain = mha(x[1:], context[1:, :3])  # the second sequence has 3 real keys
+    torch.testing.assert_close(by_bool[1:].float(), plain, atol=0.03, rtol=0.03)

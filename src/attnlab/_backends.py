@@ -295,7 +295,7 @@ def _sink_as_key(
     """
     t_q, t_k = query.shape[-2], key.shape[-2]
     if is_causal:
-        attn_mask = F.causal_mask(t_q, t_k, device=query.device)  # (L, S)
+        attn_mask = masks.band_impl(t_q, t_k, "top-left", None, query.device)  # (L, S)
     attn_mask = materialize(attn_mask, query.device)  # a CausalBias as its bool mask
     bias = torch.zeros((t_q, t_k), dtype=query.dtype, device=query.device)  # (L, S)
     if attn_mask is not None and attn_mask.dtype == torch.bool:

@@ -55,6 +55,7 @@ __all__ = [
     "check_tensor",
     "check_tokens",
     "is_validation_enabled",
+    "mask_float_dtypes",
     "set_validation",
     "tracing",
     "validation",
@@ -456,6 +457,16 @@ def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:
         )
 
 
+def mask_float_dtypes(query: Tensor) -> tuple[torch.dtype, ...]:
+    """The dtypes a float mask (a bias added to the scores) may have next to `query`.
+
+    The query's own, float32 (the scores' dtype when they are computed wide) and the
+    autocast dtype of `query`'s device, if autocast is on. `attn_mask` and
+    `key_padding_mask` follow this one rule.
+    """
+    return (query.dtype, torch.float32, autocast_dtype(query.device))
+
+
 def check_attn_mask(
     name: str, mask: object, target: tuple[int, ...], query: Tensor, query_name: str = "query"
 ) -> Tensor | None:
@@ -480,8 +491,7 @@ def check_attn_mask(
         return mask
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    floats = (query.dtype, torch.float32, autocast_dtype(query.device))
-    if mask.dtype != torch.bool and mask.dtype not in floats:
+    if mask.dtype != torch.bool and mask.dtype not in mask_float_dtypes(query):
         raise TypeError(
             f"{name} must be a bool tensor (True = attend) or a float tensor of "
             f"{query_name}'s dtype {query.dtype} to add to the scores, got {mask.dtype} "

@@ -373,7 +373,8 @@ def _weights(
         # so no score can grow without bound; small scores pass almost unchanged.
         logits = softcap * torch.tanh(logits / softcap)
     if is_causal:
-        attn_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (L, S)
+        # The unvalidated builder: the lengths come from tensors checked at the boundary.
+        attn_mask = masks.band_impl(query.size(-2), key.size(-2), "top-left", None, query.device)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # False = this key is hidden from this query: its score becomes -inf, weight 0.
         logits = logits.masked_fill(~attn_mask, float("-inf"))
@@ -658,9 +659,7 @@ def scaled_dot_product_attention(
     if window is None:
         return _attend(*args, *opts, softcap, sinks)
     if is_validation_enabled():
-        check_positive_int("window", window)
-        if attn_mask is not None:
-            raise ValueError("pass either attn_mask or window, not both")
+        masks.check_window(window, attn_mask)
     q, k, v, _ = args
     band = masks.band_impl(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
     return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa, softcap, sinks)

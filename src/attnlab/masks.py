@@ -45,6 +45,7 @@ __all__ = [
     "blocked_to_allowed",
     "causal",
     "check_causal_window",
+    "check_window",
     "combine",
     "combine_impl",
     "decode_mask",
@@ -235,7 +236,15 @@ def sink_window(
 def check_causal_window(is_causal: object, window: int | None) -> bool:
     """Return `is_causal` if it is a bool that fits `window`: a sliding window is causal.
 
-    Every attention module with a `window` checks its `is_causal` with this one rule.
+    The rule of the modules built with a `window`
+    ([`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention],
+    [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention]): their
+    `forward` refuses `is_causal=False`, which would ask for the window to be dropped.
+    Where `window` is an argument of the call instead
+    ([`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention],
+    [`flash_attention`][attnlab.flash.flash_attention],
+    [`MultiHeadAttention`][attnlab.MultiHeadAttention]), passing it asks for the causal
+    sliding window, and [`check_window`][attnlab.masks.check_window] checks it.
 
     Raises:
         TypeError: If `is_causal` is not a bool.
@@ -252,6 +261,28 @@ def check_causal_window(is_causal: object, window: int | None) -> bool:
             "is_causal=True, or build the module with window=None for attention to every key"
         )
     return causal
+
+
+def check_window(window: object, attn_mask: object) -> int | None:
+    """Return `window` if it is None or a positive int that comes without `attn_mask`.
+
+    The one rule of the calls that take a `window`: it builds the causal sliding-window
+    mask itself, so an explicit `attn_mask` next to it would be a second mask.
+
+    Raises:
+        TypeError: If `window` is neither None nor an int.
+        ValueError: If it is not positive, or `attn_mask` is given too.
+
+    Examples:
+        >>> check_window(4, None)
+        4
+    """
+    if window is None:
+        return None
+    checked = check_positive_int("window", window)
+    if attn_mask is not None:
+        raise ValueError("pass either attn_mask or window, not both")
+    return checked
 
 
 def decode_mask(

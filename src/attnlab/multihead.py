@@ -37,6 +37,7 @@ from attnlab._validation import (
     check_same_batch,
     check_tokens,
     is_validation_enabled,
+    mask_float_dtypes,
 )
 
 __all__ = ["Backend", "MultiHeadAttention"]
@@ -209,10 +210,7 @@ class MultiHeadAttention(nn.Module):
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
         if check_bool("is_causal", is_causal) and attn_mask is not None:
             raise ValueError("pass either attn_mask or is_causal=True, not both")
-        if window is not None:
-            check_positive_int("window", window)
-            if attn_mask is not None:
-                raise ValueError("pass either attn_mask or window, not both")
+        masks.check_window(window, attn_mask)
         self._check_key_padding_mask(key_padding_mask, x, b, s)
 
     @staticmethod
@@ -223,7 +221,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(
                 f"key_padding_mask must be a torch.Tensor or None, got {type(mask).__name__}"
             )
-        if mask.dtype != torch.bool and mask.dtype not in (x.dtype, torch.float32):
+        if mask.dtype != torch.bool and mask.dtype not in mask_float_dtypes(x):
             raise TypeError(
                 "key_padding_mask must be a bool tensor (True = padding, as in "
                 "nn.MultiheadAttention) or a float tensor to add to the scores, got "

@@ -34,6 +34,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -295,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    command = command_line("attnlab.bench.decode_heads", list(argv or []))
+    argv = list(sys.argv[1:] if argv is None else argv)  # as recorded, not only as parsed
+    command = command_line("attnlab.bench.decode_heads", argv)
     data = measure_decode_heads(rounds=args.rounds, seed=args.seed, command=command)
     text = json.dumps(data, indent=1)
     if args.json:

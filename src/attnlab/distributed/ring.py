@@ -37,11 +37,9 @@ from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
     check_bool,
     check_choice,
-    check_min_rank,
     check_positive_int,
-    check_same_dtype_device,
+    check_qkv,
     check_scale,
-    check_tensor,
     is_validation_enabled,
 )
 from attnlab.flash import flash_backward, flash_forward
@@ -773,14 +771,9 @@ def _check_local(
     layout: object,
     block_size: object,
 ) -> None:
-    q = check_tensor("query", query)
-    k = check_tensor("key", key)
-    v = check_tensor("value", value)
-    check_min_rank("query", q, 2, "(..., t, E)")
-    check_min_rank("key", k, 2, "(..., t, E)")
-    check_min_rank("value", v, 2, "(..., t, Ev)")
-    check_same_dtype_device("query", q, key=k, value=v)
-    if not q.shape[:-1] == k.shape[:-1] == v.shape[:-1] or k.shape[-1] != q.shape[-1]:
+    q, k, v = check_qkv(query, key, value)  # what every attention kernel checks
+    assert v is not None
+    if not q.shape[:-1] == k.shape[:-1] == v.shape[:-1]:  # and one shard's rule
         raise ValueError(
             f"ring_attention needs query, key and value of one shard of one sequence: the "
             f"same batch dimensions and positions, and E features in query and key; got "
