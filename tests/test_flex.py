@@ -115,6 +115,27 @@ def test_prefix_lm_mod_by_hand() -> None:
     assert torch.equal(per_batch[1, 0], masks.causal(6))  # no prefix: causal
 
 
+def test_document_mod_causal_is_a_deprecated_alias_of_is_causal() -> None:
+    ids = flex.document_ids([3, 1, 4])
+    for value in (True, False):
+        want = flex.to_dense(flex.document_mod(ids, is_causal=value), 8)
+        with pytest.warns(DeprecationWarning, match=r"causal=\.\.\.\) is deprecated"):
+            got = flex.to_dense(flex.document_mod(ids, causal=value), 8)
+        assert torch.equal(got, want)
+    causal = flex.to_dense(flex.document_mod(ids), 8)  # the default: is_causal=True
+    assert not torch.equal(causal, want)  # so the two values differ
+
+
+def test_lengths_are_not_read_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tensor's values would be a host sync and a data-dependent guard under export:
+    # the bounds are skipped then (the dtype and rank are still checked).
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    mod = flex.padding_mod(torch.tensor([-1, 2]))
+    assert flex.to_dense(mod, 1, 3, b=2)[:, 0, 0].tolist() == [[False] * 3, [True, True, False]]
+    with pytest.raises(TypeError, match="lengths must be a 1-d integer tensor"):
+        flex.padding_mod(torch.tensor([1.0]))
+
+
 def test_document_mod_is_block_diagonal() -> None:
     lengths = [3, 1, 4]
     ids = flex.document_ids(lengths)
@@ -122,7 +143,7 @@ def test_document_mod_is_block_diagonal() -> None:
     causal = torch.block_diag(*(masks.causal(n).long() for n in lengths)).bool()
     full = torch.block_diag(*(torch.ones(n, n) for n in lengths)).bool()
     assert torch.equal(flex.to_dense(flex.document_mod(ids), 8)[0, 0], causal)
-    assert torch.equal(flex.to_dense(flex.document_mod(ids, causal=False), 8)[0, 0], full)
+    assert torch.equal(flex.to_dense(flex.document_mod(ids, is_causal=False), 8)[0, 0], full)
     two = torch.stack([ids, flex.document_ids([8])])  # (b, t): a packing per entry
     got = flex.to_dense(flex.document_mod(two), 8, b=2)[:, 0]
     assert torch.equal(got, torch.stack([causal, masks.causal(8)]))
@@ -318,7 +339,22 @@ def test_bad_arguments() -> None:
         (ValueError, "needs both lengths", lambda: flex.causal_mod(4, align="bottom-right")),
         (ValueError, "softcap must be a positive", lambda: flex.softcap_mod(0.0)),
         (ValueError, "num_heads must be a positive", lambda: flex.alibi_slopes(0)),
-        (ValueError, "lengths must be non-negative", lambda: flex.padding_mod(torch.tensor([-1]))),
+        (
+            ValueError,
+            r"lengths\[0\] must be a non-neg",
+            lambda: flex.padding_mod(torch.tensor([-1])),
+        ),
+        (
+            TypeError,
+            "lengths must be a 1-d integer",
+            lambda: flex.padding_mod(torch.tensor([True])),
+        ),
+        (TypeError, r"lengths\[1\] must be a non-neg", lambda: flex.document_ids([2, True])),
+        (
+            TypeError,
+            "is_causal must be a bool",
+            lambda: flex.document_mod(torch.ones(3).long(), is_causal=1),
+        ),
         (TypeError, "prefix_lengths must be", lambda: flex.prefix_lm_mod(2.5)),
         (TypeError, "document_ids must be an integer", lambda: flex.document_mod(torch.ones(3))),
         (ValueError, "block_size must be a pos", lambda: flex.block_mask(_causal, 4, block_size=0)),

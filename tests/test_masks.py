@@ -174,6 +174,8 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         (lambda: masks.padding(torch.ones(2, 3, dtype=torch.long)), TypeError, "1-d integer"),
         (lambda: masks.padding(torch.tensor([1.0, 2.0])), TypeError, "1-d integer"),
         (lambda: masks.padding("abc"), TypeError, "sequence of ints"),
+        (lambda: masks.padding(torch.tensor([True, False])), TypeError, "1-d integer tensor"),
+        (lambda: masks.padding([2, True]), TypeError, r"lengths\[1\] must be a non-negative int"),
         (lambda: masks.allowed_to_blocked(torch.zeros(2)), TypeError, "bool tensor"),
         (lambda: masks.allowed_to_additive(torch.ones(2), torch.float32), TypeError, "bool"),
         (

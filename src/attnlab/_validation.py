@@ -40,6 +40,7 @@ __all__ = [
     "check_choice",
     "check_device",
     "check_features",
+    "check_int_sequence",
     "check_min_rank",
     "check_nonnegative_int",
     "check_padding_mask",
@@ -558,3 +559,62 @@ def check_padding_mask(
         if length and not bool(m[:, -1].all()):
             raise ValueError("padding_mask has a row without tokens")
     return mask.bool()
+
+
+def check_int_sequence(
+    name: str, value: object, *, low: int = 0, high: int | None = None, within: str = ""
+) -> Tensor | list[int]:
+    """Check a 1-d integer tensor or a sequence of ints, each in `[low, high)`; return it.
+
+    The one check of token ids, prompts and lengths. A tensor comes back as it came (its
+    device and dtype), a sequence as a list of ints. bool is not an int here: a bool
+    tensor and a `True` element are refused, as are floats, complex numbers, strings and
+    tensors of another rank. `high=None` leaves the range open above; `within` names the
+    range in the message (e.g. `"the vocabulary "`).
+
+    The bounds of a tensor's elements read its values (a host sync on an accelerator),
+    so they are skipped while compiling or exporting
+    ([`tracing`][attnlab._validation.tracing]); they run with validation off, since the
+    callers check configuration (mask builders, a prompt, a cache's token ids), not the
+    tensors of a training step. A sequence's elements are Python ints: always checked.
+
+    Raises:
+        TypeError: If `value` is neither, or an element is not an int.
+        ValueError: If an element is outside `[low, high)`, named by its index.
+    """
+    from collections.abc import Sequence  # local: this function only appends to the module
+
+    kind = "a non-negative int" if low == 0 else f"an int >= {low}"
+    if isinstance(value, Tensor):
+        dtype = value.dtype
+        if value.ndim != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise TypeError(
+                f"{name} must be a 1-d integer tensor or a sequence of ints, got a "
+                f"{dtype} tensor of shape {_shape(value)}"
+            )
+        if tracing():  # the bounds read values
+            return value
+        bad = (value < low) if high is None else (value < low) | (value >= high)
+        found = bad.nonzero()
+        if not len(found):
+            return value
+        i = int(found[0, 0])
+        t = int(value[i])
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        items = list(value)
+        for i, t in enumerate(items):
+            if isinstance(t, bool) or not isinstance(t, int):
+                kind_here = kind if high is None else "an int"
+                raise TypeError(f"{name}[{i}] must be {kind_here}, got {t!r} ({type(t).__name__})")
+        outside = [i for i, t in enumerate(items) if t < low or (high is not None and t >= high)]
+        if not outside:
+            return items
+        i = outside[0]
+        t = items[i]
+    else:
+        raise TypeError(
+            f"{name} must be a 1-d integer tensor or a sequence of ints, got {type(value).__name__}"
+        )
+    if high is None:
+        raise ValueError(f"{name}[{i}] must be {kind}, got {t}")
+    raise ValueError(f"{name}[{i}]={t} is outside {within}[{low}, {high})")

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
@@ -65,6 +66,7 @@ from attnlab._validation import (
     check_bool,
     check_choice,
     check_device,
+    check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
     check_qkv,
@@ -290,25 +292,9 @@ def sink_window_mod(
 
 
 def _lengths(name: str, lengths: object) -> Tensor:
-    """A 1-d int64 tensor of non-negative lengths (reads the values: a host sync)."""
-    if isinstance(lengths, Tensor):
-        if lengths.ndim != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
-            raise TypeError(
-                f"{name} must be a 1-d integer tensor or a sequence of ints, got a "
-                f"{lengths.dtype} tensor of shape {tuple(lengths.shape)}"
-            )
-        n = lengths.long()
-    elif isinstance(lengths, Sequence) and not isinstance(lengths, (str, bytes)):
-        n = torch.tensor([check_nonnegative_int(f"{name}[{i}]", x) for i, x in enumerate(lengths)])
-        n = n.long()
-    else:
-        raise TypeError(
-            f"{name} must be a 1-d integer tensor or a sequence of ints, got "
-            f"{type(lengths).__name__}"
-        )
-    if n.numel() and int(n.min()) < 0:
-        raise ValueError(f"{name} must be non-negative, got {n.tolist()}")
-    return n
+    """A 1-d int64 tensor of non-negative lengths (a tensor's values unread while tracing)."""
+    n = check_int_sequence(name, lengths)
+    return n.long() if isinstance(n, Tensor) else torch.tensor(n, dtype=torch.long)
 
 
 def padding_mod(lengths: Tensor | Sequence[int]) -> MaskMod:
@@ -402,25 +388,30 @@ def document_ids(lengths: Tensor | Sequence[int]) -> Tensor:
     return torch.repeat_interleave(torch.arange(len(n), device=n.device), n)
 
 
-def document_mod(document_ids: Tensor, *, causal: bool = True) -> MaskMod:
+def document_mod(
+    document_ids: Tensor, *, is_causal: bool = True, causal: bool | None = None
+) -> MaskMod:
     r"""Document masking: packed sequences (jagged batches) attend within their own document.
 
     Several sequences of different lengths packed into one row, with no padding: query
-    $i$ sees key $j$ only if both belong to the same document (and, with `causal`,
+    $i$ sees key $j$ only if both belong to the same document (and, with `is_causal`,
     $j \le i$). Build the ids from the lengths with
     [`document_ids`][attnlab.flex.document_ids].
 
     Args:
         document_ids: The document of each token, `(t,)` for one packing shared by the
             batch or `(b, t)` for one per batch entry; integers.
-        causal: Also hide each query's future.
+        is_causal: Also hide each query's future (the name every attention function of
+            the package uses).
+        causal: Deprecated name of `is_causal` (a `DeprecationWarning`); when given, it
+            is the value used.
 
     Returns:
         `mask_mod(b, h, q_idx, kv_idx)`.
 
     Raises:
         TypeError: If `document_ids` is not an integer tensor of 1 or 2 dimensions, or
-            `causal` is not a bool.
+            `is_causal` is not a bool.
 
     Examples:
         >>> to_dense(document_mod(document_ids([2, 2])), 4)[0, 0].int()
@@ -442,7 +433,15 @@ def document_mod(document_ids: Tensor, *, causal: bool = True) -> MaskMod:
             else (type(ids).__name__)
         )
         raise TypeError(f"document_ids must be an integer tensor (t,) or (b, t), got {got}")
-    check_bool("causal", causal)
+    if causal is not None:
+        warnings.warn(
+            "document_mod(causal=...) is deprecated: use is_causal=..., the name every "
+            "attention function of attnlab uses",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        is_causal = check_bool("causal", causal)
+    is_causal = check_bool("is_causal", is_causal)
     if ids.ndim == 1:
 
         def same(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -455,7 +454,7 @@ def document_mod(document_ids: Tensor, *, causal: bool = True) -> MaskMod:
 
     def document(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         inside = same(b, q_idx, kv_idx)
-        return inside & (kv_idx <= q_idx) if causal else inside
+        return inside & (kv_idx <= q_idx) if is_causal else inside
 
     return document
 

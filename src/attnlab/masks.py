@@ -30,6 +30,7 @@ from attnlab._validation import (
     check_bool,
     check_choice,
     check_device,
+    check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
     is_validation_enabled,
@@ -406,21 +407,10 @@ def combine_impl(*masks: Tensor | None) -> Tensor | None:
 
 def _lengths_tensor(lengths: Tensor | Sequence[int], device: torch.device | str | None) -> Tensor:
     check_device("device", device)
-    if isinstance(lengths, Tensor):
-        if lengths.ndim != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
-            raise TypeError(
-                f"lengths must be a 1-d integer tensor or a sequence of ints, got a "
-                f"{lengths.dtype} tensor of shape {tuple(lengths.shape)}"
-            )
-        return lengths.to(device) if device is not None else lengths
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
-        raise TypeError(
-            f"lengths must be a 1-d integer tensor or a sequence of ints, got "
-            f"{type(lengths).__name__}"
-        )
-    for i, n in enumerate(lengths):
-        check_nonnegative_int(f"lengths[{i}]", n)
-    return torch.tensor(list(lengths), dtype=torch.long, device=device)
+    n = check_int_sequence("lengths", lengths)  # lengths >= 0 (unread while tracing)
+    if isinstance(n, Tensor):
+        return n.to(device) if device is not None else n
+    return torch.tensor(n, dtype=torch.long, device=device)
 
 
 def padding(
@@ -460,9 +450,7 @@ def padding(
                 [ True, False, False, False]])
     """
     n = _lengths_tensor(lengths, device)
-    checked = n.numel() > 0 and not tracing()  # the checks read values
-    if checked and int(n.min()) < 0:
-        raise ValueError(f"lengths must be non-negative, got {n.tolist()}")
+    checked = n.numel() > 0 and not tracing()  # the check reads values
     if max_len is None:
         s = int(n.max()) if n.numel() else 0  # the mask's size: read even while compiling
     else:
