@@ -168,7 +168,7 @@ def residual_components(model: TinyTransformer, tokens: Tensor) -> ResidualCompo
     for layer in range(model.config.num_layers):
         block, attn = _attn(model, layer)
         normed = block.norm_attn(x)
-        weights = attn.attention_weights(normed, is_causal=True)  # (b, h, t, t)
+        weights = attn.attention_weights_impl(normed, is_causal=True)  # (b, h, t, t)
         v = attn.W_value(normed).view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
         z = weights @ v  # (b, h, t, head_dim)
         w_o = attn.out_proj.weight.view(d, attn.num_heads, attn.head_dim)  # (d, h, head_dim)

@@ -500,6 +500,28 @@ class MultiHeadAttention(nn.Module):
                 needs_values=False,
                 window=window,
             )
+        return self.attention_weights_impl(
+            x,
+            context,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            window=window,
+            key_padding_mask=key_padding_mask,
+        )
+
+    def attention_weights_impl(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """[`attention_weights`][attnlab.MultiHeadAttention.attention_weights] without
+        the checks, for callers that checked their inputs at their own boundary (a model
+        that draws every layer's weights, say)."""
         x, context, _, unbatched = self._batched(x, context, None)
         mask = self._mask(attn_mask, key_padding_mask, unbatched)
         q = self._split(self.W_query, x)  # (b, h, t, head_dim)
