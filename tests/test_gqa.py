@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -21,9 +22,12 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from attnlab import _backends, masks, validation
-from attnlab.gqa import GroupedQueryAttention
+from attnlab.gqa import GroupedQueryAttention, RMSNorm
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
-from attnlab.rope import apply_rope, rope_cos_sin
+from attnlab.linear import GatedDeltaNet
+from attnlab.llm import DecoderConfig
+from attnlab.mla import MultiHeadLatentAttention
+from attnlab.rope import RopeScaling, apply_rope, rope_cos_sin
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -643,3 +647,50 @@ def test_flash_refusal_leaves_the_cache_as_it_was(dropout: float) -> None:
     with pytest.raises(ValueError, match="backend='flash'"):
         module.train(dropout > 0)(x[:, 3:4], cache=cache, attn_mask=mask)
     assert (cache.length, cache.nbytes) == (3, nbytes)
+
+
+_POSITIVE_FLOATS: dict[str, Any] = {
+    "RMSNorm eps": lambda v: RMSNorm(4, eps=v),
+    "GQA qk_norm_eps": lambda v: GroupedQueryAttention(8, 2, qk_norm="head", qk_norm_eps=v),
+    "GatedDeltaNet norm_eps": lambda v: GatedDeltaNet(
+        8, num_k_heads=1, num_v_heads=2, head_k_dim=3, head_v_dim=4, norm_eps=v
+    ),
+    "DecoderConfig norm_eps": lambda v: DecoderConfig(**_DECODER_SIZES, norm_eps=v),
+    "DecoderConfig query_pre_attn_scalar": lambda v: DecoderConfig(
+        **_DECODER_SIZES, query_pre_attn_scalar=v
+    ),
+    "MLA norm_eps": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, norm_eps=v),
+    "MLA rope_scale": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, rope_scale=v),
+    "RopeScaling beta_fast": lambda v: RopeScaling("yarn", 4.0, 16, beta_fast=v),
+}
+_DECODER_SIZES: dict[str, Any] = {
+    "vocab_size": 10, "d_model": 8, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+    "head_dim": 4, "hidden_dim": 12,
+}  # fmt: skip
+_MLA_SIZES: dict[str, Any] = {
+    "kv_lora_rank": 4, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 3,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", list(_POSITIVE_FLOATS))
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, "must be a positive float, got True"),
+        ("1e-6", TypeError, "must be a positive float, got '1e-6'"),
+        (0.0, ValueError, "must be a positive finite float, got 0.0"),
+        (-1, ValueError, "must be a positive finite float, got -1.0"),
+        (math.inf, ValueError, "must be a positive finite float, got inf"),
+        (math.nan, ValueError, "must be a positive finite float, got nan"),
+    ],
+)
+def test_positive_floats_follow_one_rule(
+    where: str, value: object, error: type[Exception], message: str
+) -> None:
+    # One rule (_validation.check_positive_float) for every eps and positive scalar: before
+    # it, GatedDeltaNet took True and inf, MLA took norm_eps=0.0 and linear raised
+    # ValueError for a string.
+    name = where.split()[-1]
+    with pytest.raises(error, match=f"^{name} {message}"):
+        _POSITIVE_FLOATS[where](value)
+    _POSITIVE_FLOATS[where](2)  # an int is a number: accepted

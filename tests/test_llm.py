@@ -18,6 +18,7 @@ from torch import Tensor
 
 from attnlab import StaticKVCache, pretrained
 from attnlab.llm import Decoder, DecoderConfig
+from attnlab.model import ModelConfig, TinyTransformer
 
 transformers = pytest.importorskip("transformers")
 
@@ -356,7 +357,7 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d(torch.tensor([[1, 97]])),
             ValueError,
-            r"ids must be token ids in \[0, vocab_size=97\), got values from 1 to 97",
+            r"ids must lie in \[0, 97\) \(vocab_size=97\), got values from 1 to 97",
         ),
         (lambda d: d(torch.tensor([[-1, 5]])), ValueError, r"from -1 to 5"),
         (
@@ -367,13 +368,19 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d(torch.ones(1, 3)),
             TypeError,
-            r"ids must be an integer tensor of token ids, got dtype torch.float32",
+            r"ids must be a 1-d or 2-d integer tensor \(t,\) or \(b, t\) of token ids, "
+            r"got torch.float32 tensor of shape \(1, 3\)",
         ),
-        (lambda d: d([1, 2]), TypeError, r"ids must be a torch.Tensor of token ids, got list"),
+        (lambda d: d([1, 2]), TypeError, r"ids must be a 1-d or 2-d integer tensor .* got list"),
         (
             lambda d: d(torch.ones(1, 2, 3, dtype=torch.long)),
-            ValueError,
-            r"ids must be \(t,\) or \(b, t\)",
+            TypeError,  # ValueError before it shared TinyTransformer's check, which pins this
+            r"ids must be .*, got torch.int64 tensor of shape \(1, 2, 3\)",
+        ),
+        (
+            lambda d: d(torch.ones(1, 2, dtype=torch.bool)),
+            TypeError,
+            r"ids must be a 1-d or 2-d integer tensor .* got torch.bool tensor",
         ),
         (
             lambda d: d(torch.ones(1, 65, dtype=torch.long)),
@@ -480,6 +487,21 @@ def test_bad_input_names_the_argument(
     _, decoder = tiny
     with pytest.raises(error, match=match):
         call(decoder)
+
+
+def test_token_ids_follow_one_rule(tiny: tuple[Any, Decoder]) -> None:
+    # Decoder and TinyTransformer check ids with one function: a bool tensor, which
+    # TinyTransformer used to embed as 0s and 1s, is refused by both, with one message.
+    _, decoder = tiny
+    model = TinyTransformer(ModelConfig(vocab_size=11, max_len=10))
+    flags = torch.ones(1, 3, dtype=torch.bool)
+    for name, call in (("ids", decoder), ("tokens", model)):
+        with pytest.raises(TypeError, match=rf"^{name} must be a .*got torch.bool tensor"):
+            call(flags)
+    with pytest.raises(ValueError, match=r"^tokens must lie in \[0, 11\) .*from 0 to 11$"):
+        model(torch.tensor([[0, 11]]))
+    with pytest.raises(ValueError, match=r"^ids must lie in \[0, 97\) .*from 0 to 97$"):
+        decoder(torch.tensor([[0, 97]]))
 
 
 def test_static_cache_checks_leave_it_untouched(tiny: tuple[Any, Decoder]) -> None:

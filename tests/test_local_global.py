@@ -267,7 +267,7 @@ def test_per_layer_settings_are_checked() -> None:
     linear = RopeScaling("linear", 8.0)
     with pytest.raises(ValueError, match="local_rope_scaling needs local_rope_base"):
         DecoderConfig(**sizes, local_rope_scaling=linear)
-    with pytest.raises(ValueError, match="query_pre_attn_scalar must be a positive number"):
+    with pytest.raises(ValueError, match="query_pre_attn_scalar must be a positive finite float"):
         DecoderConfig(**sizes, query_pre_attn_scalar=0)
     with pytest.raises(ValueError, match="family must be one of"):
         DecoderConfig(**sizes, family="gemma2")  # type: ignore[arg-type]

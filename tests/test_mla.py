@@ -687,7 +687,7 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
             ValueError,
             r"rope_frequencies must have shape \(qk_rope_head_dim // 2,\) = \(4,\), got \(3,\)",
         ),
-        ({"rope_scale": 0.0}, ValueError, "rope_scale must be a positive number, got 0.0"),
+        ({"rope_scale": 0.0}, ValueError, "rope_scale must be a positive finite float, got 0.0"),
     ],
 )
 def test_mla_bad_config_raises(

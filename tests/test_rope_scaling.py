@@ -113,7 +113,7 @@ def test_llama3_keeps_fast_pairs_and_divides_slow_ones() -> None:
         (lambda: RopeScaling("linear", factor=0.5), ValueError, "factor must be"),
         (lambda: RopeScaling("yarn", 4.0), ValueError, "needs original_max_positions"),
         (lambda: RopeScaling("llama3", 8.0, 64, high_freq_factor=1.0), ValueError, "high_freq"),
-        (lambda: RopeScaling("linear", factor="2"), TypeError, "factor must be a number"),
+        (lambda: RopeScaling("linear", factor="2"), TypeError, "factor must be a positive float"),
         (
             lambda: RopeScaling.from_hf(  # transformers' config would refuse it too
                 SimpleNamespace(rope_parameters={"rope_type": "llama3", "factor": 8.0})

@@ -44,6 +44,7 @@ __all__ = [
     "check_min_rank",
     "check_nonnegative_int",
     "check_padding_mask",
+    "check_positive_float",
     "check_positive_int",
     "check_probability",
     "check_qkv",
@@ -55,6 +56,7 @@ __all__ = [
     "check_softcap",
     "check_tensor",
     "check_tokens",
+    "check_token_ids",
     "is_validation_enabled",
     "mask_float_dtypes",
     "set_validation",
@@ -618,3 +620,65 @@ def check_int_sequence(
     if high is None:
         raise ValueError(f"{name}[{i}] must be {kind}, got {t}")
     raise ValueError(f"{name}[{i}]={t} is outside {within}[{low}, {high})")
+
+
+def check_positive_float(name: str, value: object) -> float:
+    """Return `value` as a float if it is a positive finite real number; raise otherwise.
+
+    The one rule of every epsilon and positive scalar of a configuration (a norm's
+    `eps`, Gemma's `query_pre_attn_scalar`, MLA's `rope_scale`): Python and NumPy ints
+    and floats; not bools, strings or tensors.
+
+    Raises:
+        TypeError: If `value` is a bool or not a real number.
+        ValueError: If it is not finite or not greater than 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0.0):
+        raise ValueError(f"{name} must be a positive finite float, got {number}")
+    return number
+
+
+def check_token_ids(
+    name: str,
+    tokens: object,
+    vocab_size: int,
+    *,
+    ranks: tuple[int, ...] = (1, 2),
+    layout: str = "(t,) or (b, t)",
+) -> Tensor:
+    """Check token ids: an integer tensor (not bool) of one of `ranks`, in `[0, vocab_size)`.
+
+    `layout` names the accepted shapes in the message. The range check reads the ids
+    (a host sync), so it runs only where
+    [`value_checks_enabled`][attnlab._validation.value_checks_enabled]: it is skipped
+    while compiling or exporting, and for an empty tensor.
+
+    Raises:
+        TypeError: If `tokens` is not a tensor of an integer dtype and one of `ranks`.
+        ValueError: If an id lies outside `[0, vocab_size)`.
+    """
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.dtype.is_floating_point
+        or tokens.dtype.is_complex
+        or tokens.dtype == torch.bool
+        or tokens.ndim not in ranks
+    ):
+        got = (
+            f"{tokens.dtype} tensor of shape {_shape(tokens)}"
+            if isinstance(tokens, Tensor)
+            else type(tokens).__name__
+        )
+        dims = " or ".join(f"{r}-d" for r in ranks)
+        raise TypeError(f"{name} must be a {dims} integer tensor {layout} of token ids, got {got}")
+    if value_checks_enabled() and tokens.numel():  # reads the ids: a host sync
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} must lie in [0, {vocab_size}) (vocab_size={vocab_size}), got values "
+                f"from {low} to {high}"
+            )
+    return tokens

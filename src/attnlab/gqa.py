@@ -27,7 +27,6 @@ gradients and cached decoding agree.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any, Literal, overload
 
@@ -45,6 +44,7 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_choice,
+    check_positive_float,
     check_positive_int,
     check_probability,
     check_scale,
@@ -87,15 +87,6 @@ QKNorm = Literal["head", "projection"]
 QK_NORMS: tuple[QKNorm, ...] = ("head", "projection")
 
 
-def _check_eps(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
-    eps = float(value)
-    if not (math.isfinite(eps) and eps > 0.0):
-        raise ValueError(f"{name} must be a positive finite float, got {eps}")
-    return eps
-
-
 class RMSNorm(nn.Module):
     r"""Root-mean-square normalisation over the last dimension, as `transformers` computes it.
 
@@ -127,7 +118,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, *, unit_offset: bool = False) -> None:
         super().__init__()
         self.dim = check_positive_int("dim", dim)
-        self.eps = _check_eps("eps", eps)
+        self.eps = check_positive_float("eps", eps)
         self.unit_offset = check_bool("unit_offset", unit_offset)
         init = torch.zeros if self.unit_offset else torch.ones
         self.weight = nn.Parameter(init(self.dim))
@@ -296,7 +287,7 @@ class GroupedQueryAttention(nn.Module):
         if qk_norm is not None:
             check_choice("qk_norm", qk_norm, QK_NORMS)
         self.qk_norm = qk_norm
-        eps = _check_eps("qk_norm_eps", qk_norm_eps)
+        eps = check_positive_float("qk_norm_eps", qk_norm_eps)
         unit_offset = check_bool("qk_norm_unit_offset", qk_norm_unit_offset)
         self.softcap = check_softcap("softcap", softcap)
         self.dropout = check_probability("dropout", dropout)

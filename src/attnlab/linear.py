@@ -53,6 +53,7 @@ from attnlab._validation import (
     check_choice,
     check_features,
     check_padding_mask,  # re-exported: its home is _validation, used by llm and sparse too
+    check_positive_float,
     check_positive_int,
     check_rank,
     check_same_dtype_device,
@@ -580,9 +581,7 @@ class GatedDeltaNet(nn.Module):
         self.kernel_size = check_positive_int("kernel_size", kernel_size)
         self.mode = mode
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
-        if not isinstance(norm_eps, (int, float)) or not norm_eps > 0:
-            raise ValueError(f"norm_eps must be a positive number, got {norm_eps!r}")
-        self.norm_eps = float(norm_eps)
+        self.norm_eps = check_positive_float("norm_eps", norm_eps)
         key_dim, value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.q_proj = nn.Linear(d_model, key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, key_dim, bias=False)

@@ -67,8 +67,10 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_padding_mask,
+    check_positive_float,
     check_positive_int,
     check_softcap,
+    check_token_ids,
     is_validation_enabled,
     value_checks_enabled,
 )
@@ -293,19 +295,15 @@ class DecoderConfig:
                 "local_rope_scaling needs local_rope_base (else local layers "
                 "rotate as the global ones do)"
             )
-        qpas = self.query_pre_attn_scalar
-        if qpas is not None and (
-            isinstance(qpas, bool) or not isinstance(qpas, float | int) or not qpas > 0
-        ):
-            raise ValueError(f"query_pre_attn_scalar must be a positive number, got {qpas!r}")
+        if self.query_pre_attn_scalar is not None:
+            check_positive_float("query_pre_attn_scalar", self.query_pre_attn_scalar)
         if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
         check_softcap("attn_softcap", self.attn_softcap)
         check_softcap("final_softcap", self.final_softcap)
         if self.family not in _FAMILIES:
             raise ValueError(f"family must be one of {_FAMILIES}, got {self.family!r}")
-        if not isinstance(self.norm_eps, float | int) or not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
+        check_positive_float("norm_eps", self.norm_eps)
         if self.windows is not None and len(self.windows) != self.num_layers:
             raise ValueError(
                 f"windows must give one entry per layer, got {len(self.windows)} for "
@@ -978,17 +976,7 @@ class Decoder(nn.Module):
     # -- input checks --------------------------------------------------------------------
 
     def _check_ids(self, ids: object) -> Tensor:
-        if not isinstance(ids, Tensor):
-            raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(
-                f"ids must be an integer tensor of token ids, got dtype {ids.dtype} "
-                f"(ids.shape={tuple(ids.shape)}); e.g. tokenizer(text, return_tensors='pt')"
-            )
-        if ids.ndim not in (1, 2):
-            raise ValueError(
-                f"ids must be (t,) or (b, t) token ids, got ids.shape={tuple(ids.shape)}"
-            )
+        ids = check_token_ids("ids", ids, self.config.vocab_size)  # the range reads values
         if ids.shape[-1] == 0:
             raise ValueError(
                 f"ids is empty (ids.shape={tuple(ids.shape)}): give at least one token"
@@ -996,14 +984,6 @@ class Decoder(nn.Module):
         device = self.embed_tokens.weight.device
         if ids.device != device:
             raise ValueError(f"ids is on {ids.device} but the model is on {device}")
-        vocab = self.config.vocab_size
-        if value_checks_enabled():  # reads the ids: a host sync, skipped while tracing
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= vocab:
-                raise ValueError(
-                    f"ids must be token ids in [0, vocab_size={vocab}), got values from "
-                    f"{low} to {high}"
-                )
         return ids
 
     def _check_cache(self, cache: object, batch: int) -> int:

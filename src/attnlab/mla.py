@@ -42,6 +42,7 @@ from attnlab._backends import Backend, BackendProperty, attend, check_backend_ca
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
+    check_positive_float,
     check_positive_int,
     check_probability,
     check_scale,
@@ -299,18 +300,13 @@ class MultiHeadLatentAttention(nn.Module):
             # A plain float32 attribute, not a buffer: module.to(torch.bfloat16) must not
             # round the frequencies (it is moved to the positions' device when used).
             self.rope_frequencies = freqs.detach().float().clone()
-        scale_r = check_scale("rope_scale", rope_scale)
-        if scale_r is None or scale_r <= 0:
-            raise ValueError(f"rope_scale must be a positive number, got {rope_scale!r}")
-        self.rope_scale = scale_r
+        self.rope_scale = check_positive_float("rope_scale", rope_scale)
         self.rope_interleave = check_bool("rope_interleave", rope_interleave)
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         scale = check_scale("softmax_scale", softmax_scale)
         self.softmax_scale = float(self.qk_head_dim) ** -0.5 if scale is None else scale
         self.bias = check_bool("bias", bias)
-        eps = check_scale("norm_eps", norm_eps)
-        if eps is None or eps < 0:
-            raise ValueError(f"norm_eps must be a non-negative number, got {norm_eps!r}")
+        eps = check_positive_float("norm_eps", norm_eps)
         self.dropout = check_probability("dropout", dropout)
         self.window = None if window is None else check_positive_int("window", window)
         self.backend = backend

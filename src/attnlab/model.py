@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from attnlab._validation import (
     check_bool,
     check_positive_int,
+    check_token_ids,
     is_validation_enabled,
-    value_checks_enabled,
 )
 from attnlab.multihead import MultiHeadAttention
 
@@ -144,26 +144,14 @@ class TinyTransformer(nn.Module):
                 `[0, vocab_size)`. That range check reads the ids, a **host sync**,
                 and is skipped while `torch.compile` traces or `torch.export` exports.
         """
-        if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.ndim != 2:
-            got = (
-                f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}"
-                if isinstance(tokens, Tensor)
-                else type(tokens).__name__
-            )
-            raise TypeError(f"tokens must be a 2-d integer tensor (b, t), got {got}")
+        vocab = self.config.vocab_size
+        # Type and rank first, so that an ill-typed tensor is named before its length.
+        tokens = check_token_ids("tokens", tokens, vocab, ranks=(2,), layout="(b, t)")
         t, max_len = tokens.shape[1], self.config.max_len
         if t > max_len:
             raise ValueError(
                 f"tokens has {t} positions but the model's position embedding has "
                 f"max_len={max_len} (tokens.shape={tuple(tokens.shape)})"
-            )
-        vocab = self.config.vocab_size
-        if not value_checks_enabled() or not tokens.numel():
-            return tokens
-        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
-            raise ValueError(
-                f"tokens must lie in [0, {vocab}) (vocab_size={vocab}), got values from "
-                f"{int(tokens.min())} to {int(tokens.max())}"
             )
         return tokens
 
@@ -210,7 +198,7 @@ class TinyTransformer(nn.Module):
         maps = []
         for block in self.blocks:
             assert isinstance(block, Block)
-            maps.append(block.attn.attention_weights(block.norm_attn(x), is_causal=True))
+            maps.append(block.attn.attention_weights_impl(block.norm_attn(x), is_causal=True))
             x = block(x)
         return maps
 

@@ -51,6 +51,7 @@ from attnlab._validation import (
     check_bool,
     check_choice,
     check_device,
+    check_positive_float,
     check_positive_int,
     check_tensor,
     is_validation_enabled,
@@ -402,15 +403,6 @@ _ROPE_TYPES: tuple[RopeType, ...] = ("default", "linear", "dynamic", "yarn", "ll
 _NEEDS_ORIGINAL = ("dynamic", "yarn", "llama3")
 
 
-def _check_number(name: str, value: object, *, low: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not (value > low if strict else value >= low) or not math.isfinite(value):
-        bound = f"{'>' if strict else '>='} {low:g}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's softmax sharpening for a context `factor` times longer: 0.1 ln(s) m + 1."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
@@ -503,7 +495,8 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         check_choice("rope_type", self.rope_type, _ROPE_TYPES)
-        _check_number("factor", self.factor, low=1.0)
+        if check_positive_float("factor", self.factor) < 1.0:
+            raise ValueError(f"factor must be at least 1 (a longer context), got {self.factor!r}")
         if self.rope_type in _NEEDS_ORIGINAL and self.original_max_positions is None:
             raise ValueError(
                 f"rope_type={self.rope_type!r} needs original_max_positions (the "
@@ -511,18 +504,18 @@ class RopeScaling:
             )
         if self.original_max_positions is not None:
             check_positive_int("original_max_positions", self.original_max_positions)
-        low = _check_number("low_freq_factor", self.low_freq_factor, low=0.0, strict=True)
-        high = _check_number("high_freq_factor", self.high_freq_factor, low=0.0, strict=True)
+        low = check_positive_float("low_freq_factor", self.low_freq_factor)
+        high = check_positive_float("high_freq_factor", self.high_freq_factor)
         if self.rope_type == "llama3" and not high > low:
             raise ValueError(
                 f"high_freq_factor must be greater than low_freq_factor, got "
                 f"high_freq_factor={high} and low_freq_factor={low}"
             )
-        _check_number("beta_fast", self.beta_fast, low=0.0, strict=True)
-        _check_number("beta_slow", self.beta_slow, low=0.0, strict=True)
+        check_positive_float("beta_fast", self.beta_fast)
+        check_positive_float("beta_slow", self.beta_slow)
         for name in ("mscale", "mscale_all_dim", "attention_factor"):
             if getattr(self, name) is not None:
-                _check_number(name, getattr(self, name), low=0.0, strict=True)
+                check_positive_float(name, getattr(self, name))
         check_bool("truncate", self.truncate)
 
     @classmethod
