@@ -588,6 +588,10 @@ def test_cache_errors_name_the_argument() -> None:
         cache.add_sequence(list(range(17)))
     with pytest.raises(TypeError, match=re.escape("token_ids[1] must be an int")):
         cache.add_sequence([1, 2.0])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="token_ids must be a 1-d integer tensor"):
+        cache.add_sequence(torch.tensor([True, False]))  # bool is no token id
+    with pytest.raises(TypeError, match="token_ids must be a 1-d integer tensor"):
+        block_hashes(torch.tensor([[1, 2]]), 2)
     with pytest.raises(TypeError, match=re.escape("dtype must be a floating-point torch.dtype")):
         _cache(dtype=torch.int64)
     assert cache.length(s) == 0

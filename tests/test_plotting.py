@@ -572,6 +572,10 @@ def test_live_model_widget_rejects_bad_input_with_named_argument() -> None:
         live_model_widget(model, [1.5])
     with pytest.raises(TypeError, match="1-d integer tensor"):
         live_model_widget(model, torch.zeros(3))
+    with pytest.raises(TypeError, match="1-d integer tensor"):
+        live_model_widget(model, torch.tensor([True, False]))
+    with pytest.raises(ValueError, match=r"tokens\[2\]=70 is outside .*\[0, 64\)"):
+        live_model_widget(model, torch.tensor([1, 2, 70]))
     with pytest.raises(TypeError, match=r"model must be an attnlab\.model\.TinyTransformer"):
         live_model_widget(torch.nn.Linear(2, 2), [1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="attention-only"):

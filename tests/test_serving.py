@@ -194,6 +194,31 @@ def test_engine_cancel_returns_blocks(tiny: tuple[Decoder, list[Any]]) -> None:
     assert engine.run()[waiting] == []
 
 
+def test_engine_checks_a_prompt_once(
+    tiny: tuple[Decoder, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Checked where it comes in (submit), not again when the cache takes it.
+    import attnlab.paged
+    import attnlab.serving
+
+    decoder, _ = tiny
+    seen: list[str] = []
+    for module in (attnlab.serving, attnlab.paged):
+        check = module.check_int_sequence
+
+        def counting(name: str, *args: Any, _check: Any = check, **kwargs: Any) -> Any:
+            seen.append(name)
+            return _check(name, *args, **kwargs)
+
+        monkeypatch.setattr(module, "check_int_sequence", counting)
+    engine = Engine(decoder, num_blocks=8, block_size=4)
+    first = engine.submit(torch.tensor([1, 2, 3, 4, 5]), 3)
+    want = Engine(decoder, num_blocks=8, block_size=4)
+    want_id = want.submit([1, 2, 3, 4, 5], 3)
+    assert engine.run()[first] == want.run()[want_id]  # a tensor prompt: the same tokens
+    assert seen == ["prompt_ids", "prompt_ids"]  # once per submit, never in the cache
+
+
 def test_engine_bad_input(tiny: tuple[Decoder, list[Any]]) -> None:
     decoder, _ = tiny
     with pytest.raises(TypeError, match="decoder"):
@@ -219,6 +244,10 @@ def test_engine_bad_input(tiny: tuple[Decoder, list[Any]]) -> None:
         engine.submit([], 3)
     with pytest.raises(ValueError, match=r"prompt_ids\[1\]=97"):
         engine.submit([1, 97], 3)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\]=97 is outside the vocabulary"):
+        engine.submit(torch.tensor([1, 97]), 3)
+    with pytest.raises(TypeError, match="prompt_ids must be a 1-d integer tensor"):
+        engine.submit(torch.tensor([True, False]), 3)  # bool is no token id
     with pytest.raises(ValueError, match="eos_token_id"):
         engine.submit([1, 2], 3, eos_token_id=97)
     with pytest.raises(ValueError, match="request_id 5 is not a request"):

@@ -564,15 +564,15 @@ def check_padding_mask(
 
 
 def check_int_sequence(
-    name: str, value: object, *, low: int = 0, high: int | None = None, within: str = ""
+    name: str, value: object, *, low: int | None = 0, high: int | None = None, within: str = ""
 ) -> Tensor | list[int]:
     """Check a 1-d integer tensor or a sequence of ints, each in `[low, high)`; return it.
 
     The one check of token ids, prompts and lengths. A tensor comes back as it came (its
     device and dtype), a sequence as a list of ints. bool is not an int here: a bool
     tensor and a `True` element are refused, as are floats, complex numbers, strings and
-    tensors of another rank. `high=None` leaves the range open above; `within` names the
-    range in the message (e.g. `"the vocabulary "`).
+    tensors of another rank. `low=None` or `high=None` leaves the range open on that side;
+    `within` names the range in the message (e.g. `"the vocabulary "`).
 
     The bounds of a tensor's elements read its values (a host sync on an accelerator),
     so they are skipped while compiling or exporting
@@ -586,7 +586,7 @@ def check_int_sequence(
     """
     from collections.abc import Sequence  # local: this function only appends to the module
 
-    kind = "a non-negative int" if low == 0 else f"an int >= {low}"
+    kind = {None: "an int", 0: "a non-negative int"}.get(low, f"an int >= {low}")
     if isinstance(value, Tensor):
         dtype = value.dtype
         if value.ndim != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
@@ -594,9 +594,13 @@ def check_int_sequence(
                 f"{name} must be a 1-d integer tensor or a sequence of ints, got a "
                 f"{dtype} tensor of shape {_shape(value)}"
             )
-        if tracing():  # the bounds read values
+        if tracing() or (low is None and high is None):  # the bounds read values
             return value
-        bad = (value < low) if high is None else (value < low) | (value >= high)
+        bad = torch.zeros_like(value, dtype=torch.bool)
+        if low is not None:
+            bad |= value < low
+        if high is not None:
+            bad |= value >= high
         found = bad.nonzero()
         if not len(found):
             return value
@@ -608,7 +612,11 @@ def check_int_sequence(
             if isinstance(t, bool) or not isinstance(t, int):
                 kind_here = kind if high is None else "an int"
                 raise TypeError(f"{name}[{i}] must be {kind_here}, got {t!r} ({type(t).__name__})")
-        outside = [i for i, t in enumerate(items) if t < low or (high is not None and t >= high)]
+        outside = [
+            i
+            for i, t in enumerate(items)
+            if (low is not None and t < low) or (high is not None and t >= high)
+        ]
         if not outside:
             return items
         i = outside[0]
@@ -619,7 +627,8 @@ def check_int_sequence(
         )
     if high is None:
         raise ValueError(f"{name}[{i}] must be {kind}, got {t}")
-    raise ValueError(f"{name}[{i}]={t} is outside {within}[{low}, {high})")
+    bounds = f"[{low}, {high})" if low is not None else f"(-inf, {high})"
+    raise ValueError(f"{name}[{i}]={t} is outside {within}{bounds}")
 
 
 def check_positive_float(name: str, value: object) -> float:

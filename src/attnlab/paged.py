@@ -49,6 +49,7 @@ from attnlab._validation import (
     check_choice,
     check_device,
     check_features,
+    check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
     check_rank,
@@ -220,7 +221,11 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
         False
     """
     block_size = check_positive_int("block_size", block_size)
-    tokens = _check_token_ids(token_ids)
+    return _block_hashes(_token_list(token_ids), block_size)
+
+
+def _block_hashes(tokens: list[int], block_size: int) -> list[str]:
+    """[`block_hashes`][attnlab.paged.block_hashes] of checked arguments."""
     hashes: list[str] = []
     parent = b""
     for start in range(0, len(tokens) - block_size + 1, block_size):
@@ -232,20 +237,10 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
     return hashes
 
 
-def _check_token_ids(token_ids: object) -> list[int]:
-    if isinstance(token_ids, Tensor):
-        if token_ids.ndim != 1 or token_ids.is_floating_point() or token_ids.is_complex():
-            raise TypeError(
-                f"token_ids must be a 1-d integer tensor or a sequence of ints, got a "
-                f"{token_ids.dtype} tensor of shape {tuple(token_ids.shape)}"
-            )
-        return [int(t) for t in token_ids.tolist()]
-    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
-        raise TypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
-    for i, t in enumerate(token_ids):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise TypeError(f"token_ids[{i}] must be an int, got {t!r} ({type(t).__name__})")
-    return list(token_ids)
+def _token_list(token_ids: object) -> list[int]:
+    """`token_ids` checked (any ints, as the hash encodes them signed) and as a list."""
+    ids = check_int_sequence("token_ids", token_ids, low=None)
+    return ids.tolist() if isinstance(ids, Tensor) else ids
 
 
 @dataclasses.dataclass
@@ -417,14 +412,23 @@ class PagedKVCache:
             TypeError: If `token_ids` is not a sequence of ints.
             ValueError: If the prompt is longer than the whole cache.
         """
-        tokens = _check_token_ids(token_ids)
+        tokens = _token_list(token_ids)
         capacity = self.num_blocks * self.block_size
         if len(tokens) > capacity:
             raise ValueError(
                 f"token_ids has {len(tokens)} tokens but the cache holds at most {capacity} "
                 f"(num_blocks={self.num_blocks} x block_size={self.block_size})"
             )
-        hashes = block_hashes(tokens, self.block_size) if self.prefix_caching else []
+        return self.add_sequence_impl(tokens)
+
+    def add_sequence_impl(self, tokens: list[int]) -> tuple[int, int]:
+        """[`add_sequence`][attnlab.paged.PagedKVCache.add_sequence] without its checks.
+
+        For a caller that checked the prompt already (the serving engine checks it once,
+        against the model's vocabulary, when the request comes in): `tokens` a list of
+        ints no longer than the cache.
+        """
+        hashes = _block_hashes(tokens, self.block_size) if self.prefix_caching else []
         matched: list[int] = []
         for digest in hashes[: max(0, len(tokens) - 1) // self.block_size]:
             block = self._block_of_hash.get(digest)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnlab._validation import check_positive_int, check_rank
+from attnlab._validation import check_int_sequence, check_positive_int, check_rank
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -675,23 +675,10 @@ def live_model_asset(model: TinyTransformer) -> str:
 
 
 def _check_live_tokens(tokens: Any, vocab_size: int, max_len: int) -> list[int]:
-    if isinstance(tokens, torch.Tensor):
-        if tokens.is_floating_point() or tokens.is_complex() or tokens.ndim != 1:
-            raise TypeError(
-                f"tokens must be a 1-d integer tensor or a list of ints, got a {tokens.dtype} "
-                f"tensor of shape {tuple(tokens.shape)}"
-            )
-        tokens = tokens.tolist()
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise TypeError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
-    ids = list(tokens)
-    for i, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise TypeError(f"tokens[{i}] must be an int, got {token!r}")
-        if not 0 <= token < vocab_size:
-            raise ValueError(
-                f"tokens[{i}]={token} is outside the model's vocabulary [0, {vocab_size})"
-            )
+    checked = check_int_sequence(
+        "tokens", tokens, high=vocab_size, within="the model's vocabulary "
+    )
+    ids = checked.tolist() if isinstance(checked, torch.Tensor) else checked
     if not 1 <= len(ids) <= max_len:
         raise ValueError(f"tokens must hold 1 to max_len={max_len} ids, got {len(ids)}")
     return ids

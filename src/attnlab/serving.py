@@ -42,7 +42,7 @@ from typing import get_args
 import torch
 from torch import Tensor
 
-from attnlab._validation import check_choice, check_positive_int
+from attnlab._validation import check_choice, check_int_sequence, check_positive_int
 from attnlab.kv_cache import AttendingCache
 from attnlab.llm import Decoder
 from attnlab.paged import Method, PagedKVCache
@@ -256,26 +256,11 @@ class Engine:
         return request.id
 
     def _check_prompt(self, prompt_ids: object) -> list[int]:
-        if isinstance(prompt_ids, Tensor):
-            if prompt_ids.ndim != 1 or prompt_ids.is_floating_point() or prompt_ids.is_complex():
-                raise TypeError(
-                    f"prompt_ids must be a 1-d integer tensor or a sequence of ints, got a "
-                    f"{prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}"
-                )
-            prompt_ids = prompt_ids.tolist()
-        if isinstance(prompt_ids, str | bytes) or not isinstance(prompt_ids, Sequence):
-            raise TypeError(
-                f"prompt_ids must be a sequence of ints, got {type(prompt_ids).__name__}"
-            )
         vocab = self.decoder.config.vocab_size
-        for i, t in enumerate(prompt_ids):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise TypeError(f"prompt_ids[{i}] must be an int, got {t!r} ({type(t).__name__})")
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt_ids[{i}]={t} is outside the vocabulary [0, {vocab})")
-        if not prompt_ids:
+        ids = check_int_sequence("prompt_ids", prompt_ids, high=vocab, within="the vocabulary ")
+        if not len(ids):
             raise ValueError("prompt_ids must hold at least one token")
-        return list(prompt_ids)
+        return ids.tolist() if isinstance(ids, Tensor) else ids
 
     def cancel(self, request_id: int) -> None:
         """Stop request `request_id`: it leaves the queue or the batch, its blocks are freed.
@@ -322,7 +307,8 @@ class Engine:
         if any(r.remaining > 1 for r in self._running):
             return
         request = self._waiting.popleft()
-        request.seq_id, request.computed = self.cache.add_sequence(request.tokens)
+        # add_request checked the prompt: the cache's checks would only repeat it.
+        request.seq_id, request.computed = self.cache.add_sequence_impl(request.tokens)
         self.num_cached_prompt_tokens += request.computed
         self._running.append(request)
 
