@@ -251,3 +251,48 @@ def test_value_checks_are_skipped_while_compiling(monkeypatch: pytest.MonkeyPatc
         rope.check_positions(positions, x, low=0)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert rope.check_positions(positions, x, low=0) is positions
+
+
+def test_default_positions_continue_after_the_cache() -> None:
+    assert rope.default_positions(0, 3, "cpu").tolist() == [0, 1, 2]
+    got = rope.default_positions(5, 2, "cpu")
+    assert got.tolist() == [5, 6]
+    assert got.dtype == torch.int64
+    assert rope.default_positions(4, 0, None).shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (8, None, ""),
+        (2, None, ""),
+        (10, ValueError, r"^rope_dims must be at most head_dim=8, got rope_dims=10$"),
+        (3, ValueError, r"^rope_dims must be even \(RoPE rotates pairs"),
+        (0, ValueError, r"^rope_dims must be a positive int, got 0"),
+        (4.0, TypeError, r"^rope_dims must be a positive int, got 4.0"),
+    ],
+)
+def test_rope_dims_rule_is_one_for_every_layer(
+    value: object, error: type[Exception] | None, match: str
+) -> None:
+    # The rule of partial RoPE, written once in rope and used by GQA, DecoderConfig and
+    # DeepSeek's indexer (which calls the argument rope_dim and allows 0: no RoPE).
+    from attnlab.gqa import GroupedQueryAttention
+    from attnlab.llm import DecoderConfig
+    from attnlab.sparse import LightningIndexer
+
+    sizes = {"vocab_size": 10, "d_model": 16, "num_layers": 1, "num_heads": 2,
+             "num_kv_heads": 1, "head_dim": 8, "hidden_dim": 12}  # fmt: skip
+    makers = [
+        (lambda v: rope.check_rope_dims(v, 8), "rope_dims"),
+        (lambda v: GroupedQueryAttention(16, 2, head_dim=8, rope_dims=v), "rope_dims"),
+        (lambda v: DecoderConfig(**sizes, rope_dims=v), "rope_dims"),
+        (lambda v: LightningIndexer(16, 2, 8, rope_dim=v), "rope_dim"),
+    ]
+    for make, name in makers:
+        if error is None:
+            make(value)
+        elif not (value == 0 and name == "rope_dim"):
+            with pytest.raises(error, match=match.replace("rope_dims", name)):
+                make(value)
+    assert LightningIndexer(16, 2, 8, rope_dim=0).rope_dim == 0

@@ -29,6 +29,7 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
 )
 
 import attnlab
+from attnlab import masks
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.sparse import (
     DeepSeekSparseAttention,
@@ -419,3 +420,15 @@ def test_dsa_names_a_bad_padding_mask(
     ours = DeepSeekSparseAttention.from_hf(hf)
     with pytest.raises(error, match=match):
         ours(torch.randn(B, T, D_MODEL), padding_mask=mask)
+
+
+def test_topk_hides_the_future_as_the_bottom_right_causal_mask() -> None:
+    # The queries are the last t of s tokens: what topk may pick is masks.causal's
+    # bottom-right mask, for t < s (after a cache) and t == s.
+    for t, s in ((3, 7), (4, 4), (1, 5)):
+        scores = torch.randn(2, t, s)
+        picked = topk_indices(scores, s)  # every visible key, -1 for the hidden ones
+        seen = torch.zeros(2, t, s + 1, dtype=torch.bool)
+        seen.scatter_(-1, picked % (s + 1), True)  # -1 lands in the extra column
+        expected = masks.causal(t, s, align="bottom-right").expand(2, t, s)
+        assert torch.equal(seen[..., :s], expected)

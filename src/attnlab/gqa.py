@@ -40,6 +40,7 @@ from attnlab._backends import (
     attention_weights,
     check_backend_call,
 )
+from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
@@ -60,7 +61,9 @@ from attnlab.rope import (
     check_base,
     check_head_dim,
     check_layout,
+    check_rope_dims,
     check_rope_inputs,
+    default_positions,
     rope_cos_sin,
     rotate,
 )
@@ -128,7 +131,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise `x` `(..., dim)` over its last dimension; the same shape and dtype."""
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        wide = x.to(compute_dtype(x.dtype))
         normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         weight = self.weight.to(wide.dtype)
         return (normed * (1.0 + weight if self.unit_offset else weight)).to(x.dtype)
@@ -275,13 +278,11 @@ class GroupedQueryAttention(nn.Module):
                 f"rope_scaling must be a RopeScaling or None, got {type(rope_scaling).__name__}"
             )
         self.rope_scaling = rope_scaling
-        if rope_dims is not None and check_head_dim(rope_dims, "rope_dims") > self.head_dim:
-            raise ValueError(
-                f"rope_dims must be at most head_dim={self.head_dim}, got rope_dims={rope_dims}"
-            )
+        if rope_dims is not None:
+            check_rope_dims(rope_dims, self.head_dim)
+        elif self.rope:
+            check_head_dim(self.head_dim)
         self.rope_dims = self.head_dim if rope_dims is None else rope_dims
-        if self.rope:
-            check_head_dim(self.rope_dims, "head_dim" if rope_dims is None else "rope_dims")
         self.window = None if window is None else check_positive_int("window", window)
         self.scale = check_scale("scale", scale)
         if qk_norm is not None:
@@ -517,7 +518,7 @@ class GroupedQueryAttention(nn.Module):
                             "sequences have different lengths"
                         )
                     past = 0 if cache is None else cache.length
-                    positions = torch.arange(past, past + t, device=x.device)  # (t,)
+                    positions = default_positions(past, t, x.device)  # (t,)
                 # One table for queries and keys, computed once per forward.
                 position_embeddings = rope_cos_sin(
                     positions, self.rope_dims, base=self.rope_base, scaling=self.rope_scaling

@@ -626,7 +626,7 @@ class GatedDeltaNet(nn.Module):
         """
         check_positive_int("batch_size", batch_size)
         like = self.out_proj.weight
-        wide = torch.promote_types(like.dtype, torch.float32)
+        wide = compute_dtype(like.dtype)
         conv = like.new_zeros((batch_size, self.conv_dim, self.kernel_size - 1))
         shape = (batch_size, self.num_v_heads, self.head_k_dim, self.head_v_dim)
         return GatedDeltaNetState(conv, torch.zeros(shape, dtype=wide, device=like.device))
@@ -700,7 +700,7 @@ class GatedDeltaNet(nn.Module):
         key_dim = self.num_k_heads * self.head_k_dim
         value_dim = self.num_v_heads * self.head_v_dim
         q, k, v = torch.split(qkv.transpose(1, 2), [key_dim, key_dim, value_dim], -1)
-        wide = torch.promote_types(x.dtype, torch.float32)
+        wide = compute_dtype(x.dtype)
         repeat = self.num_v_heads // self.num_k_heads
         q, k = (
             _l2norm(y.reshape(b, t, self.num_k_heads, self.head_k_dim).to(wide))
@@ -738,7 +738,7 @@ class GatedDeltaNet(nn.Module):
 
     def _gated_norm(self, x: Tensor, z: Tensor) -> Tensor:
         """RMSNorm of each head's output (in float32 or wider), times SiLU of the gate."""
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        wide = x.to(compute_dtype(x.dtype))
         normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.norm_eps)
         normed = self.norm_weight * normed.to(x.dtype)
         return (normed * F.silu(z.to(normed.dtype))).to(x.dtype)

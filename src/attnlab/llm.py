@@ -84,7 +84,14 @@ from attnlab.kv_cache import (
 )
 from attnlab.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.masks import combine_impl
-from attnlab.rope import RopeScaling, check_base, check_positions, rope_cos_sin
+from attnlab.rope import (
+    RopeScaling,
+    check_base,
+    check_positions,
+    check_rope_dims,
+    default_positions,
+    rope_cos_sin,
+)
 
 __all__ = [
     "LAYER_KINDS",
@@ -336,12 +343,7 @@ class DecoderConfig:
         if self.linear is None and kinds is not None and "linear" in kinds:
             raise ValueError("layer_kinds has 'linear' layers: give their sizes in linear=")
         if self.rope_dims is not None:
-            check_positive_int("rope_dims", self.rope_dims)
-            if self.rope_dims % 2 or self.rope_dims > self.head_dim:
-                raise ValueError(
-                    f"rope_dims must be even and at most head_dim={self.head_dim}, got "
-                    f"{self.rope_dims}"
-                )
+            check_rope_dims(self.rope_dims, self.head_dim)
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise TypeError(f"moe must be a MoEConfig or None, got {type(self.moe).__name__}")
         if self.moe_layers is not None:
@@ -1109,7 +1111,7 @@ class Decoder(nn.Module):
                 check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
             mask = combine_impl(mask, attn_mask)
         if positions is None:
-            positions = torch.arange(past, past + t, device=ids.device)  # (t,)
+            positions = default_positions(past, t, ids.device)  # (t,)
         elif validate:
             check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
         return x, self._rope_tables(positions), mask, new_padding

@@ -57,6 +57,7 @@ from attnlab.rope import (
     check_base,
     check_head_dim,
     check_rope_inputs,
+    default_positions,
     rope_cos_sin,
     rotate,
 )
@@ -640,7 +641,7 @@ class MultiHeadLatentAttention(nn.Module):
         if position_embeddings is None:
             if positions is None:
                 past = 0 if cache is None else cache.length
-                positions = torch.arange(past, past + t, device=x.device)  # (t,)
+                positions = default_positions(past, t, x.device)  # (t,)
             position_embeddings = self.rope_tables(positions)
         cos, sin = position_embeddings
         q_nope, q_rope = self.queries(x, cos, sin)

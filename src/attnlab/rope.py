@@ -47,6 +47,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_bool,
     check_choice,
@@ -69,7 +70,9 @@ __all__ = [
     "check_head_dim",
     "check_layout",
     "check_positions",
+    "check_rope_dims",
     "check_rope_inputs",
+    "default_positions",
     "rope_angles",
     "rope_cos_sin",
     "rope_frequencies",
@@ -146,6 +149,44 @@ def check_head_dim(head_dim: object, name: str = "head_dim") -> int:
     if d % 2:
         raise ValueError(f"{name} must be even (RoPE rotates pairs of features), got {d}")
     return d
+
+
+def check_rope_dims(rope_dims: object, head_dim: int, name: str = "rope_dims") -> int:
+    """Return `rope_dims` if RoPE can rotate that many of a head's `head_dim` features.
+
+    Partial RoPE (Phi, StableLM, GLM, DeepSeek's indexer) rotates the first `rope_dims`
+    features of each head and leaves the rest: a positive even int (pairs, as
+    [`check_head_dim`][attnlab.rope.check_head_dim] requires), at most `head_dim`.
+
+    Raises:
+        TypeError: If it is not an int.
+        ValueError: If it is not positive, is odd or exceeds `head_dim`.
+
+    Examples:
+        >>> check_rope_dims(16, head_dim=64)
+        16
+    """
+    d = check_head_dim(rope_dims, name)
+    if d > head_dim:
+        raise ValueError(f"{name} must be at most head_dim={head_dim}, got {name}={d}")
+    return d
+
+
+def default_positions(past: int, t: int, device: torch.device | str | None) -> Tensor:
+    """The positions of `t` new tokens when none are given: they continue after the cache.
+
+    `past` tokens are cached (0 without a cache), so the new ones sit at
+    `past, ..., past + t - 1`: the rule of every layer and model with RoPE, as Hugging
+    Face's default `position_ids` (`cache_position`).
+
+    Returns:
+        An int64 tensor `(t,)` on `device`.
+
+    Examples:
+        >>> default_positions(5, 3, "cpu")
+        tensor([5, 6, 7])
+    """
+    return torch.arange(past, past + t, device=device)  # (t,)
 
 
 def check_layout(layout: object, name: str = "layout") -> RopeLayout:
@@ -827,7 +868,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, *, layout: RopeLayout = "half") 
     half = x.shape[-1] // 2
     if cos.shape[-1] != half:  # Hugging Face's tables repeat the angles: keep one half
         cos, sin = cos[..., :half], sin[..., :half]
-    compute = torch.promote_types(x.dtype, torch.float32)
+    compute = compute_dtype(x.dtype)
     cos = _broadcast_table(cos, x).to(compute)  # (..., t, d/2)
     sin = _broadcast_table(sin, x).to(compute)
     y = x.to(compute)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._backends import attention_weights as _attention_weights
+from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_features,
     check_padding_mask,
@@ -45,8 +46,9 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.kv_cache import KVCache, check_cache
+from attnlab.masks import band_impl
 from attnlab.mla import MultiHeadLatentAttention
-from attnlab.rope import check_head_dim, check_rope_inputs, rotate
+from attnlab.rope import check_rope_dims, check_rope_inputs, default_positions, rotate
 
 __all__ = [
     "DeepSeekSparseAttention",
@@ -62,12 +64,11 @@ def _hide_future(scores: Tensor) -> Tensor:
     """`scores` `(..., t, s)` with -inf at each query's future keys.
 
     The `t` queries are the last `t` of the `s` positions (bottom-right alignment), so
-    query `i` may see keys `0 .. i + s - t`.
+    query `i` may see keys `0 .. i + s - t`: the causal mask of `masks`.
     """
     t, s = scores.shape[-2], scores.shape[-1]
-    rows = torch.arange(t, device=scores.device)[:, None] + (s - t)  # (t, 1)
-    future = torch.arange(s, device=scores.device)[None, :] > rows  # (t, s)
-    return scores.masked_fill(future, float("-inf"))
+    allowed = band_impl(t, s, "bottom-right", None, scores.device)  # (t, s)
+    return scores.masked_fill(~allowed, float("-inf"))
 
 
 def _check_scores(scores: object) -> Tensor:
@@ -315,10 +316,8 @@ class LightningIndexer(nn.Module):
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.d_query = d_model if d_query is None else check_positive_int("d_query", d_query)
-        if rope_dim != 0:
-            check_head_dim(rope_dim, "rope_dim")
-        if rope_dim > head_dim:
-            raise ValueError(f"rope_dim must be at most head_dim={head_dim}, got {rope_dim}")
+        if rope_dim != 0:  # 0: no RoPE
+            check_rope_dims(rope_dim, head_dim, "rope_dim")
         self.rope_dim = rope_dim
         self.softmax_scale = float(head_dim) ** -0.5
         self.q_proj = nn.Linear(self.d_query, num_heads * head_dim, bias=False)
@@ -375,7 +374,7 @@ class LightningIndexer(nn.Module):
             q = self._rope(q, *position_embeddings)  # (b, h, t, head_dim)
         if keys is None:
             keys = self._keys(x, position_embeddings)
-        compute = torch.promote_types(x.dtype, torch.float32)  # as DeepSeek: no bf16 sums
+        compute = compute_dtype(x.dtype)  # as DeepSeek: no bf16 sums
         k = keys.to(compute).unsqueeze(1)  # (b, 1, s, head_dim): one key for all heads
         dots = q.to(compute) @ k.transpose(-1, -2)  # (b, h, t, s)
         per_head = torch.relu(dots * self.softmax_scale)
@@ -560,7 +559,7 @@ class DeepSeekSparseAttention(nn.Module):
         mla = self.mla
         past = 0 if past_keys is None else past_keys.shape[1]
         if positions is None:
-            positions = torch.arange(past, past + x.shape[-2], device=x.device)  # (t,)
+            positions = default_positions(past, x.shape[-2], x.device)  # (t,)
         cos_sin = mla.rope_tables(positions)  # once, for the indexer and for MLA
         q_input = x
         if mla.q_down is not None:
