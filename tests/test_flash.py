@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlab
-from attnlab.flash import flash_attention, tile_map
+from attnlab.flash import flash_attention, tile_kind, tile_map
 from attnlab.masks import Alignment, sliding_window
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
@@ -549,3 +549,27 @@ def test_flash_attention_align_needs_a_causal_rule() -> None:
     q, k, v = _inputs(3, 7, 2)
     full = flash_attention(q, k, v, align="bottom-right")
     torch.testing.assert_close(full, TorchSDPA(q, k, v), **TOL)
+
+
+@pytest.mark.parametrize("rules", [{}, {"is_causal": True}, {"window": 3}, {"window": 1}])
+def test_tile_kind_is_what_the_dense_mask_shows_in_the_tile(rules: dict[str, Any]) -> None:
+    """Every tile of a 12 x 12 frame, queries and keys anywhere in it: "none" when the
+    mask hides every pair, "full" when it hides none, else "masked" (ring attention
+    classifies its blocks with this)."""
+    t = 12
+    window = rules.get("window")
+    if window is None and not rules.get("is_causal"):
+        allowed = torch.ones(t, t, dtype=torch.bool)
+    else:
+        allowed = sliding_window(t, window=window) if window else torch.ones(t, t).tril() > 0
+    kinds = set()
+    for i0 in range(t):
+        for i1 in range(i0 + 1, t + 1):
+            for j0 in range(t):
+                for j1 in range(j0 + 1, t + 1):
+                    seen = allowed[i0:i1, j0:j1]
+                    expected = "full" if seen.all() else "masked" if seen.any() else "none"
+                    assert tile_kind(i0, i1, j0, j1, **rules) == expected, (i0, i1, j0, j1)
+                    kinds.add(expected)
+    assert kinds == ({"full"} if not rules else {"full", "masked", "none"})
+    assert tile_kind(3, 3, 0, 5, **rules) == "none"  # no queries

@@ -467,7 +467,8 @@ def mask_float_dtypes(query: Tensor) -> tuple[torch.dtype, ...]:
     autocast dtype of `query`'s device, if autocast is on. `attn_mask` and
     `key_padding_mask` follow this one rule.
     """
-    return (query.dtype, torch.float32, autocast_dtype(query.device))
+    floats = (query.dtype, torch.float32, autocast_dtype(query.device))
+    return tuple(dtype for dtype in floats if dtype is not None)
 
 
 def check_attn_mask(

@@ -33,7 +33,7 @@ their last dimension.
 from __future__ import annotations
 
 import math
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -53,7 +53,7 @@ from attnlab._validation import (
 )
 from attnlab.masks import Alignment
 
-__all__ = ["flash_attention", "tile_map"]
+__all__ = ["TileKind", "flash_attention", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
 _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
@@ -365,15 +365,21 @@ def _no_second_derivative(dq: Tensor, dk: Tensor, dv: Tensor, *sources: Tensor) 
 
 
 # --8<-- [start:tiles]
+def _key_range(i0: int, i1: int, t_k: int, is_causal: bool, window: int | None) -> range:
+    """The keys that at least one query in i0..i1-1 may see (empty if none)."""
+    end = min(t_k, i1) if is_causal else t_k  # keys after i1 - 1: all in the future
+    lo = 0 if window is None else max(0, i0 - window + 1)  # keys before lo: too old
+    return range(lo, max(lo, end))
+
+
 def _key_starts(
     i0: int, i1: int, t_k: int, is_causal: bool, window: int | None, block_k: int
 ) -> range:
     """Starts of the key tiles that at least one query in i0..i1-1 may see."""
-    end = min(t_k, i1) if is_causal else t_k  # keys after i1 - 1: all in the future
-    lo = 0 if window is None else max(0, i0 - window + 1)  # keys before lo: too old
-    if lo >= end:
+    keys = _key_range(i0, i1, t_k, is_causal, window)
+    if not keys:
         return range(0)
-    return range((lo // block_k) * block_k, end, block_k)
+    return range((keys.start // block_k) * block_k, keys.stop, block_k)
 
 
 def _query_starts(
@@ -423,6 +429,38 @@ def _bias(
 
 
 # --8<-- [end:tiles]
+
+
+TileKind = Literal["none", "full", "masked"]
+"""What a tile needs: nothing (every pair hidden), all its scores, or a mask on them."""
+
+
+def tile_kind(
+    i0: int, i1: int, j0: int, j1: int, *, is_causal: bool = False, window: int | None = None
+) -> TileKind:
+    """What the queries at positions `i0..i1-1` need of the keys at `j0..j1-1`.
+
+    The rule of [`tile_map`][attnlab.flash.tile_map] for one tile, with both ranges in
+    one frame (a query at position `i` sees key `j <= i` under the causal mask, and
+    `j > i - window` too with a window, which implies `is_causal`). Ring attention
+    classifies its shard blocks with it.
+
+    Returns:
+        `"none"` if no query sees any of the keys (all in the future, or all too old),
+        `"masked"` if some pairs are hidden (the diagonal or the window's edge crosses
+        the tile), else `"full"`.
+
+    Examples:
+        >>> tile_kind(4, 8, 0, 4, is_causal=True), tile_kind(4, 8, 4, 8, is_causal=True)
+        ('full', 'masked')
+        >>> tile_kind(0, 4, 4, 8, is_causal=True), tile_kind(8, 12, 0, 4, window=3)
+        ('none', 'none')
+    """
+    causal = is_causal or window is not None
+    keys = _key_range(i0, i1, j1, causal, window) if i1 > i0 else range(0)
+    if max(keys.start, j0) >= min(keys.stop, j1):
+        return "none"
+    return "masked" if _needs_bias(i0, i1, j0, j1, causal, window) else "full"
 
 
 def tile_map(
@@ -477,9 +515,9 @@ def tile_map(
     grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
     for i0 in range(0, t_q, block_q):
         a0, a1 = i0 + offset, min(i0 + block_q, t_q) + offset  # positions among the keys
-        for j0 in _key_starts(a0, a1, t_k, causal, w, block_k):
-            j1 = min(j0 + block_k, t_k)
-            grid[i0 // block_q, j0 // block_k] = 1 + _needs_bias(a0, a1, j0, j1, causal, w)
+        for j0 in _key_starts(a0, a1, t_k, causal, w, block_k):  # the others: "none"
+            kind = tile_kind(a0, a1, j0, min(j0 + block_k, t_k), is_causal=causal, window=w)
+            grid[i0 // block_q, j0 // block_k] = ("none", "full", "masked").index(kind)
     return grid
 
 

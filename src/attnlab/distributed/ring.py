@@ -42,7 +42,7 @@ from attnlab._validation import (
     check_scale,
     is_validation_enabled,
 )
-from attnlab.flash import flash_backward, flash_forward
+from attnlab.flash import flash_backward, flash_forward, tile_kind
 
 __all__ = [
     "RingStats",
@@ -354,23 +354,14 @@ def _pair(
 ) -> str:
     """How a block of queries sees a block of keys: "full", "masked" or "none".
 
-    Both blocks are whole chunks of the same split, so under a causal mask a key chunk
-    lies entirely before the query chunk, is the same chunk, or lies entirely after it.
-    A window also hides key chunks that lie entirely `window` or more positions behind
-    every query, and masks (rather than shows in full) an earlier chunk that its edge
-    crosses. "masked" blocks run FlashAttention's causal and window rules with the query
-    chunk placed `q0 - k0` positions after the key chunk.
+    FlashAttention's rule for a tile ([`tile_kind`][attnlab.flash.tile_kind]), at the
+    blocks' global positions: a key chunk wholly in the future, or wholly `window` or
+    more positions behind every query, is skipped; one that the diagonal or the
+    window's edge crosses is masked. "masked" blocks then run FlashAttention's causal
+    and window rules with the query chunk placed `q0 - k0` positions after the key chunk.
     """
     (q0, q1, _), (k0, k1, _) = q_range, k_range
-    if q1 == q0 or k1 == k0:
-        return "none"
-    if not is_causal:
-        return "full"
-    if k0 > q0 or (window is not None and k1 - 1 <= q0 - window):  # future, or too old
-        return "none"
-    if k0 == q0 or (window is not None and k0 <= q1 - 1 - window):  # diagonal, or edge
-        return "masked"
-    return "full"
+    return tile_kind(q0, q1, k0, k1, is_causal=is_causal, window=window)
 
 
 def _work(kind: str, rows: int, cols: int, offset: int, window: int | None) -> int:
