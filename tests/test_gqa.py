@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from attnlab import _backends, masks, validation
-from attnlab.gqa import GroupedQueryAttention, RMSNorm
+from attnlab.gqa import GroupedQueryAttention, RMSNorm, rms_normalize
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
 from attnlab.linear import GatedDeltaNet
 from attnlab.llm import DecoderConfig
@@ -694,3 +694,17 @@ def test_positive_floats_follow_one_rule(
     with pytest.raises(error, match=f"^{name} {message}"):
         _POSITIVE_FLOATS[where](value)
     _POSITIVE_FLOATS[where](2)  # an int is a number: accepted
+
+
+def test_rms_normalize_is_the_float32_core_of_rmsnorm() -> None:
+    # The one RMS core of RMSNorm and GatedDeltaNet's gated norm: float32 for bf16 input,
+    # PyTorch's rms_norm of the widened input, and RMSNorm is it times the weight.
+    x = torch.randn(3, 5, 8).bfloat16()
+    got = rms_normalize(x, 1e-5)
+    assert got.dtype == torch.float32
+    expected = torch.nn.functional.rms_norm(x.float(), (8,), eps=1e-5)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    norm = RMSNorm(8, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0)
+    assert torch.equal(norm(x), (got * norm.weight).bfloat16())

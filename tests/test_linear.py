@@ -40,7 +40,23 @@ def test_linear_attention_forms_equal_sdpa_with_log_weights(causal: bool) -> Non
         weights = weights.tril()
     reference = F.scaled_dot_product_attention(torch.zeros_like(q), k, v, weights.log())
     for form in ("parallel", "recurrent"):
-        assert_close(linear_attention(q, k, v, causal=causal, form=form), reference)
+        assert_close(linear_attention(q, k, v, is_causal=causal, form=form), reference)
+
+
+def test_linear_attention_causal_is_a_deprecated_alias_of_is_causal() -> None:
+    q, k, v = torch.randn(2, 6, 4), torch.randn(2, 6, 4), torch.randn(2, 6, 5)
+    for flag in (True, False):
+        with pytest.warns(DeprecationWarning, match=r"causal=\.\.\.\) is deprecated: use is_c"):
+            old = linear_attention(q, k, v, causal=flag)
+        assert torch.equal(old, linear_attention(q, k, v, is_causal=flag))
+    assert not torch.equal(
+        linear_attention(q, k, v, is_causal=True), linear_attention(q, k, v, is_causal=False)
+    )
+    with (
+        pytest.warns(DeprecationWarning, match="is deprecated"),
+        pytest.raises(TypeError, match=r"^causal must be a bool"),
+    ):
+        linear_attention(q, k, v, causal=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -232,7 +248,12 @@ def test_gated_delta_net_unbatched_and_modes_agree() -> None:
     ("call", "error", "match"),
     [
         (lambda q: linear_attention(q, q, q, form="fast"), ValueError, "form"),
-        (lambda q: linear_attention(q, q, q, causal=1), TypeError, "causal"),
+        (lambda q: linear_attention(q, q, q, is_causal=1), TypeError, "is_causal must be"),
+        (
+            lambda q: linear_attention(q[0, 0, 0], q, q),
+            ValueError,
+            r"query must have at least 2 dimensions \(\.\.\., t, features\), got 1",
+        ),
         (lambda q: linear_attention(q, q[..., :3, :], q), ValueError, "key.shape"),
         (lambda q: delta_rule(q, q, q, q[..., 0], mode="fast"), ValueError, "mode"),
         (lambda q: delta_rule(q, q, q, q[..., 0], chunk_size=0), ValueError, "chunk_size"),

@@ -68,7 +68,7 @@ from attnlab.rope import (
     rotate,
 )
 
-__all__ = ["QK_NORMS", "GroupedQueryAttention", "QKNorm", "RMSNorm"]
+__all__ = ["QK_NORMS", "GroupedQueryAttention", "QKNorm", "RMSNorm", "rms_normalize"]
 
 _HF_CLASSES = (
     "LlamaAttention",
@@ -88,6 +88,22 @@ QKNorm = Literal["head", "projection"]
 `"projection"`, the whole query or key projection before the split into heads (OLMo 2)."""
 
 QK_NORMS: tuple[QKNorm, ...] = ("head", "projection")
+
+
+def rms_normalize(x: Tensor, eps: float) -> Tensor:
+    r"""$x / \sqrt{\operatorname{mean}(x^2) + \varepsilon}$ over the last dimension, unweighted.
+
+    The core of every RMSNorm in the package: [`RMSNorm`][attnlab.gqa.RMSNorm] and the
+    gated norm of [`GatedDeltaNet`][attnlab.linear.GatedDeltaNet]. It computes in
+    `compute_dtype(x.dtype)` (float32 for half-precision input) and returns that dtype,
+    not `x`'s, so that each caller applies its weight where its model does.
+
+    Examples:
+        >>> rms_normalize(torch.tensor([3.0, -3.0]), 0.0)
+        tensor([ 1., -1.])
+    """
+    wide = x.to(compute_dtype(x.dtype))
+    return wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class RMSNorm(nn.Module):
@@ -131,9 +147,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise `x` `(..., dim)` over its last dimension; the same shape and dtype."""
-        wide = x.to(compute_dtype(x.dtype))
-        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        weight = self.weight.to(wide.dtype)
+        normed = rms_normalize(x, self.eps)
+        weight = self.weight.to(normed.dtype)
         return (normed * (1.0 + weight if self.unit_offset else weight)).to(x.dtype)
 
 

@@ -39,6 +39,7 @@ projections, a short causal convolution, the gates, a gated RMSNorm, with a
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ from attnlab._validation import (
     check_bool,
     check_choice,
     check_features,
+    check_min_rank,
     check_padding_mask,  # re-exported: its home is _validation, used by llm and sparse too
     check_positive_float,
     check_positive_int,
@@ -61,6 +63,8 @@ from attnlab._validation import (
     check_tokens,
     is_validation_enabled,
 )
+from attnlab.gqa import rms_normalize
+from attnlab.masks import band_impl
 
 __all__ = [
     "DELTA_RULE_MODES",
@@ -98,16 +102,17 @@ def linear_attention(
     key: Tensor,
     value: Tensor,
     *,
-    causal: bool = True,
+    is_causal: bool = True,
     form: str = "parallel",
     feature_map: Callable[[Tensor], Tensor] = elu_feature_map,
+    causal: bool | None = None,
 ) -> Tensor:
     r"""Linear attention: softmax attention with $\exp(q^\top k)$ replaced by $\phi(q)^\top\phi(k)$.
 
     Each output is a weighted mean of the values with weights
     $\phi(q_i)^\top \phi(k_j) / \sum_{j'} \phi(q_i)^\top \phi(k_{j'})$, over keys
-    $j \le i$ if `causal`. `form="parallel"` builds that `t x t` weight matrix (masked if
-    causal); `form="recurrent"` never does: it carries the sums
+    $j \le i$ if `is_causal`. `form="parallel"` builds that `t x t` weight matrix (masked
+    if causal); `form="recurrent"` never does: it carries the sums
     $S = \sum_j \phi(k_j) v_j^\top$ `(d_k, d_v)` and $z = \sum_j \phi(k_j)$ `(d_k,)`,
     token by token if causal, once over all keys if not. The two are equal.
 
@@ -115,10 +120,13 @@ def linear_attention(
         query: `(..., t, d_k)`.
         key: `(..., t, d_k)`, the same leading shape.
         value: `(..., t, d_v)`.
-        causal: Whether query `i` sees only keys `j <= i`.
+        is_causal: Whether query `i` sees only keys `j <= i` (the name of every other
+            attention function and of `LinearSelfAttention.forward`).
         form: `"parallel"` or `"recurrent"`.
         feature_map: $\phi$, applied to queries and keys; its values must be positive for
             the weights to be a mean (the default, elu + 1, is).
+        causal: Deprecated name of `is_causal` (a `DeprecationWarning`); when given, it
+            is used.
 
     Returns:
         `(..., t, d_v)`.
@@ -133,18 +141,25 @@ def linear_attention(
         >>> torch.allclose(out, linear_attention(q, k, v, form="recurrent"), atol=1e-6)
         True
     """
+    if causal is not None:
+        warnings.warn(
+            "linear_attention(causal=...) is deprecated: use is_causal=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        is_causal = check_bool("causal", causal)
     check_choice("form", form, _FORMS)
-    check_bool("causal", causal)
+    check_bool("is_causal", is_causal)
     if is_validation_enabled():
         _check_linear_inputs(query, key, value)
-    return _linear_attention_impl(query, key, value, causal, form, feature_map)
+    return _linear_attention_impl(query, key, value, is_causal, form, feature_map)
 
 
 def _linear_attention_impl(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    causal: bool,
+    is_causal: bool,
     form: str,
     feature_map: Callable[[Tensor], Tensor],
 ) -> Tensor:
@@ -153,10 +168,10 @@ def _linear_attention_impl(
     # underflow to 0 (elu + 1 of a large negative input) then reads 0, not 0 / 0.
     if form == "parallel":
         weights = q @ k.transpose(-1, -2)  # (..., t, t)
-        if causal:
+        if is_causal:
             weights = weights.tril()
         return (weights @ value) / (weights.sum(-1, keepdim=True) + _EPS)
-    if not causal:
+    if not is_causal:
         state = k.transpose(-1, -2) @ value  # (..., d_k, d_v)
         norm = k.sum(-2)  # (..., d_k)
         return (q @ state) / (q @ norm.unsqueeze(-1) + _EPS)
@@ -248,8 +263,7 @@ def _check_multiple(name: str, value: int, of_name: str, of: int) -> None:
 def _check_linear_inputs(query: object, key: object, value: object) -> None:
     q, k, v = (check_tensor(n, x) for n, x in (("query", query), ("key", key), ("value", value)))
     for name, x in (("query", q), ("key", k), ("value", v)):
-        if x.ndim < 2:
-            raise ValueError(f"{name} must be (..., t, features), got {name}.shape={_shape(x)}")
+        check_min_rank(name, x, 2, "(..., t, features)")
     if k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
         raise ValueError(
             "query and key must have the same shape (..., t, d_k) and value (..., t, d_v) "
@@ -411,7 +425,7 @@ def _delta_chunk(
         q_c, k_c, v_c = q[..., chunk, :], k[..., chunk, :], v[..., chunk, :]  # (b, h, c, d)
         beta_c, cum = beta[..., chunk], g[..., chunk].cumsum(-1)  # (b, h, c)
         c = q_c.shape[-2]
-        causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        causal = band_impl(c, c, "top-left", None, q.device)  # (c, c): j <= i
         # log(Gamma_i / Gamma_j), masked above the diagonal before exp: it is > 0 there
         # and could overflow.
         log_ratio = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, -torch.inf)
@@ -738,9 +752,9 @@ class GatedDeltaNet(nn.Module):
 
     def _gated_norm(self, x: Tensor, z: Tensor) -> Tensor:
         """RMSNorm of each head's output (in float32 or wider), times SiLU of the gate."""
-        wide = x.to(compute_dtype(x.dtype))
-        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.norm_eps)
-        normed = self.norm_weight * normed.to(x.dtype)
+        # Rounded to x's dtype before the weight, as Hugging Face's gated norm does (unlike
+        # RMSNorm, which applies its weight in float32): the core is shared, not the order.
+        normed = self.norm_weight * rms_normalize(x, self.norm_eps).to(x.dtype)
         return (normed * F.silu(z.to(normed.dtype))).to(x.dtype)
 
     def check_state(self, state: object, batch_size: int) -> None:
