@@ -28,6 +28,7 @@ from attnlab.linear import GatedDeltaNet
 from attnlab.llm import DecoderConfig
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import RopeScaling, apply_rope, rope_cos_sin
+from attnlab.sparse import LightningIndexer
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -662,6 +663,7 @@ _POSITIVE_FLOATS: dict[str, Any] = {
     "MLA norm_eps": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, norm_eps=v),
     "MLA rope_scale": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, rope_scale=v),
     "RopeScaling beta_fast": lambda v: RopeScaling("yarn", 4.0, 16, beta_fast=v),
+    "LightningIndexer norm_eps": lambda v: LightningIndexer(8, 2, 4, norm_eps=v),
 }
 _DECODER_SIZES: dict[str, Any] = {
     "vocab_size": 10, "d_model": 8, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,

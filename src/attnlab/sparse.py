@@ -38,6 +38,7 @@ from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_features,
     check_padding_mask,
+    check_positive_float,
     check_positive_int,
     check_rank,
     check_tensor,
@@ -290,8 +291,9 @@ class LightningIndexer(nn.Module):
         x: `(b, t, d_model)`; q_input: `(b, t, d_query)`. Output: `(b, t, t)`.
 
     Raises:
-        TypeError: If a size is not an int.
-        ValueError: If a size is not positive, `rope_dim` is odd or above `head_dim`.
+        TypeError: If a size is not an int, or `norm_eps` not a number.
+        ValueError: If a size or `norm_eps` is not positive, or `rope_dim` is odd or
+            above `head_dim`.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -322,7 +324,7 @@ class LightningIndexer(nn.Module):
         self.softmax_scale = float(head_dim) ** -0.5
         self.q_proj = nn.Linear(self.d_query, num_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(d_model, head_dim, bias=False)
-        self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps)
+        self.k_norm = nn.LayerNorm(head_dim, eps=check_positive_float("norm_eps", norm_eps))
         self.weights_proj = nn.Linear(d_model, num_heads, bias=False)
 
     def extra_repr(self) -> str:
