@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab import validation
+from attnlab.multihead import Backend
 from attnlab.paged import (
     BlockAllocator,
+    Method,
     OutOfBlocksError,
     PagedKVCache,
     block_hashes,
@@ -594,6 +596,8 @@ def test_cache_errors_name_the_argument() -> None:
         block_hashes(torch.tensor([[1, 2]]), 2)
     with pytest.raises(TypeError, match=re.escape("dtype must be a floating-point torch.dtype")):
         _cache(dtype=torch.int64)
+    with pytest.raises(TypeError, match=re.escape("prefix_caching must be a bool, got 1 (int)")):
+        _cache(prefix_caching=1)
     assert cache.length(s) == 0
     assert cache.num_free_blocks == 4
 
@@ -646,3 +650,43 @@ def test_paged_attention_checks_can_be_switched_off() -> None:
     with validation(False):
         out = paged_attention(**args)  # type: ignore[arg-type]
     torch.testing.assert_close(out, paged_attention(**args))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
+@pytest.mark.parametrize("method", ["online", "gather"])
+def test_paged_attention_follows_autocast_like_the_other_kernels(
+    method: Method, backend: Backend
+) -> None:
+    # torch.autocast casts attention's inputs to bfloat16 and returns bfloat16, whatever
+    # the method: the rule of PyTorch's SDPA and of attnlab's own kernels.
+    from attnlab.functional import scaled_dot_product_attention
+
+    torch.manual_seed(0)
+    k_pool, v_pool = torch.randn(2, 6, 4, 8), torch.randn(2, 6, 4, 8)  # 6 blocks of 4
+    tables = torch.tensor([[5, 2, 0], [1, 4, 3]])
+    lengths = torch.tensor([7, 12])
+    q = torch.randn(2, 4, 2, 8)  # 4 query heads share 2 kv heads; 2 new tokens each
+
+    def run(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        return paged_attention(
+            query, keys, values, tables, lengths, method=method, backend=backend, blocks_per_tile=1
+        )
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = run(q, k_pool, v_pool)
+        mixed = run(q.bfloat16(), k_pool, v_pool)  # a projection's bfloat16, float32 pools
+    assert got.dtype == mixed.dtype == torch.bfloat16
+    low = [t.bfloat16() for t in (q, k_pool, v_pool)]
+    outside = run(*low)
+    assert torch.equal(got, outside)  # autocast = the inputs cast, then run as written
+    assert torch.equal(mixed, outside)
+    for i, n in enumerate(lengths.tolist()):
+        keys = k_pool[:, tables[i]].reshape(2, 12, 8)[:, :n].repeat_interleave(2, dim=0)
+        values = v_pool[:, tables[i]].reshape(2, 12, 8)[:, :n].repeat_interleave(2, dim=0)
+        seen = torch.arange(n)[None, :] <= torch.arange(n - 2, n)[:, None]  # (2, n)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = scaled_dot_product_attention(q[i], keys, values, attn_mask=seen)
+            torch_ = F.scaled_dot_product_attention(q[i], keys, values, attn_mask=seen)
+        assert ours.dtype == torch_.dtype == torch.bfloat16
+        torch.testing.assert_close(got[i], ours, atol=8e-3, rtol=8e-3)
+        torch.testing.assert_close(got[i], torch_, atol=8e-3, rtol=8e-3)

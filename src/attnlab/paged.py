@@ -43,9 +43,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from attnlab._backends import Backend, attend
-from attnlab._precision import compute_dtype
+from attnlab._backends import Backend, attend, check_backend, check_backend_call
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
 from attnlab._validation import (
+    check_bool,
     check_choice,
     check_device,
     check_features,
@@ -75,7 +76,6 @@ Method = Literal["gather", "online"]
 """How [`paged_attention`][attnlab.paged.paged_attention] reads the blocks."""
 
 _METHODS: tuple[Method, ...] = ("gather", "online")
-_GATHER_BACKENDS: tuple[Backend, ...] = ("torch", "scratch")  # they take a mask
 
 
 class OutOfBlocksError(RuntimeError):
@@ -350,9 +350,7 @@ class PagedKVCache:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         check_device("device", device)
-        if not isinstance(prefix_caching, bool):
-            raise TypeError(f"prefix_caching must be a bool, got {prefix_caching!r}")
-        self.prefix_caching = prefix_caching
+        self.prefix_caching = check_bool("prefix_caching", prefix_caching)
         self.allocator = BlockAllocator(num_blocks)
         shape = (num_layers, num_kv_heads, num_blocks, block_size)
         self.key_pools = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
@@ -669,10 +667,18 @@ class PagedKVCache:
         key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
         tables = self._attend_tables(seq_ids)
         if is_validation_enabled():  # the tables and lengths are the cache's own
-            _check_paged(query, key_pool, value_pool, tables, lengths, query_lengths, own=True)
-            check_scale("scale", scale)
-            check_choice("method", method, _METHODS)
-            check_choice("backend", backend, _GATHER_BACKENDS)
+            _check_call(
+                query,
+                key_pool,
+                value_pool,
+                tables,
+                lengths,
+                query_lengths,
+                scale,
+                method,
+                backend,
+                own=True,
+            )
         return paged_attention_impl(
             query,
             key_pool,
@@ -751,8 +757,11 @@ def paged_attention(
       scores, and `embedding_bag` sums the value rows through the same pattern. Off the
       CPU, `"torch"` takes the spelled-out path too.
 
-    float16 and bfloat16 are computed in float32 and rounded back. No dropout, no
-    gradient intended (inference).
+    float16 and bfloat16 are computed in float32 and rounded back. Inside
+    `torch.autocast` the query and the pools are first cast to the autocast dtype
+    (float64 excepted), and so is the result, with either method, as PyTorch's SDPA does
+    (cheap when the cache already holds that dtype: a float32 cache is cast whole). No
+    dropout, no gradient intended (inference).
 
     Args:
         query: Queries, shape `(b, num_heads, t_q, head_dim)`.
@@ -804,11 +813,18 @@ def paged_attention(
         True
     """
     if is_validation_enabled():
-        _check_paged(query, key_pool, value_pool, block_tables, lengths, query_lengths)
-        check_scale("scale", scale)
-        check_choice("method", method, _METHODS)
+        _check_call(
+            query,
+            key_pool,
+            value_pool,
+            block_tables,
+            lengths,
+            query_lengths,
+            scale,
+            method,
+            backend,
+        )
         check_positive_int("blocks_per_tile", blocks_per_tile)
-        check_choice("backend", backend, _GATHER_BACKENDS)
     return paged_attention_impl(
         query,
         key_pool,
@@ -837,21 +853,28 @@ def paged_attention_impl(
     backend: Backend = "torch",
 ) -> Tensor:
     """[`paged_attention`][attnlab.paged.paged_attention] without the checks."""
+    # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
+    # autocast off, as every kernel of the package does (attnlab._precision's rules):
+    # both methods then return the autocast dtype.
+    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
     b, h, t_q, e = query.shape
     if b == 0:  # no sequence: nothing to read (and no positions to take a max of)
         return query.new_zeros(0, h, t_q, value_pool.shape[-1])
     s = 1.0 / math.sqrt(e) if scale is None else float(scale)
-    positions, real = _query_positions(lengths, query_lengths, t_q)
-    block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
-    if method == "gather":
-        out = _gather_attention(query, key_pool, value_pool, block_tables, positions, s, backend)
-    else:
-        out = _online_attention(
-            query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile, backend
-        )
-    if real is None:  # no padding rows
-        return out
-    return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
+    with autocast_off(query.device.type):
+        positions, real = _query_positions(lengths, query_lengths, t_q)
+        block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
+        if method == "gather":
+            out = _gather_attention(
+                query, key_pool, value_pool, block_tables, positions, s, backend
+            )
+        else:
+            out = _online_attention(
+                query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile, backend
+            )
+        if real is None:  # no padding rows
+            return out
+        return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
 
 
 def _query_positions(
@@ -1200,6 +1223,30 @@ def _check_index_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
             f"{name}.shape={tuple(x.shape)}"
         )
     return x
+
+
+def _check_call(
+    query: object,
+    key_pool: object,
+    value_pool: object,
+    block_tables: object,
+    lengths: object,
+    query_lengths: object,
+    scale: object,
+    method: object,
+    backend: object,
+    *,
+    own: bool = False,
+) -> None:
+    """The checks of a paged attention call: its tensors, as autocast casts them, and
+    its options (`blocks_per_tile` is paged_attention's alone)."""
+    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+    _check_paged(query, key_pool, value_pool, block_tables, lengths, query_lengths, own=own)
+    check_scale("scale", scale)
+    check_choice("method", method, _METHODS)
+    # The backends' own rule of which of them take a mask: paged attention always masks
+    # (by position through the table), so its tables stand for the mask here.
+    check_backend_call(check_backend(backend), attn_mask=block_tables, dropout_p=0.0)
 
 
 def _check_paged(
