@@ -667,7 +667,7 @@ class PagedKVCache:
         key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
         tables = self._attend_tables(seq_ids)
         if is_validation_enabled():  # the tables and lengths are the cache's own
-            _check_call(
+            _check_paged(
                 query,
                 key_pool,
                 value_pool,
@@ -813,7 +813,7 @@ def paged_attention(
         True
     """
     if is_validation_enabled():
-        _check_call(
+        _check_paged(
             query,
             key_pool,
             value_pool,
@@ -1225,7 +1225,7 @@ def _check_index_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     return x
 
 
-def _check_call(
+def _check_paged(
     query: object,
     key_pool: object,
     value_pool: object,
@@ -1238,32 +1238,19 @@ def _check_call(
     *,
     own: bool = False,
 ) -> None:
-    """The checks of a paged attention call: its tensors, as autocast casts them, and
-    its options (`blocks_per_tile` is paged_attention's alone)."""
-    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
-    _check_paged(query, key_pool, value_pool, block_tables, lengths, query_lengths, own=own)
+    """The checks of a paged attention call (the last ones read values).
+
+    The tensors are checked as autocast casts them; of the options, `blocks_per_tile`
+    is paged_attention's alone and checked there. `own=True`: the tables and lengths
+    come from a `PagedKVCache`, right by construction; their values are not read
+    (query_lengths' still are).
+    """
     check_scale("scale", scale)
     check_choice("method", method, _METHODS)
     # The backends' own rule of which of them take a mask: paged attention always masks
     # (by position through the table), so its tables stand for the mask here.
     check_backend_call(check_backend(backend), attn_mask=block_tables, dropout_p=0.0)
-
-
-def _check_paged(
-    query: object,
-    key_pool: object,
-    value_pool: object,
-    block_tables: object,
-    lengths: object,
-    query_lengths: object,
-    *,
-    own: bool = False,
-) -> None:
-    """The checks of paged_attention's tensors (the last ones read values).
-
-    `own=True`: the tables and lengths come from a `PagedKVCache`, right by
-    construction; their values are not read (query_lengths' still are).
-    """
+    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
     q = check_tensor("query", query)
     k = check_tensor("key_pool", key_pool)
     v = check_tensor("value_pool", value_pool)
