@@ -380,7 +380,7 @@ def _flash(
         is_causal=is_causal,
         window=window,
         scale=None if scale is None else float(scale),
-        offset=t_k - t_q if align == "bottom-right" else 0,
+        offset=masks.alignment_offset(t_q, t_k, align),
         softcap=softcap,
         sinks=sinks,  # one per query head: after repeat_heads as before
     )

@@ -40,6 +40,7 @@ __all__ = [
     "check_choice",
     "check_device",
     "check_features",
+    "check_float_dtype",
     "check_int_sequence",
     "check_min_rank",
     "check_nonnegative_int",
@@ -448,6 +449,17 @@ def check_qkv(
             f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
         )
     return q, k, v
+
+
+def check_float_dtype(name: str, dtype: object) -> torch.dtype:
+    """Return `dtype` if it is a floating-point `torch.dtype` (what a cache stores).
+
+    Raises:
+        TypeError: If it is not a `torch.dtype`, or not a floating-point one.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype
 
 
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:

@@ -51,7 +51,7 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
-from attnlab.masks import Alignment
+from attnlab.masks import Alignment, alignment_offset
 
 __all__ = ["TileKind", "flash_attention", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
@@ -191,7 +191,7 @@ def flash_attention(
         scale=scale,
         block_q=block_q,
         block_k=block_k,
-        offset=key.shape[-2] - query.shape[-2] if align == "bottom-right" else 0,
+        offset=alignment_offset(query.shape[-2], key.shape[-2], align),
         softcap=softcap,
         sinks=sinks,
     )
@@ -511,7 +511,7 @@ def tile_map(
     w = None if window is None else check_positive_int("window", window)
     check_choice("align", align, get_args(Alignment))
     causal = is_causal or w is not None
-    offset = t_k - t_q if align == "bottom-right" else 0  # as flash_attention places them
+    offset = alignment_offset(t_q, t_k, align)  # as flash_attention places them
     grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
     for i0 in range(0, t_q, block_q):
         a0, a1 = i0 + offset, min(i0 + block_q, t_q) + offset  # positions among the keys

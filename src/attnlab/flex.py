@@ -74,7 +74,7 @@ from attnlab._validation import (
     check_sinks,
     check_softcap,
 )
-from attnlab.masks import Alignment
+from attnlab.masks import Alignment, alignment_offset
 
 __all__ = [
     "MaskMod",
@@ -162,7 +162,8 @@ def _offset(t_q: object, t_k: object, align: object) -> int:
             f"align='bottom-right' places the queries at the end of the keys, so it needs "
             f"both lengths, got t_q={t_q!r} and t_k={t_k!r}"
         )
-    return check_nonnegative_int("t_k", t_k) - check_nonnegative_int("t_q", t_q)
+    t_q, t_k = check_nonnegative_int("t_q", t_q), check_nonnegative_int("t_k", t_k)
+    return alignment_offset(t_q, t_k, "bottom-right")
 
 
 def causal_mod(

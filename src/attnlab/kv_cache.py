@@ -39,6 +39,7 @@ from torch import Tensor
 
 from attnlab._validation import (
     check_device,
+    check_float_dtype,
     check_positive_int,
     check_rank,
     check_tensor,
@@ -55,6 +56,7 @@ __all__ = [
     "check_cache",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
+    "resolve_v_head_dim",
 ]
 
 
@@ -81,8 +83,19 @@ class CacheLayout(NamedTuple):
 _HEAD_DIM_V = "head_dim_v is deprecated: use v_head_dim (the spelling MLA uses too)"
 
 
-def _v_head_dim(head_dim: int, v_head_dim: int | None, head_dim_v: int | None) -> int:
-    """The value size from `v_head_dim` or its deprecated spelling `head_dim_v`."""
+def resolve_v_head_dim(head_dim: int, v_head_dim: int | None, head_dim_v: int | None = None) -> int:
+    """The value size of a cache: `v_head_dim`, or `head_dim` when it is None.
+
+    The one rule of every cache that takes both sizes (the paged cache too). `head_dim_v`
+    is the deprecated spelling of `v_head_dim`: it warns, and may not disagree with it.
+
+    Raises:
+        ValueError: If a size is not a positive int, or the two spellings disagree.
+
+    Examples:
+        >>> resolve_v_head_dim(64, None), resolve_v_head_dim(64, 32)
+        (64, 32)
+    """
     if head_dim_v is not None:
         warnings.warn(_HEAD_DIM_V, DeprecationWarning, stacklevel=3)
         if v_head_dim is not None and v_head_dim != head_dim_v:
@@ -138,7 +151,7 @@ def kv_cache_bytes_per_token(
     check_positive_int("num_layers", num_layers)
     check_positive_int("num_kv_heads", num_kv_heads)
     check_positive_int("head_dim", head_dim)
-    v_head_dim = _v_head_dim(head_dim, v_head_dim, head_dim_v)
+    v_head_dim = resolve_v_head_dim(head_dim, v_head_dim, head_dim_v)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
     return num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype.itemsize
@@ -514,9 +527,8 @@ class StaticKVCache(KVCache):
         self.max_length = check_positive_int("max_length", max_length)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.v_head_dim = _v_head_dim(head_dim, v_head_dim, head_dim_v)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim, head_dim_v)
+        check_float_dtype("dtype", dtype)
         check_device("device", device)
         shape = (batch_size, num_kv_heads, max_length)
         self._keys = torch.zeros(*shape, head_dim, dtype=dtype, device=device)

@@ -40,6 +40,7 @@ from attnlab._validation import (
 __all__ = [
     "Alignment",
     "additive_to_allowed",
+    "alignment_offset",
     "allowed_to_additive",
     "allowed_to_blocked",
     "band_impl",
@@ -63,6 +64,20 @@ Alignment = Literal["top-left", "bottom-right"]
 _ALIGNMENTS: tuple[Alignment, ...] = ("top-left", "bottom-right")
 
 
+def alignment_offset(t_q: int, t_k: int, align: str) -> int:
+    """The key position of query 0: 0 for `"top-left"`, `t_k - t_q` for `"bottom-right"`.
+
+    The one meaning of the two alignments (PyTorch's `causal_upper_left` and
+    `causal_lower_right`): query `i` sits at key position `i + offset`. Unchecked; the
+    callers check `align` at their boundary.
+
+    Examples:
+        >>> alignment_offset(2, 5, "top-left"), alignment_offset(2, 5, "bottom-right")
+        (0, 3)
+    """
+    return t_k - t_q if align == "bottom-right" else 0
+
+
 def band_impl(
     t_q: int, t_k: int, align: str, window: int | None, device: torch.device | str | None
 ) -> Tensor:
@@ -77,7 +92,7 @@ def band_impl(
     when decoding after a cache). Built at its own size, so one decoded query against a
     long cache costs a row, not a square over the whole sequence.
     """
-    offset = 0 if align == "top-left" else t_k - t_q
+    offset = alignment_offset(t_q, t_k, align)
     ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
     mask = ones.tril(offset)  # j <= i + offset
     if window is not None:

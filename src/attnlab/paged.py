@@ -50,6 +50,7 @@ from attnlab._validation import (
     check_choice,
     check_device,
     check_features,
+    check_float_dtype,
     check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
@@ -61,6 +62,7 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.distributed.ring import merge_partials
+from attnlab.kv_cache import resolve_v_head_dim
 
 __all__ = [
     "BlockAllocator",
@@ -344,11 +346,8 @@ class PagedKVCache:
         self.block_size = check_positive_int("block_size", block_size)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.v_head_dim = (
-            head_dim if v_head_dim is None else check_positive_int("v_head_dim", v_head_dim)
-        )
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)  # the caches' one rule
+        check_float_dtype("dtype", dtype)
         check_device("device", device)
         self.prefix_caching = check_bool("prefix_caching", prefix_caching)
         self.allocator = BlockAllocator(num_blocks)
