@@ -419,3 +419,11 @@ def test_bench_plot_draws_every_mask(tmp_path: Any) -> None:
         "flex_attention (compiled)",
     ):
         assert text in svg
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.complex64])
+def test_document_ids_must_be_integers(dtype: torch.dtype) -> None:
+    """The package's one integer rule (complex ids used to pass here)."""
+    ids = torch.tensor([0, 0, 1, 1]).to(dtype)
+    with pytest.raises(TypeError, match="document_ids must be"):
+        flex.document_mod(ids)

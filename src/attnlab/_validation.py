@@ -58,6 +58,7 @@ __all__ = [
     "check_tensor",
     "check_token_ids",
     "check_tokens",
+    "is_integer_dtype",
     "is_validation_enabled",
     "mask_float_dtypes",
     "set_validation",
@@ -451,6 +452,18 @@ def check_qkv(
     return q, k, v
 
 
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """Whether `dtype` holds integers: not floating point, not complex, and not bool.
+
+    The one rule of what counts as token ids, positions, lengths and indices.
+
+    Examples:
+        >>> is_integer_dtype(torch.int32), is_integer_dtype(torch.bool)
+        (True, False)
+    """
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     """Return `dtype` if it is a floating-point `torch.dtype` (what a cache stores).
 
@@ -602,7 +615,7 @@ def check_int_sequence(
     kind = {None: "an int", 0: "a non-negative int"}.get(low, f"an int >= {low}")
     if isinstance(value, Tensor):
         dtype = value.dtype
-        if value.ndim != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        if value.ndim != 1 or not is_integer_dtype(dtype):
             raise TypeError(
                 f"{name} must be a 1-d integer tensor or a sequence of ints, got a "
                 f"{dtype} tensor of shape {_shape(value)}"
@@ -684,9 +697,7 @@ def check_token_ids(
     """
     if (
         not isinstance(tokens, Tensor)
-        or tokens.dtype.is_floating_point
-        or tokens.dtype.is_complex
-        or tokens.dtype == torch.bool
+        or not is_integer_dtype(tokens.dtype)
         or tokens.ndim not in ranks
     ):
         got = (

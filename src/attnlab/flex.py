@@ -73,6 +73,7 @@ from attnlab._validation import (
     check_scale,
     check_sinks,
     check_softcap,
+    is_integer_dtype,
 )
 from attnlab.masks import Alignment, alignment_offset
 
@@ -422,12 +423,7 @@ def document_mod(
                 [0, 0, 1, 1]], dtype=torch.int32)
     """
     ids = document_ids
-    if (
-        not isinstance(ids, Tensor)
-        or ids.ndim not in (1, 2)
-        or ids.is_floating_point()
-        or ids.dtype == torch.bool
-    ):
+    if not isinstance(ids, Tensor) or ids.ndim not in (1, 2) or not is_integer_dtype(ids.dtype):
         got = (
             f"a {ids.dtype} tensor of shape {tuple(ids.shape)}"
             if isinstance(ids, Tensor)

@@ -58,6 +58,7 @@ from attnlab._validation import (
     check_same_dtype_device,
     check_scale,
     check_tensor,
+    is_integer_dtype,
     is_validation_enabled,
     value_checks_enabled,
 )
@@ -1214,7 +1215,7 @@ def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
 def _check_index_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
-    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+    if not is_integer_dtype(x.dtype):
         raise TypeError(f"{name} must be an integer tensor {layout}, got {x.dtype}")
     if x.ndim != ndim:
         raise ValueError(

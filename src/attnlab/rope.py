@@ -55,6 +55,7 @@ from attnlab._validation import (
     check_positive_float,
     check_positive_int,
     check_tensor,
+    is_integer_dtype,
     is_validation_enabled,
     tracing,
 )
@@ -258,7 +259,7 @@ def _check_integer_tensor(positions: object) -> Tensor:
     """The dtype and rank rule of positions: an integer tensor `(t,)` or `(b, t)`."""
     if not isinstance(positions, Tensor):
         raise TypeError(f"positions must be a torch.Tensor of ints, got {type(positions).__name__}")
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+    if not is_integer_dtype(positions.dtype):
         raise TypeError(
             f"positions must have an integer dtype, got {positions.dtype} "
             f"(positions.shape={tuple(positions.shape)})"
