@@ -51,7 +51,7 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
-from attnlab.masks import Alignment, alignment_offset
+from attnlab.masks import Alignment, alignment_offset, check_window
 
 __all__ = ["TileKind", "flash_attention", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
@@ -173,8 +173,7 @@ def flash_attention(
         query, key, value = autocast_inputs(query, key, value)
         _check_inputs(query, key, value)
         check_bool("is_causal", is_causal)
-        if window is not None:
-            check_positive_int("window", window)
+        check_window(window, None)  # no attn_mask here: the window is the mask
         check_scale("scale", scale)
         block_q, block_k = _check_block_size(block_size)
         check_choice("align", align, get_args(Alignment))
