@@ -51,9 +51,9 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
-from attnlab.masks import Alignment, alignment_offset, check_window
+from attnlab.masks import Alignment, alignment_offset, band_at_impl, check_window
 
-__all__ = ["TileKind", "flash_attention", "tile_kind", "tile_map"]
+__all__ = ["TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
 _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
@@ -364,8 +364,16 @@ def _no_second_derivative(dq: Tensor, dk: Tensor, dv: Tensor, *sources: Tensor) 
 
 
 # --8<-- [start:tiles]
-def _key_range(i0: int, i1: int, t_k: int, is_causal: bool, window: int | None) -> range:
-    """The keys that at least one query in i0..i1-1 may see (empty if none)."""
+def key_range(i0: int, i1: int, t_k: int, is_causal: bool, window: int | None) -> range:
+    """The keys of `0..t_k-1` that at least one query in `i0..i1-1` may see (or none).
+
+    One frame for both, as in [`tile_kind`][attnlab.flash.tile_kind]; for one query
+    (`i1 = i0 + 1`) exactly the keys it sees.
+
+    Examples:
+        >>> key_range(5, 6, 10, True, 3), key_range(0, 4, 10, False, None)
+        (range(3, 6), range(0, 10))
+    """
     end = min(t_k, i1) if is_causal else t_k  # keys after i1 - 1: all in the future
     lo = 0 if window is None else max(0, i0 - window + 1)  # keys before lo: too old
     return range(lo, max(lo, end))
@@ -375,7 +383,7 @@ def _key_starts(
     i0: int, i1: int, t_k: int, is_causal: bool, window: int | None, block_k: int
 ) -> range:
     """Starts of the key tiles that at least one query in i0..i1-1 may see."""
-    keys = _key_range(i0, i1, t_k, is_causal, window)
+    keys = key_range(i0, i1, t_k, is_causal, window)
     if not keys:
         return range(0)
     return range((keys.start // block_k) * block_k, keys.stop, block_k)
@@ -418,13 +426,9 @@ def _bias(
     like: Tensor,
 ) -> Tensor:
     """0 where query i may see key j (i - window < j <= i), else -inf; (rows, cols)."""
-    rows = torch.arange(i0, i1, device=like.device)[:, None]
-    cols = torch.arange(j0, j1, device=like.device)
-    hidden = cols > rows  # (rows, cols)
-    if window is not None:
-        hidden |= cols <= rows - window
+    seen = band_at_impl(i1 - i0, j1 - j0, i0 - j0, window, like.device)  # masks' one band
     bias = torch.zeros(i1 - i0, j1 - j0, dtype=like.dtype, device=like.device)
-    return bias.masked_fill_(hidden, float("-inf"))
+    return bias.masked_fill_(~seen, float("-inf"))
 
 
 # --8<-- [end:tiles]
@@ -456,7 +460,7 @@ def tile_kind(
         ('none', 'none')
     """
     causal = is_causal or window is not None
-    keys = _key_range(i0, i1, j1, causal, window) if i1 > i0 else range(0)
+    keys = key_range(i0, i1, j1, causal, window) if i1 > i0 else range(0)
     if max(keys.start, j0) >= min(keys.stop, j1):
         return "none"
     return "masked" if _needs_bias(i0, i1, j0, j1, causal, window) else "full"

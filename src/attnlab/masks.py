@@ -43,6 +43,7 @@ __all__ = [
     "alignment_offset",
     "allowed_to_additive",
     "allowed_to_blocked",
+    "band_at_impl",
     "band_impl",
     "blocked_to_allowed",
     "causal",
@@ -92,7 +93,23 @@ def band_impl(
     when decoding after a cache). Built at its own size, so one decoded query against a
     long cache costs a row, not a square over the whole sequence.
     """
-    offset = alignment_offset(t_q, t_k, align)
+    return band_at_impl(t_q, t_k, alignment_offset(t_q, t_k, align), window, device)
+
+
+def band_at_impl(
+    t_q: int, t_k: int, offset: int, window: int | None, device: torch.device | str | None
+) -> Tensor:
+    """[`band_impl`][attnlab.masks.band_impl] with the queries at any `offset`.
+
+    Query i sits at key position `i + offset`, whatever that is: FlashAttention's tiles
+    and ring attention's blocks place a tile of queries `i0 - j0` positions after its
+    tile of keys. Unchecked, like `band_impl`.
+
+    Examples:
+        >>> band_at_impl(2, 4, 1, 2, "cpu").long()  # queries at key positions 1 and 2
+        tensor([[1, 1, 0, 0],
+                [0, 1, 1, 0]])
+    """
     ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
     mask = ones.tril(offset)  # j <= i + offset
     if window is not None:

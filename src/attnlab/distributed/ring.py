@@ -42,7 +42,7 @@ from attnlab._validation import (
     check_scale,
     is_validation_enabled,
 )
-from attnlab.flash import flash_backward, flash_forward, tile_kind
+from attnlab.flash import flash_backward, flash_forward, key_range, tile_kind
 
 __all__ = [
     "RingStats",
@@ -368,11 +368,8 @@ def _work(kind: str, rows: int, cols: int, offset: int, window: int | None) -> i
     """(query, key) pairs a block shows: all, none, or those of the causal/window band."""
     if kind != "masked":
         return rows * cols if kind == "full" else 0
-    seen = 0
-    for i in range(offset, offset + rows):  # the queries' positions among the keys
-        lo = 0 if window is None else max(0, i - window + 1)
-        seen += max(0, min(cols, i + 1) - lo)
-    return seen
+    # Each query's positions among the keys; what it sees is FlashAttention's key range.
+    return sum(len(key_range(i, i + 1, cols, True, window)) for i in range(offset, offset + rows))
 
 
 def _steps(ranges: list[list[tuple[int, int]]], is_causal: bool, window: int | None) -> int:
