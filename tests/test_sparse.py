@@ -298,6 +298,16 @@ def _small() -> DeepSeekSparseAttention:
         (lambda: topk_indices(torch.zeros(1, 3, 2), 1), ValueError, "t=3 > s=2"),
         (lambda: selection_mask(torch.tensor([[[3]]]), 3), ValueError, "indices must lie"),
         (lambda: selection_mask(torch.zeros(1, 1, 1), 3), TypeError, "indices must be an int"),
+        (  # bool is not an index: True would read as key 1
+            lambda: selection_mask(torch.tensor([[[True, False]]]), 3),
+            TypeError,
+            "indices must be an int",
+        ),
+        (
+            lambda: selection_mask(torch.zeros(1, 1, 1, dtype=torch.complex64), 3),
+            TypeError,
+            "indices must be an int",
+        ),
         (
             lambda: DeepSeekSparseAttention(_small().mla, _small().indexer, topk=0),
             ValueError,

@@ -43,6 +43,7 @@ from attnlab._validation import (
     check_rank,
     check_tensor,
     check_tokens,
+    is_integer_dtype,
     is_validation_enabled,
     value_checks_enabled,
 )
@@ -156,7 +157,7 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
 def _check_indices(indices: object, num_keys: object) -> None:
     check_positive_int("num_keys", num_keys)
     assert isinstance(num_keys, int)
-    if not isinstance(indices, Tensor) or indices.is_floating_point() or indices.is_complex():
+    if not isinstance(indices, Tensor) or not is_integer_dtype(indices.dtype):
         raise TypeError(f"indices must be an integer tensor, got {indices!r:.60}")
     check_rank("indices", indices, (2, 3), "(t, k) or (b, t, k)")
     if (
