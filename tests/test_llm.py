@@ -462,7 +462,7 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, eos_token_id=100),
             ValueError,
-            r"eos_token_id must be in \[0, vocab_size=97\)",
+            r"eos_token_id\[0\]=100 is outside the vocabulary \[0, 97\)",
         ),
         (
             lambda d: d.make_cache(1, 65),
@@ -472,7 +472,17 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d(torch.ones(2, 3, dtype=torch.long), logits_at=torch.tensor([0, 3])),
             ValueError,
-            r"logits_at must index the t=3 tokens, got \[0, 3\]",
+            r"logits_at\[1\]=3 is outside the t=3 tokens \[0, 3\)",
+        ),
+        (  # a bool index used to pass the check and fail later with an IndexError
+            lambda d: d(torch.ones(1, 3, dtype=torch.long), logits_at=torch.tensor([True])),
+            TypeError,
+            r"logits_at must be an integer tensor",
+        ),
+        (  # and a complex one inside the range check, with NotImplementedError
+            lambda d: d(torch.ones(1, 3, dtype=torch.long), logits_at=torch.tensor([1j])),
+            TypeError,
+            r"logits_at must be an integer tensor",
         ),
         (
             lambda d: d(torch.ones(2, 3, dtype=torch.long), logits_at=torch.tensor([1])),

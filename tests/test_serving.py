@@ -175,6 +175,35 @@ def test_engine_eos_ends_a_request(tiny: tuple[Decoder, list[Any]]) -> None:
     assert engine.run()[i] == tokens[: stop + 1]  # the end token is kept
 
 
+def test_engine_eos_takes_several_tokens(tiny: tuple[Decoder, list[Any]]) -> None:
+    # Like Decoder.generate, a request may end on any of several tokens: the first made.
+    decoder, reference = tiny
+    tokens = reference[2].generated_tokens
+    engine = Engine(decoder, num_blocks=32, block_size=4)
+    i = engine.submit(PROMPTS[2], 14, eos_token_id=[tokens[9], tokens[4]])
+    stop = min(tokens.index(tokens[9]), tokens.index(tokens[4]))
+    assert stop <= 4
+    assert engine.run()[i] == tokens[: stop + 1]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [("2", TypeError), (True, TypeError), (2.0, TypeError), ([1, 97], ValueError)],
+)
+def test_eos_token_id_follows_one_rule(
+    tiny: tuple[Decoder, list[Any]], bad: object, error: type[Exception]
+) -> None:
+    # Engine.submit and Decoder.generate check eos_token_id with one function: the same
+    # error and message (the engine used to raise ValueError for "2", True and 2.0).
+    decoder, _ = tiny
+    engine = Engine(decoder, num_blocks=32, block_size=4)
+    with pytest.raises(error, match=r"^eos_token_id") as theirs:
+        decoder.generate(torch.tensor([[1, 2]]), 2, eos_token_id=bad)  # type: ignore[arg-type]
+    with pytest.raises(error, match=r"^eos_token_id") as ours:
+        engine.submit([1, 2], 3, eos_token_id=bad)  # type: ignore[arg-type]
+    assert str(ours.value) == str(theirs.value)
+
+
 def test_engine_cancel_returns_blocks(tiny: tuple[Decoder, list[Any]]) -> None:
     decoder, reference = tiny
     engine = Engine(decoder, num_blocks=32, block_size=4)

@@ -56,6 +56,7 @@ __all__ = [
     "check_sinks",
     "check_softcap",
     "check_tensor",
+    "check_token_id_set",
     "check_token_ids",
     "check_tokens",
     "is_integer_dtype",
@@ -715,3 +716,27 @@ def check_token_ids(
                 f"from {low} to {high}"
             )
     return tokens
+
+
+def check_token_id_set(name: str, value: object, vocab_size: int) -> tuple[int, ...]:
+    """Check the token ids that end (or pad) a generation; return them in order.
+
+    The one rule of every `eos_token_id` and `pad_token_id`: `None` (no such token,
+    returned as `()`), one id or a sequence of ids, each an int (not a bool) in
+    `[0, vocab_size)`. The ids are checked by
+    [`check_int_sequence`][attnlab._validation.check_int_sequence].
+
+    Raises:
+        TypeError: If `value` is neither, or an id is not an int.
+        ValueError: If an id lies outside the vocabulary.
+    """
+    from collections.abc import Sequence  # local: this function only appends to the module
+
+    if value is None:
+        return ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    elif not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be an int, a sequence of ints or None, got {value!r}")
+    ids = check_int_sequence(name, value, low=0, high=vocab_size, within="the vocabulary ")
+    return tuple(int(i) for i in ids)

@@ -66,13 +66,15 @@ from torch import Tensor, nn
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
+    check_int_sequence,
     check_padding_mask,
     check_positive_float,
     check_positive_int,
     check_softcap,
+    check_token_id_set,
     check_token_ids,
+    is_integer_dtype,
     is_validation_enabled,
-    value_checks_enabled,
 )
 from attnlab.gqa import QK_NORMS, GroupedQueryAttention, QKNorm, RMSNorm
 from attnlab.kv_cache import (
@@ -1031,15 +1033,14 @@ class Decoder(nn.Module):
 
     def _check_logits_at(self, logits_at: object, ids: Tensor) -> None:
         b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
-        if not isinstance(logits_at, Tensor) or logits_at.dtype.is_floating_point:
+        if not isinstance(logits_at, Tensor) or not is_integer_dtype(logits_at.dtype):
             raise TypeError(f"logits_at must be an integer tensor, got {logits_at!r}")
         if tuple(logits_at.shape) != (b,):
             raise ValueError(
                 f"logits_at must have shape (b,) = ({b},), one index per row, got "
                 f"{tuple(logits_at.shape)}"
             )
-        if value_checks_enabled() and b and not bool(((logits_at >= 0) & (logits_at < t)).all()):
-            raise ValueError(f"logits_at must index the t={t} tokens, got {logits_at.tolist()}")
+        check_int_sequence("logits_at", logits_at, low=0, high=t, within=f"the t={t} tokens ")
 
     def _check_attending(
         self, cache: Sequence[object], positions: object, padding_mask: object, attn_mask: object
@@ -1293,7 +1294,7 @@ class Decoder(nn.Module):
         b, t = ids2.shape
         steps = check_positive_int("max_new_tokens", max_new_tokens)
         sample = _Sampler(temperature, top_k, top_p, generator)
-        eos = _token_set("eos_token_id", eos_token_id, self.config.vocab_size)
+        eos = check_token_id_set("eos_token_id", eos_token_id, self.config.vocab_size)
         pad = _pad_token(pad_token_id, eos, self.config.vocab_size)
         caches = self._generation_cache(cache, b, t, steps)
         past = caches[0].length
@@ -1574,25 +1575,10 @@ class _Sampler:
         return torch.multinomial(probs, 1, generator=self.generator)[:, 0]  # (b,)
 
 
-def _token_set(name: str, value: object, vocab: int) -> list[int]:
-    if value is None:
-        return []
-    items = [value] if isinstance(value, int) else value
-    if not isinstance(items, Sequence) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in items
-    ):
-        raise TypeError(f"{name} must be an int, a sequence of ints or None, got {value!r}")
-    ids = list(items)
-    if any(not 0 <= i < vocab for i in ids):
-        raise ValueError(f"{name} must be in [0, vocab_size={vocab}), got {value!r}")
-    return ids
+def _pad_token(pad_token_id: object, eos: tuple[int, ...], vocab: int) -> int:
+    pad = check_token_id_set("pad_token_id", pad_token_id, vocab)
+    return pad[0] if pad else eos[0] if eos else 0
 
 
-def _pad_token(pad_token_id: object, eos: list[int], vocab: int) -> int:
-    if pad_token_id is None:
-        return eos[0] if eos else 0
-    return _token_set("pad_token_id", pad_token_id, vocab)[0]
-
-
-def _isin(token: Tensor, ids: list[int]) -> Tensor:
+def _isin(token: Tensor, ids: Sequence[int]) -> Tensor:
     return torch.isin(token, torch.tensor(ids, device=token.device))

@@ -42,7 +42,12 @@ from typing import get_args
 import torch
 from torch import Tensor
 
-from attnlab._validation import check_choice, check_int_sequence, check_positive_int
+from attnlab._validation import (
+    check_choice,
+    check_int_sequence,
+    check_positive_int,
+    check_token_id_set,
+)
 from attnlab.kv_cache import AttendingCache
 from attnlab.llm import Decoder
 from attnlab.paged import Method, PagedKVCache
@@ -57,7 +62,7 @@ class _Request:
     id: int
     prompt: list[int]
     max_new_tokens: int
-    eos_token_id: int | None
+    eos_token_ids: tuple[int, ...]  # the tokens that end it (none: it runs to the end)
     generated: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     seq_id: int | None = None  # its cache sequence while admitted
@@ -78,7 +83,7 @@ class _Request:
         """Whether it made `max_new_tokens` tokens or its last one is the end token."""
         last = self.generated[-1] if self.generated else None
         return len(self.generated) == self.max_new_tokens or (
-            last is not None and last == self.eos_token_id
+            last is not None and last in self.eos_token_ids
         )
 
 
@@ -206,20 +211,22 @@ class Engine:
         prompt_ids: Sequence[int] | Tensor,
         max_new_tokens: int,
         *,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
     ) -> int:
         """Queue a request; return its id.
 
         Args:
             prompt_ids: The prompt's token ids, a non-empty sequence of ints or 1-d tensor.
             max_new_tokens: Most tokens to generate.
-            eos_token_id: The token that ends the request (it is kept in the output).
+            eos_token_id: The token, or tokens, that end the request (kept in the
+                output); checked like [`Decoder.generate`][attnlab.llm.Decoder.generate]'s.
 
         Returns:
             The request id, to find its tokens in `run`'s result.
 
         Raises:
-            TypeError: If `prompt_ids` is not a sequence of ints or a size not an int.
+            TypeError: If `prompt_ids` is not a sequence of ints, a size not an int or
+                `eos_token_id` not an int, a sequence of ints or None.
             ValueError: If the prompt is empty, a token id is outside the vocabulary,
                 `max_new_tokens` is not positive, or the request cannot fit: the prompt
                 plus `max_new_tokens` is longer than the whole cache or than the model's
@@ -227,15 +234,7 @@ class Engine:
         """
         prompt = self._check_prompt(prompt_ids)
         steps = check_positive_int("max_new_tokens", max_new_tokens)
-        vocab = self.decoder.config.vocab_size
-        if eos_token_id is not None and (
-            isinstance(eos_token_id, bool)
-            or not isinstance(eos_token_id, int)
-            or not 0 <= eos_token_id < vocab
-        ):
-            raise ValueError(
-                f"eos_token_id must be None or a token id in [0, {vocab}), got {eos_token_id!r}"
-            )
+        eos = check_token_id_set("eos_token_id", eos_token_id, self.decoder.config.vocab_size)
         # The last generated token is never fed back: the cache holds one fewer.
         held = len(prompt) + steps - 1
         capacity = self.cache.num_blocks * self.cache.block_size
@@ -250,7 +249,7 @@ class Engine:
                 f"prompt_ids has {len(prompt)} tokens and max_new_tokens={steps}: past "
                 f"the model's max_positions={self.decoder.config.max_positions}"
             )
-        request = _Request(self._next_id, prompt, steps, eos_token_id)
+        request = _Request(self._next_id, prompt, steps, eos)
         self._next_id += 1
         self._waiting.append(request)
         return request.id
