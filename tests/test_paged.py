@@ -690,3 +690,19 @@ def test_paged_attention_follows_autocast_like_the_other_kernels(
         assert ours.dtype == torch_.dtype == torch.bfloat16
         torch.testing.assert_close(got[i], ours, atol=8e-3, rtol=8e-3)
         torch.testing.assert_close(got[i], torch_, atol=8e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("method", ["online", "gather"])
+def test_paged_attention_of_zero_features_averages_the_values(method: str) -> None:
+    """E = 0: every score is 0, so each query averages the values it sees, as the other
+    kernels do (the default scale 1/sqrt(E) used to raise ZeroDivisionError here)."""
+    v_pool = torch.randn(KV, 8, BS, HD_V)
+    k_pool = torch.randn(KV, 8, BS, 0)
+    tables = torch.arange(8).reshape(2, 4)
+    lengths = torch.tensor([5, 3])
+    q = torch.randn(2, H, 1, 0)  # one decoded query per sequence
+    out = paged_attention(q, k_pool, v_pool, tables, lengths, method=method)  # type: ignore[arg-type]
+    for b, n in enumerate(lengths.tolist()):
+        v = _contiguous(v_pool, tables[b].tolist(), n)  # (KV, n, HD_V)
+        expected = v.mean(dim=-2).repeat_interleave(H // KV, dim=0)  # (H, HD_V)
+        torch.testing.assert_close(out[b, :, 0], expected)

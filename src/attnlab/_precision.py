@@ -1,9 +1,9 @@
-"""The one home of attnlab's precision rules: low-precision inputs and `torch.autocast`.
+r"""The one home of attnlab's numeric rules: low precision, `torch.autocast`, the scale.
 
 Every attention kernel of the package (the from-scratch
 [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention],
-[`flash_attention`][attnlab.flash.flash_attention], ring attention) follows the same two
-rules, and takes them from here:
+[`flash_attention`][attnlab.flash.flash_attention], ring attention, paged attention)
+follows the same three rules, and takes them from here:
 
 1. **Compute in at least float32.** float16 and bfloat16 inputs are attended in float32
    and the result rounded once at the end, as PyTorch's SDPA does on the CPU: a score
@@ -18,6 +18,9 @@ rules, and takes them from here:
    do attnlab's kernels: [`autocast_inputs`][attnlab._precision.autocast_inputs] casts,
    then the kernel runs under [`autocast_off`][attnlab._precision.autocast_off], since
    otherwise every matmul inside would be cast again and the softmax not.
+3. **Scale the scores by $1 / \sqrt{E}$ unless told otherwise**, as PyTorch does, with
+   `E = 0` features taken as 1 (every score is 0 then, and the values are averaged):
+   [`softmax_scale`][attnlab._precision.softmax_scale].
 
 API (internal; other modules of the package import these names):
 
@@ -32,11 +35,13 @@ API (internal; other modules of the package import these names):
   not tensors pass unchanged too, so the checks that follow can name them.
 - `autocast_off(device_type) -> context manager`: autocast disabled on that device type
   (a null context where the type has no autocast).
+- `softmax_scale(head_dim, scale) -> float`: `scale` as a float, or $1/\sqrt{E}$.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import TypeVar
 
 import torch
@@ -49,6 +54,7 @@ __all__ = [
     "autocast_inputs",
     "autocast_off",
     "compute_dtype",
+    "softmax_scale",
 ]
 
 _T = TypeVar("_T")
@@ -114,3 +120,17 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def softmax_scale(head_dim: int, scale: float | Tensor | None = None) -> float:
+    """The factor of the scores: `scale` as a float, or $1 / \\sqrt{E}$ when it is None.
+
+    `E = 0` features count as 1: every score is 0 then whatever the factor, and
+    `1 / sqrt(0)` would raise. `scale` was checked at the caller's boundary (a number or
+    a 0-d tensor).
+
+    Examples:
+        >>> softmax_scale(64), softmax_scale(0), softmax_scale(64, 0.5)
+        (0.125, 1.0, 0.5)
+    """
+    return 1.0 / math.sqrt(max(head_dim, 1)) if scale is None else float(scale)

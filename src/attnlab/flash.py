@@ -38,7 +38,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
     check_bool,
     check_choice,
@@ -221,7 +221,7 @@ def flash_attention_impl(
     *batch, t_q, e = q.shape
     t_k, e_v = k.shape[-2], v.shape[-1]
     # E = 0: every score is 0 anyway. float(): a 0-d tensor or NumPy scale is welcome.
-    s = 1.0 / math.sqrt(max(e, 1)) if scale is None else float(scale)
+    s = softmax_scale(e, scale)
     n = math.prod(batch)
     dtype = q.dtype
     wide = compute_dtype(dtype)  # float16/bfloat16 are computed in float32

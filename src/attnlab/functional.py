@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attnlab import masks
-from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
     broadcast_shape,
     check_attn_mask,
@@ -366,7 +366,7 @@ def _weights(
         key = repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
     # max(E, 1): with E = 0 features every score is 0 whatever the scale (PyTorch then
     # averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
-    s = 1.0 / math.sqrt(max(query.size(-1), 1)) if scale is None else float(scale)
+    s = softmax_scale(query.size(-1), scale)
     logits = attention_scores_impl(query, key) * s  # (..., L, S)
     if softcap is not None:
         # Gemma 2: squash the scores smoothly into (-softcap, softcap) before the mask,

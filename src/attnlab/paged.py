@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -44,7 +43,7 @@ import torch
 from torch import Tensor
 
 from attnlab._backends import Backend, attend, check_backend, check_backend_call
-from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
     check_bool,
     check_choice,
@@ -860,7 +859,7 @@ def paged_attention_impl(
     b, h, t_q, e = query.shape
     if b == 0:  # no sequence: nothing to read (and no positions to take a max of)
         return query.new_zeros(0, h, t_q, value_pool.shape[-1])
-    s = 1.0 / math.sqrt(e) if scale is None else float(scale)
+    s = softmax_scale(e, scale)  # E = 0 too
     with autocast_off(query.device.type):
         positions, real = _query_positions(lengths, query_lengths, t_q)
         block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
@@ -911,7 +910,8 @@ def _group_queries(query: Tensor, num_kv_heads: int) -> Tensor:
     """
     b, h, t_q, e = query.shape
     grouped = query.reshape(b, num_kv_heads, h // num_kv_heads, t_q, e)  # (b, kv, g, t_q, e)
-    return grouped.transpose(0, 1).reshape(num_kv_heads, b, -1, e)  # (kv, b, g * t_q, e)
+    g = h // num_kv_heads  # no -1 below: with e = 0 features it would be ambiguous
+    return grouped.transpose(0, 1).reshape(num_kv_heads, b, g * t_q, e)  # (kv, b, g * t_q, e)
 
 
 def _ungroup(out: Tensor, num_heads: int, t_q: int) -> Tensor:
@@ -1092,7 +1092,8 @@ def _decode_attention(
     rows = (firsts + within).view(-1)  # b * h * T, in the order (i, j, c, r, block, slot)
     starts = torch.arange(0, rows.numel() + 1, n, dtype=ids, device=query.device)
     pattern = _csr(starts, rows, (b * kv * c * g, n_rows), query.dtype)  # row (i, j, c, r)
-    q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(-1, e)  # one per row
+    # One query per row (no -1 in the shape: with e = 0 features it would be ambiguous).
+    q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(b * kv * c * g, e)
     keys = key_pool.view(n_rows, e)
     # In place (out=pattern): the pattern's zeros become the scores, nothing is copied.
     torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale, out=pattern)

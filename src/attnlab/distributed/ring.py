@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attnlab._precision import autocast_inputs, autocast_off, compute_dtype
+from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
     check_bool,
     check_choice,
@@ -734,7 +734,7 @@ def ring_attention(
         is_causal=causal,
         window=window,
         steps=_steps(ranges, causal, window),
-        scale=1.0 / math.sqrt(max(e, 1)) if scale is None else float(scale),
+        scale=softmax_scale(e, scale),
         block_q=block_size,
         block_k=block_size,
         stats=RingStats() if stats is None else stats,
