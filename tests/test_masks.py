@@ -189,6 +189,8 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         (lambda: masks.check_causal_window(False, 4), ValueError, "is_causal=False with window=4"),
         (lambda: masks.check_causal_window(1, None), TypeError, "is_causal must be a bool"),
         (lambda: masks.decode_mask(2, 3, window=0), ValueError, "window must be a positive"),
+        (lambda: masks.needs_mask(1, 3, window=0), ValueError, "window must be a positive"),
+        (lambda: masks.needs_mask(1, 2.0), TypeError, "t_k must be a non-negative int"),
         (lambda: masks.combine(None, [True]), TypeError, r"masks\[1\] must be None or a bool"),
         (lambda: masks.combine(torch.ones(2, dtype=torch.long)), TypeError, "masks\\[0\\]"),
         (
@@ -244,6 +246,14 @@ def test_decode_mask_is_bottom_right_band_or_none(t_q: int, t_k: int, window: in
         assert t_q <= 1
     else:
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 5, 6, 9, 64])
+@pytest.mark.parametrize(("t_q", "t_k"), [(1, 1), (1, 6), (3, 7), (5, 5), (2, 2)])
+def test_needs_mask_is_whether_any_key_is_hidden(t_q: int, t_k: int, window: int | None) -> None:
+    hides = not bool(_brute_force(t_q, t_k, "bottom-right", window).all())
+    assert masks.needs_mask(t_q, t_k, window=window) is hides
+    assert (masks.decode_mask(t_q, t_k, window=window) is not None) is hides
 
 
 def test_decode_mask_none_for_one_token_without_window() -> None:

@@ -482,6 +482,34 @@ def test_mla_from_hf_refuses_layers_with_parts_it_does_not_compute() -> None:
         MultiHeadLatentAttention.from_hf(kimi)
 
 
+@pytest.mark.parametrize(("window", "folded"), [(None, True), (64, True), (6, True), (5, False)])
+def test_mla_decode_step_takes_the_maskless_path_by_masks_rule(
+    window: int | None, folded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # masks.needs_mask is the one rule: a window covering all 6 keys hides none, so the
+    # absorbed step folds the heads into the query length (one shared-head attention).
+    plain, mla = _mla(), _mla()
+    mla.window = window
+    mla.load_state_dict(plain.state_dict())
+    x = torch.randn(B, 6, D_MODEL)
+    cache = mla.new_cache(B, max_length=6)
+    mla(x[:, :5], cache=cache, is_causal=True)
+    seen: list[tuple[int, ...]] = []
+    attend = mla._attend
+
+    def spy(q: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        seen.append(tuple(q.shape))
+        return attend(q, *args, **kwargs)
+
+    monkeypatch.setattr(mla, "_attend", spy)
+    step = mla(x[:, 5:], cache=cache, is_causal=True, absorb=True)
+    assert masks.needs_mask(1, 6, window=window) is not folded
+    assert seen[0][:3] == ((B, 1, HEADS) if folded else (B, HEADS, 1))
+    band = masks.causal(6) if window is None else masks.sliding_window(6, window=window)
+    expected = plain(x, attn_mask=band)[:, 5:]
+    torch.testing.assert_close(step, expected, atol=ATOL, rtol=0)
+
+
 def test_mla_window_is_the_sliding_window_mask() -> None:
     plain, windowed = _mla(), _mla()
     windowed.window = 3

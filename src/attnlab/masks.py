@@ -54,6 +54,8 @@ __all__ = [
     "decode_mask",
     "decode_mask_impl",
     "key_padding",
+    "needs_mask",
+    "needs_mask_impl",
     "padding",
     "sink_window",
     "sliding_window",
@@ -360,9 +362,7 @@ def decode_mask(
         tensor([[False, False,  True,  True]])
     """
     if is_validation_enabled():
-        t_q, t_k = _check_sizes(t_q, t_k, "bottom-right", device)
-        if window is not None:
-            check_positive_int("window", window)
+        t_q, t_k = _check_decode(t_q, t_k, window, device)
     return decode_mask_impl(t_q, t_k, window=window, device=device)
 
 
@@ -370,9 +370,53 @@ def decode_mask_impl(
     t_q: int, t_k: int, *, window: int | None = None, device: torch.device | str | None = None
 ) -> Tensor | None:
     """[`decode_mask`][attnlab.masks.decode_mask] without its checks (callers checked)."""
-    if t_q <= 1 and (window is None or window >= t_k):
+    if not needs_mask_impl(t_q, t_k, window=window):
         return None
     return band_impl(t_q, t_k, "bottom-right", window, device)  # (t_q, t_k)
+
+
+def needs_mask(t_q: int, t_k: int, *, window: int | None = None) -> bool:
+    """Whether causal attention of `t_q` new tokens over `t_k` keys hides any key.
+
+    The rule behind [`decode_mask`][attnlab.masks.decode_mask]'s None: the queries are
+    the last `t_q` of the `t_k` positions (bottom-right), and a key is hidden when it is
+    in a query's future or `window` or more positions behind it. False means every query
+    sees every key, so attention may run with no mask, and a module may take a path that
+    needs none (MLA's absorbed decode step folds its heads into the query length).
+
+    Args:
+        t_q: New tokens (queries).
+        t_k: Keys: cached plus new tokens.
+        window: Sliding-window size (keys per query, itself included), or None.
+
+    Returns:
+        True when some query must not see some key.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a length is negative or `window` is not positive.
+
+    Examples:
+        >>> needs_mask(1, 6), needs_mask(1, 6, window=64), needs_mask(1, 6, window=4)
+        (False, False, True)
+        >>> needs_mask(2, 6)
+        True
+    """
+    if is_validation_enabled():
+        t_q, t_k = _check_decode(t_q, t_k, window, None)
+    return needs_mask_impl(t_q, t_k, window=window)
+
+
+def needs_mask_impl(t_q: int, t_k: int, *, window: int | None = None) -> bool:
+    """[`needs_mask`][attnlab.masks.needs_mask] without its checks (callers checked)."""
+    return not (t_q <= 1 and (window is None or window >= t_k))
+
+
+def _check_decode(t_q: object, t_k: object, window: object, device: object) -> tuple[int, int]:
+    sizes = _check_sizes(t_q, t_k, "bottom-right", device)
+    if window is not None:
+        check_positive_int("window", window)
+    return sizes
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:

@@ -51,7 +51,7 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import KVCache, StaticKVCache, check_cache
-from attnlab.masks import check_causal_window
+from attnlab.masks import check_causal_window, needs_mask_impl
 from attnlab.rope import (
     RopeScaling,
     check_base,
@@ -529,7 +529,7 @@ class MultiHeadLatentAttention(nn.Module):
         k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, s, r + d_rope): one shared head
         # Multi-query attention whose values are the latents; W_UV comes after the sum.
         b, h, t, _ = q.shape
-        if mask is None and not (is_causal and (t > 1 or self.window is not None)):
+        if mask is None and not (is_causal and needs_mask_impl(t, k.shape[2], window=self.window)):
             # Every query sees every key (a decode step, or no mask at all): fold the heads
             # into the query length, one "head" of h * t rows over the one latent head
             # (FlashMLA's layout). enable_gqa would copy the shared head h times on CPU.
