@@ -1207,3 +1207,32 @@ def test_multihead_checks_its_arguments_once_per_call(
     padding[1, 4:] = True
     mha(_x(B, T, D_IN), _x(B, S, D_CTX), is_causal=True, key_padding_mask=padding)
     assert calls == {"check_tensor": 2, "check_attn_mask": 1}  # x and context; the mask
+
+
+def test_every_real_number_check_takes_numpy_scalars_and_refuses_bools() -> None:
+    """One rule (_validation.is_real) for dropout, scale, softcap, positive floats and
+    RoPE's base: NumPy scalars are numbers (dropout and the base used to refuse them)."""
+    import numpy as np
+
+    from attnlab._validation import (
+        check_positive_float,
+        check_probability,
+        check_scale,
+        check_softcap,
+    )
+    from attnlab.rope import check_base
+
+    checks = {
+        check_probability: np.float32(0.25),
+        check_scale: np.float32(0.25),
+        check_softcap: np.float32(0.25),
+        check_positive_float: np.float32(0.25),
+        lambda name, value: check_base(value, name): np.float64(2.5),
+    }
+    for check, number in checks.items():
+        assert check("x", number) == float(number)
+        with pytest.raises(TypeError, match=r"x must be .*got True \(bool\)"):
+            check("x", True)
+    q = torch.randn(1, 2, 4, 8)
+    by_numpy = AF.scaled_dot_product_attention(q, q, q, dropout_p=np.float64(0.0))
+    torch.testing.assert_close(by_numpy, AF.scaled_dot_product_attention(q, q, q))

@@ -24,6 +24,7 @@ import contextlib
 import math
 import numbers
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import torch
 from torch import Tensor
@@ -60,6 +61,7 @@ __all__ = [
     "check_token_ids",
     "check_tokens",
     "is_integer_dtype",
+    "is_real",
     "is_validation_enabled",
     "mask_float_dtypes",
     "set_validation",
@@ -257,18 +259,30 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
+def is_real(value: object) -> TypeGuard[numbers.Real]:
+    """Whether `value` is a real number as the checks take one: a Python or NumPy int or
+    float (any `numbers.Real`), but not a bool.
+
+    Examples:
+        >>> is_real(2), is_real(0.5), is_real(True), is_real("2")
+        (True, True, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_probability(name: str, value: object) -> float:
     """Return ``value`` as a float if it is a real number in [0, 1); raise otherwise.
 
     1 is excluded: dropping every attention weight leaves nothing to rescale by
     ``1 / (1 - p)``, and the output would be all zeros.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         raise TypeError(f"{name} must be a float in [0, 1), got {value!r} ({type(value).__name__})")
-    if not 0.0 <= value < 1.0:
-        hint = "; 1 would drop every attention weight" if value == 1 else ""
+    p = float(value)
+    if not 0.0 <= p < 1.0:
+        hint = "; 1 would drop every attention weight" if p == 1 else ""
         raise ValueError(f"{name} must be in [0, 1), got {value}{hint}")
-    return float(value)
+    return p
 
 
 def check_scale(name: str, value: object) -> float | None:
@@ -294,7 +308,7 @@ def check_scale(name: str, value: object) -> float | None:
         if tracing():
             return value  # type: ignore[return-value]
         value = value.item()
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+    elif not is_real(value):
         raise TypeError(f"{name} must be a float or None, got {value!r} ({type(value).__name__})")
     scale = float(value)
     if not math.isfinite(scale):
@@ -311,7 +325,7 @@ def check_softcap(name: str, value: object) -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(
             f"{name} must be a positive float or None, got {value!r} ({type(value).__name__})"
         )
@@ -669,7 +683,7 @@ def check_positive_float(name: str, value: object) -> float:
         TypeError: If `value` is a bool or not a real number.
         ValueError: If it is not finite or not greater than 0.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
     number = float(value)
     if not (math.isfinite(number) and number > 0.0):

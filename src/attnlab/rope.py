@@ -56,6 +56,7 @@ from attnlab._validation import (
     check_positive_int,
     check_tensor,
     is_integer_dtype,
+    is_real,
     is_validation_enabled,
     tracing,
 )
@@ -126,13 +127,14 @@ def check_base(base: object, name: str = "base") -> float:
         >>> check_base(500000)
         500000.0
     """
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
+    if not is_real(base):
         raise TypeError(
             f"{name} must be a float greater than 1, got {base!r} ({type(base).__name__})"
         )
-    if not 1.0 < base < float("inf"):
+    number = float(base)
+    if not 1.0 < number < float("inf"):
         raise ValueError(f"{name} must be a finite float greater than 1, got {base}")
-    return float(base)
+    return number
 
 
 def check_head_dim(head_dim: object, name: str = "head_dim") -> int:
