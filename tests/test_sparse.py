@@ -29,6 +29,8 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
 )
 
 import attnlab
+import attnlab.mla as mla_module
+import attnlab.sparse as sparse_module
 from attnlab import masks
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.sparse import (
@@ -374,6 +376,38 @@ def test_dsa_bad_cache_raises() -> None:
         dsa(torch.zeros(1, 1, 8), cache=cache)
     with pytest.raises(TypeError, match="positions"):
         dsa(torch.zeros(1, 3, 8), positions=torch.zeros(3))
+
+
+def test_dsa_checks_its_input_once_and_refuses_what_mla_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The indexer and MLA run their forward_impl: the tokens are checked at the boundary
+    # only (they were checked three times), and MLA's own rules still hold there.
+    calls: list[str] = []
+
+    def counting(module: object) -> object:
+        check = module.check_tokens  # type: ignore[attr-defined]
+
+        def spy(name: str, *args: object, **kwargs: object) -> object:
+            calls.append(name)
+            return check(name, *args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(sparse_module, "check_tokens", counting(sparse_module))
+    monkeypatch.setattr(mla_module, "check_tokens", counting(mla_module))
+    dsa = _small()
+    x = torch.randn(2, 4, 8)
+    cache = dsa.new_cache(2, 8)
+    for step in (x[:, :3], x[:, 3:]):
+        calls.clear()
+        dsa(step, cache=cache, absorb=True)
+        assert calls == ["x"]
+    with pytest.raises(TypeError, match="absorb must be a bool"):
+        dsa(x, absorb=1)  # type: ignore[arg-type]
+    dsa.mla.window = 2
+    with pytest.raises(ValueError, match="is_causal=False with window=2"):
+        dsa(x)
 
 
 def test_dsa_from_hf_refuses_layers_without_an_indexer() -> None:

@@ -492,6 +492,32 @@ class MultiHeadLatentAttention(nn.Module):
         w_uk, w_uv = torch.split(w, [self.qk_nope_head_dim, self.v_head_dim], 1)
         return w_uk, w_uv
 
+    def absorbed_qk(
+        self, q_nope: Tensor, q_rope: Tensor, c_kv: Tensor, k_rope: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The absorbed form's queries and keys, whose dot products are MLA's scores.
+
+        Args:
+            q_nope: From [`queries`][attnlab.mla.MultiHeadLatentAttention.queries],
+                `(b, h, t, qk_nope_head_dim)`.
+            q_rope: From the same call, `(b, h, t, qk_rope_head_dim)`.
+            c_kv: From [`latents`][attnlab.mla.MultiHeadLatentAttention.latents] (or a
+                cache), `(b, 1, s, kv_lora_rank)`.
+            k_rope: From the same call, `(b, 1, s, qk_rope_head_dim)`.
+
+        Returns:
+            Queries `(b, h, t, kv_lora_rank + qk_rope_head_dim)`, W_UK folded into them,
+            and keys `(b, 1, s, kv_lora_rank + qk_rope_head_dim)`: the latents themselves,
+            one head that every query head shares.
+        """
+        w_uk, _ = self.up_weights()
+        # q_nope . (W_UK c) = (W_UK^T q_nope) . c: move W_UK onto the query side, once per
+        # query instead of once per cached token and head.
+        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (b, h, t, r)
+        q = torch.cat([q_latent, q_rope], dim=-1)  # (b, h, t, r + d_rope)
+        k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, s, r + d_rope): one shared head
+        return q, k
+
     def _attend_naive(
         self,
         q_nope: Tensor,
@@ -521,12 +547,8 @@ class MultiHeadLatentAttention(nn.Module):
         is_causal: bool,
     ) -> Tensor:
         """Attend over the latents themselves; heads `(b, h, t, v_head_dim)`."""
-        w_uk, w_uv = self.up_weights()
-        # q_nope . (W_UK c) = (W_UK^T q_nope) . c: move W_UK onto the query side, once per
-        # query instead of once per cached token and head.
-        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (b, h, t, r)
-        q = torch.cat([q_latent, q_rope], dim=-1)  # (b, h, t, r + d_rope)
-        k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, s, r + d_rope): one shared head
+        q, k = self.absorbed_qk(q_nope, q_rope, c_kv, k_rope)
+        _, w_uv = self.up_weights()
         # Multi-query attention whose values are the latents; W_UV comes after the sum.
         b, h, t, _ = q.shape
         if mask is None and not (is_causal and needs_mask_impl(t, k.shape[2], window=self.window)):
@@ -630,6 +652,34 @@ class MultiHeadLatentAttention(nn.Module):
             self._check_inputs(
                 x, positions, position_embeddings, cache, attn_mask, is_causal, absorb
             )
+        return self.forward_impl(
+            x,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            absorb=absorb,
+        )
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        absorb: bool = False,
+    ) -> Tensor:
+        """[`forward`][attnlab.mla.MultiHeadLatentAttention.forward] without its checks.
+
+        For a caller that validated the input at its own boundary (e.g.
+        [`DeepSeekSparseAttention`][attnlab.sparse.DeepSeekSparseAttention], whose mask
+        it builds itself). A call the backend cannot serve (flash with a mask or
+        dropout) is still refused, and the cache still checks its append.
+        """
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0

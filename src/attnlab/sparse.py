@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from attnlab._backends import attention_weights as _attention_weights
 from attnlab._precision import compute_dtype
 from attnlab._validation import (
+    check_bool,
     check_features,
     check_padding_mask,
     check_positive_float,
@@ -48,7 +49,7 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.kv_cache import KVCache, check_cache
-from attnlab.masks import band_impl
+from attnlab.masks import band_impl, check_causal_window
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import check_rope_dims, check_rope_inputs, default_positions, rotate
 
@@ -369,6 +370,17 @@ class LightningIndexer(nn.Module):
         """
         if is_validation_enabled():
             self._check_inputs(x, q_input, position_embeddings, keys)
+        return self.forward_impl(x, q_input, position_embeddings=position_embeddings, keys=keys)
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        q_input: Tensor | None = None,
+        *,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        keys: Tensor | None = None,
+    ) -> Tensor:
+        """[`forward`][attnlab.sparse.LightningIndexer.forward] without its checks."""
         q_input = x if q_input is None else q_input
         b, t, _ = x.shape
         q = self.q_proj(q_input).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -376,7 +388,7 @@ class LightningIndexer(nn.Module):
             assert position_embeddings is not None
             q = self._rope(q, *position_embeddings)  # (b, h, t, head_dim)
         if keys is None:
-            keys = self._keys(x, position_embeddings)
+            keys = self.keys_impl(x, position_embeddings=position_embeddings)
         compute = compute_dtype(x.dtype)  # as DeepSeek: no bf16 sums
         k = keys.to(compute).unsqueeze(1)  # (b, 1, s, head_dim): one key for all heads
         dots = q.to(compute) @ k.transpose(-1, -2)  # (b, h, t, s)
@@ -399,9 +411,12 @@ class LightningIndexer(nn.Module):
         """
         if is_validation_enabled():
             self._check_inputs(x, None, position_embeddings, None)
-        return self._keys(x, position_embeddings)
+        return self.keys_impl(x, position_embeddings=position_embeddings)
 
-    def _keys(self, x: Tensor, position_embeddings: tuple[Tensor, Tensor] | None) -> Tensor:
+    def keys_impl(
+        self, x: Tensor, *, position_embeddings: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """[`keys`][attnlab.sparse.LightningIndexer.keys] without its checks."""
         k: Tensor = self.k_norm(self.k_proj(x))  # (b, t, head_dim)
         if self.rope_dim:
             assert position_embeddings is not None
@@ -570,10 +585,10 @@ class DeepSeekSparseAttention(nn.Module):
             # MLA projects this latent again for its own queries: a small cost for keeping
             # MLA unchanged (the indexer reads it, as in DeepSeek's model).
             q_input = mla.q_norm(mla.q_down(x))
-        keys = self.indexer._keys(x.detach(), cos_sin)  # (b, t, head_dim)
+        keys = self.indexer.keys_impl(x.detach(), position_embeddings=cos_sin)  # (b, t, hd)
         if past_keys is not None:
             keys = torch.cat([past_keys, keys], dim=1)  # (b, s, head_dim)
-        scores = self.indexer(
+        scores = self.indexer.forward_impl(
             x.detach(), q_input.detach(), position_embeddings=cos_sin, keys=keys
         )  # (b, t, s)
         return scores, cos_sin, keys
@@ -629,9 +644,7 @@ class DeepSeekSparseAttention(nn.Module):
         # MLA's absorbed scores: W_UK folded into the queries, the latents as keys.
         q_nope, q_rope = mla.queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
         c_kv, k_rope = mla.latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
-        w_uk, _ = mla.up_weights()
-        q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_rope], dim=-1)
-        k = torch.cat([c_kv, k_rope], dim=-1)  # (b, 1, t, r + d_rope)
+        q, k = mla.absorbed_qk(q_nope, q_rope, c_kv, k_rope)  # (b, h|1, t, r + d_rope)
         weights = _attention_weights(
             q,
             k,
@@ -729,15 +742,18 @@ class DeepSeekSparseAttention(nn.Module):
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor, `cache` not a `SparseAttentionCache` or `padding_mask` not a
-                bool or integer tensor.
-            ValueError: If `x` has the wrong rank, features, dtype or device,
+                tensor, `cache` not a `SparseAttentionCache`, `absorb` not a bool or
+                `padding_mask` not a bool or integer tensor.
+            ValueError: If `x` has the wrong rank, features, dtype or device, `mla` has
+                a window,
                 `positions` does not fit, the cache does not fit `x` or has no room
                 (as in MLA), or `padding_mask` has the wrong shape, values other than
                 0 and 1, pads on the right or has a row without tokens.
         """
-        if is_validation_enabled():
+        if is_validation_enabled():  # once: the indexer and MLA run unchecked
             self._check_x(x, positions, cache)
+            check_bool("absorb", absorb)
+            check_causal_window(False, self.mla.window)  # the selection is the causal mask
         past_keys = None if cache is None else cache.index_keys
         past = 0 if past_keys is None else past_keys.shape[1]
         if is_validation_enabled() and padding_mask is not None:
@@ -758,7 +774,7 @@ class DeepSeekSparseAttention(nn.Module):
         indices = topk_indices_impl(scores, self.topk)  # (b, t, k)
         mask = selection_mask_impl(indices, scores.shape[-1]).unsqueeze(1)  # (b, 1, t, s)
         # The selection holds no future key, so the mask alone is causal.
-        out: Tensor = self.mla(
+        out: Tensor = self.mla.forward_impl(
             xb,
             position_embeddings=cos_sin,
             cache=None if cache is None else cache.latents,
