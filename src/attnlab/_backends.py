@@ -299,7 +299,7 @@ def _sink_as_key(
     attn_mask = materialize(attn_mask, query.device)  # a CausalBias as its bool mask
     bias = torch.zeros((t_q, t_k), dtype=query.dtype, device=query.device)  # (L, S)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        bias = bias.masked_fill(~attn_mask, float("-inf"))  # (..., L, S)
+        bias = bias + masks.allowed_to_additive_impl(attn_mask, query.dtype)  # (..., L, S)
     elif attn_mask is not None:
         bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
     sink = sinks.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head

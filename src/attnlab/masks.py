@@ -30,6 +30,7 @@ from attnlab._validation import (
     check_bool,
     check_choice,
     check_device,
+    check_float_dtype,
     check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
@@ -42,6 +43,7 @@ __all__ = [
     "additive_to_allowed",
     "alignment_offset",
     "allowed_to_additive",
+    "allowed_to_additive_impl",
     "allowed_to_blocked",
     "band_at_impl",
     "band_impl",
@@ -477,7 +479,7 @@ def combine_impl(*masks: Tensor | None) -> Tensor | None:
     if not floats:
         return functools.reduce(torch.logical_and, given)
     dtype = functools.reduce(torch.promote_types, floats)
-    additive = [_to_additive(m, dtype) if m.dtype == torch.bool else m for m in given]
+    additive = [allowed_to_additive_impl(m, dtype) if m.dtype == torch.bool else m for m in given]
     return functools.reduce(torch.add, additive)
 
 
@@ -645,13 +647,13 @@ def allowed_to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Ten
                 [0., 0.]])
     """
     _check_bool_mask("mask", mask)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    return _to_additive(mask, dtype)
+    check_float_dtype("dtype", dtype)
+    return allowed_to_additive_impl(mask, dtype)
 
 
-def _to_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """`allowed_to_additive` without its checks, for callers that know the arguments."""
+def allowed_to_additive_impl(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[`allowed_to_additive`][attnlab.masks.allowed_to_additive] without its checks,
+    for the kernels that take an additive mask (callers that know the arguments)."""
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
 

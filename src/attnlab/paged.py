@@ -42,6 +42,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from attnlab import masks
 from attnlab._backends import Backend, attend, check_backend, check_backend_call
 from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
@@ -1189,8 +1190,7 @@ def _fused_online_attention(
             return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
         mask = None
         if seen is not None:  # the kernel takes an additive mask of the query's dtype
-            mask = torch.full(seen.shape, float("-inf"), dtype=wide, device=query.device)
-            mask = mask.masked_fill(seen, 0.0)  # (1, b, g * t_q, T)
+            mask = masks.allowed_to_additive_impl(seen, wide)  # (1, b, g * t_q, T)
         tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
         tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
         if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
