@@ -23,7 +23,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotary
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import DynamicKVCache
 from attnlab.llm import Decoder
-from attnlab.rope import RopeScaling, rope_cos_sin, rope_frequencies
+from attnlab.rope import RopeScaling, hf_rope, rope_cos_sin, rope_frequencies
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
@@ -104,6 +104,31 @@ def test_llama3_keeps_fast_pairs_and_divides_slow_ones() -> None:
     assert_close(got[slow], base[slow] / 8, rtol=1e-6, atol=0)
     between = got[~fast & ~slow]
     assert bool((between < base[~fast & ~slow]).all() and (between > base[~fast & ~slow] / 8).all())
+
+
+def test_hf_rope_reads_every_kind_of_config() -> None:
+    # The one reader of a config's RoPE behind every from_hf (GQA, MLA, Decoder's
+    # Llama, Gemma and Qwen3-Next paths): the base and the scaling, per layer type too.
+    from transformers import Gemma3TextConfig
+
+    plain = LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    assert hf_rope(plain) == (5e5, None)
+    assert hf_rope(plain, "sliding_attention") == (5e5, None)  # one RoPE for all layers
+    linear = {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}
+    assert hf_rope(LlamaConfig(rope_parameters=linear)) == (1e4, RopeScaling("linear", 4.0))
+    gemma = Gemma3TextConfig(
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {**linear, "rope_theta": 1e6, "factor": 8.0},
+        }
+    )
+    assert hf_rope(gemma, "sliding_attention") == (1e4, None)
+    assert hf_rope(gemma, "full_attention") == (1e6, RopeScaling("linear", 8.0))
+    with pytest.raises(ValueError, match=r"a RoPE per layer type .* layer_type=None"):
+        hf_rope(gemma)
+    # Older transformers kept the base on the config; without one it is 10000.
+    assert hf_rope(SimpleNamespace(rope_theta=300.0)) == (300.0, None)
+    assert hf_rope(SimpleNamespace()) == (10000.0, None)
 
 
 @pytest.mark.parametrize(

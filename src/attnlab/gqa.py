@@ -27,7 +27,6 @@ gradients and cached decoding agree.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Literal, overload
 
 import torch
@@ -64,6 +63,7 @@ from attnlab.rope import (
     check_rope_dims,
     check_rope_inputs,
     default_positions,
+    hf_rope,
     rope_cos_sin,
     rotate,
 )
@@ -700,17 +700,8 @@ class GroupedQueryAttention(nn.Module):
                 f"GroupedQueryAttention is causal: call forward(..., is_causal=False) on a "
                 f"port of the causal {type(module).__name__}"
             )
-        rope_config = config
-        per_type = getattr(config, "rope_parameters", None) or {}
-        if isinstance(per_type.get(getattr(hf, "layer_type", None)), dict):
-            # Gemma 3: one RoPE per layer type (local layers 1e4, global 1e6 and scaling).
-            rope_config = SimpleNamespace(
-                rope_parameters=per_type[hf.layer_type],
-                max_position_embeddings=config.max_position_embeddings,
-            )
-        rope_parameters = getattr(rope_config, "rope_parameters", None) or {}
-        scaling = RopeScaling.from_hf(rope_config)
-        rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        # Gemma 3 has one RoPE per layer type (local layers 1e4, global 1e6 and scaling).
+        rope_base, scaling = hf_rope(config, getattr(hf, "layer_type", None))
         head_dim = int(hf.head_dim)
         rope_dims = int(getattr(hf, "rotary_ndims", head_dim))
         if hasattr(hf, "sliding_window"):  # per layer: None on full-attention layers
@@ -734,9 +725,9 @@ class GroupedQueryAttention(nn.Module):
             bias=hf.q_proj.bias is not None,
             out_bias=hf.o_proj.bias is not None,
             rope=bool(getattr(hf, "use_rope", True)),
-            rope_base=float(rope_theta),
+            rope_base=rope_base,
             rope_layout="half",
-            rope_scaling=None if scaling.rope_type == "default" else scaling,
+            rope_scaling=scaling,
             rope_dims=rope_dims,
             window=window,
             scale=None if scale == head_dim**-0.5 else scale,

@@ -53,11 +53,11 @@ from attnlab._validation import (
 from attnlab.kv_cache import KVCache, StaticKVCache, check_cache
 from attnlab.masks import check_causal_window, needs_mask_impl
 from attnlab.rope import (
-    RopeScaling,
     check_base,
     check_head_dim,
     check_rope_inputs,
     default_positions,
+    hf_rope,
     rope_cos_sin,
     rotate,
 )
@@ -762,8 +762,8 @@ class MultiHeadLatentAttention(nn.Module):
             )
         hf: Any = layer
         config = hf.config
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        rope_type = rope.get("rope_type", "default")
+        rope_base, scaling = hf_rope(config)
+        rope_type = "default" if scaling is None else scaling.rope_type
         frequencies, rope_scale = None, 1.0
         if rope_type not in _STATIC_ROPE_TYPES:
             static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
@@ -771,9 +771,7 @@ class MultiHeadLatentAttention(nn.Module):
                 f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
                 f"the sequence length; MultiHeadLatentAttention supports {static}"
             )
-        rope_base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-        if rope_type != "default":
-            scaling = RopeScaling.from_hf(config)  # the rule of every RoPE layer
+        if scaling is not None:
             frequencies = scaling.frequencies(hf.qk_rope_head_dim, rope_base)
             rope_scale = scaling.attention_scaling()
         weight = hf.kv_b_proj.weight

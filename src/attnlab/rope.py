@@ -75,6 +75,7 @@ __all__ = [
     "check_rope_dims",
     "check_rope_inputs",
     "default_positions",
+    "hf_rope",
     "rope_angles",
     "rope_cos_sin",
     "rope_frequencies",
@@ -1051,3 +1052,48 @@ class RopeCache:
             positions = torch.arange(x.shape[-2], device=x.device)
         cos, sin = self._rows(positions, x.device)
         return rotate(x, cos, sin, layout=layout)
+
+
+def hf_rope(config: Any, layer_type: str | None = None) -> tuple[float, RopeScaling | None]:
+    """The RoPE base and scaling of a Hugging Face config, as a port's arguments.
+
+    The one reader of a config's RoPE for every `from_hf`: the base is
+    `rope_parameters["rope_theta"]` (`config.rope_theta` in older `transformers`, then
+    10000), the scaling is [`RopeScaling.from_hf`][attnlab.rope.RopeScaling.from_hf]'s,
+    or `None` for plain RoPE. Gemma 3's `rope_parameters` hold one entry per layer
+    type: `layer_type` (e.g. `"sliding_attention"`) picks one; a config with one RoPE
+    for every layer ignores it.
+
+    Raises:
+        ValueError: As `RopeScaling.from_hf`, and if the config has a RoPE per layer
+            type but none for `layer_type`.
+
+    Examples:
+        >>> from transformers import LlamaConfig
+        >>> hf_rope(LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+        (500000.0, None)
+    """
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    per_type = {k: v for k, v in params.items() if isinstance(v, dict)}
+    if per_type:  # one RoPE per layer type
+        if layer_type not in per_type:
+            raise ValueError(
+                f"config.rope_parameters hold a RoPE per layer type {sorted(per_type)}, "
+                f"got layer_type={layer_type!r}"
+            )
+        params = dict(per_type[layer_type])
+        scaling = RopeScaling.from_hf(
+            _OneRope(params, getattr(config, "max_position_embeddings", None))
+        )
+    else:
+        scaling = RopeScaling.from_hf(config)
+    base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    return base, None if scaling.rope_type == "default" else scaling
+
+
+@dataclass(frozen=True)
+class _OneRope:
+    """The part of a config `RopeScaling.from_hf` reads, for one layer type's RoPE."""
+
+    rope_parameters: dict[str, Any]
+    max_position_embeddings: int | None
