@@ -190,6 +190,21 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         (lambda: masks.check_causal_window(1, None), TypeError, "is_causal must be a bool"),
         (lambda: masks.decode_mask(2, 3, window=0), ValueError, "window must be a positive"),
         (lambda: masks.needs_mask(1, 3, window=0), ValueError, "window must be a positive"),
+        (
+            lambda: masks.padding_attention_mask(torch.ones(1, 2), 1),
+            TypeError,
+            "padding_mask must be a bool or integer",
+        ),
+        (
+            lambda: masks.padding_attention_mask(torch.ones(1, 2, dtype=torch.long), 3),
+            ValueError,
+            r"shape \(b, T\) with T >= t=3, got \(1, 2\)",
+        ),
+        (
+            lambda: masks.padding_attention_mask(torch.tensor([[1, 0]]), 1),
+            ValueError,
+            "pad on the left",
+        ),
         (lambda: masks.needs_mask(1, 2.0), TypeError, "t_k must be a non-negative int"),
         (lambda: masks.combine(None, [True]), TypeError, r"masks\[1\] must be None or a bool"),
         (lambda: masks.combine(torch.ones(2, dtype=torch.long)), TypeError, "masks\\[0\\]"),
@@ -254,6 +269,19 @@ def test_needs_mask_is_whether_any_key_is_hidden(t_q: int, t_k: int, window: int
     hides = not bool(_brute_force(t_q, t_k, "bottom-right", window).all())
     assert masks.needs_mask(t_q, t_k, window=window) is hides
     assert (masks.decode_mask(t_q, t_k, window=window) is not None) is hides
+
+
+@pytest.mark.parametrize("t", [1, 3, 5])
+def test_padding_attention_mask_hides_padding_keys_but_not_a_query_itself(t: int) -> None:
+    pad = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])  # (3, 5)
+    got = masks.padding_attention_mask(pad, t)
+    expected = torch.zeros(3, t, 5, dtype=torch.bool)
+    for b in range(3):
+        for i in range(t):
+            for j in range(5):
+                expected[b, i, j] = bool(pad[b, j]) or j == 5 - t + i
+    assert torch.equal(got, expected)
+    assert torch.equal(masks.padding_attention_mask(pad.bool(), t), expected)
 
 
 def test_decode_mask_none_for_one_token_without_window() -> None:

@@ -85,7 +85,7 @@ from attnlab.kv_cache import (
     StaticKVCache,
 )
 from attnlab.linear import GatedDeltaNet, GatedDeltaNetState
-from attnlab.masks import combine_impl
+from attnlab.masks import combine_impl, padding_attention_mask_impl
 from attnlab.rope import (
     RopeScaling,
     check_base,
@@ -1103,9 +1103,7 @@ class Decoder(nn.Module):
             if t > 1 or not bool(pad.all()):
                 # Keys at padding are hidden; a padded query sees itself, so that no row
                 # is all masked (softmax of nothing is NaN, which would reach the values).
-                mask = pad[:, None, None, :].expand(b, 1, t, past + t).clone()  # (b, 1, t, T)
-                diag = torch.arange(t, device=ids.device)
-                mask[:, 0, diag, past + diag] = True
+                mask = padding_attention_mask_impl(pad, t)[:, None]  # (b, 1, t, T)
         if attn_mask is not None:
             if validate:
                 target = (b, c.num_heads, t, past + t)

@@ -33,6 +33,7 @@ from attnlab._validation import (
     check_float_dtype,
     check_int_sequence,
     check_nonnegative_int,
+    check_padding_mask,
     check_positive_int,
     is_validation_enabled,
     tracing,
@@ -59,6 +60,8 @@ __all__ = [
     "needs_mask",
     "needs_mask_impl",
     "padding",
+    "padding_attention_mask",
+    "padding_attention_mask_impl",
     "sink_window",
     "sliding_window",
 ]
@@ -419,6 +422,61 @@ def _check_decode(t_q: object, t_k: object, window: object, device: object) -> t
     if window is not None:
         check_positive_int("window", window)
     return sizes
+
+
+def padding_attention_mask(padding_mask: Tensor, t: int) -> Tensor:
+    """The keys that each of the last `t` tokens may see under a padding mask, `(b, t, T)`.
+
+    `padding_mask` `(b, T)` is Hugging Face's `attention_mask`: 1 (True) at real tokens,
+    0 at left padding, the `t` queries being the last `t` of the `T` tokens (those after a
+    cache). A key at padding is hidden from every query, except that a padded query still
+    sees itself: no row is all hidden, since softmax over nothing is NaN, which would
+    reach the values. Combine it with the causal mask; it is not causal itself.
+
+    Args:
+        padding_mask: `(b, T)`, bool or integer, padding on the left.
+        t: Queries, `t <= T`.
+
+    Returns:
+        An allowed-convention bool mask `(b, t, T)`.
+
+    Raises:
+        TypeError: If `padding_mask` is not a bool or integer tensor or `t` not an int.
+        ValueError: If `padding_mask` is not `(b, T)` with `T >= t`, holds values other
+            than 0 and 1, pads on the right or has a row without tokens.
+
+    Examples:
+        >>> padding_attention_mask(torch.tensor([[0, 1, 1]]), 2)
+        tensor([[[False,  True,  True],
+                 [False,  True,  True]]])
+        >>> padding_attention_mask(torch.tensor([[0, 0, 1]]), 3)[0, 0]  # itself only
+        tensor([ True, False,  True])
+    """
+    if is_validation_enabled():
+        t = check_nonnegative_int("t", t)
+        if not isinstance(padding_mask, Tensor):
+            raise TypeError(
+                f"padding_mask must be a bool or integer tensor (b, T), "
+                f"got {type(padding_mask).__name__}"
+            )
+        if padding_mask.ndim != 2 or padding_mask.shape[1] < t:
+            raise ValueError(
+                f"padding_mask must have shape (b, T) with T >= t={t}, "
+                f"got {tuple(padding_mask.shape)}"
+            )
+        b, total = padding_mask.shape
+        check_padding_mask(padding_mask, b, total, like=padding_mask, what="(b, T)")
+    return padding_attention_mask_impl(padding_mask, t)
+
+
+def padding_attention_mask_impl(padding_mask: Tensor, t: int) -> Tensor:
+    """[`padding_attention_mask`][attnlab.masks.padding_attention_mask] without its checks."""
+    pad = padding_mask.bool()
+    b, total = pad.shape
+    allowed = pad[:, None, :].expand(b, t, total).clone()  # (b, t, T)
+    new = torch.arange(t, device=pad.device)
+    allowed[:, new, total - t + new] = True  # each query sees itself: no empty row
+    return allowed
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:

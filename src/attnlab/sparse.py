@@ -49,7 +49,7 @@ from attnlab._validation import (
     value_checks_enabled,
 )
 from attnlab.kv_cache import KVCache, check_cache
-from attnlab.masks import band_impl, check_causal_window
+from attnlab.masks import band_impl, check_causal_window, padding_attention_mask_impl
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import check_rope_dims, check_rope_inputs, default_positions, rotate
 
@@ -765,12 +765,9 @@ class DeepSeekSparseAttention(nn.Module):
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         scores, cos_sin, keys = self._index(xb, positions, past_keys)  # (b, t, s)
-        if padding_mask is not None:
-            t = xb.shape[1]
-            hidden = ~padding_mask.bool()[:, None, :].expand(-1, t, -1).clone()  # (b, t, s)
-            new = torch.arange(t, device=xb.device)
-            hidden[:, new, past + new] = False  # each query keeps itself: no empty row
-            scores = scores.masked_fill(hidden, float("-inf"))
+        if padding_mask is not None:  # each query keeps itself: no empty row
+            allowed = padding_attention_mask_impl(padding_mask, xb.shape[1])  # (b, t, s)
+            scores = scores.masked_fill(~allowed, float("-inf"))
         indices = topk_indices_impl(scores, self.topk)  # (b, t, k)
         mask = selection_mask_impl(indices, scores.shape[-1]).unsqueeze(1)  # (b, 1, t, s)
         # The selection holds no future key, so the mask alone is causal.
