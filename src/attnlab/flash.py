@@ -51,7 +51,13 @@ from attnlab._validation import (
     check_tensor,
     is_validation_enabled,
 )
-from attnlab.masks import Alignment, alignment_offset, band_at_impl, check_window
+from attnlab.masks import (
+    Alignment,
+    alignment_offset,
+    band_at_impl,
+    check_window,
+    is_causal_window,
+)
 
 __all__ = ["TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
@@ -234,7 +240,7 @@ def flash_attention_impl(
             k.reshape(n, t_k, e),  # (n, S, E)
             v.reshape(n, t_k, e_v),  # (n, S, Ev)
             sinks,
-            is_causal or window is not None,
+            is_causal_window(is_causal, window),
             s,
             block_q,
             block_k,
@@ -459,7 +465,7 @@ def tile_kind(
         >>> tile_kind(0, 4, 4, 8, is_causal=True), tile_kind(8, 12, 0, 4, window=3)
         ('none', 'none')
     """
-    causal = is_causal or window is not None
+    causal = is_causal_window(is_causal, window)
     keys = key_range(i0, i1, j1, causal, window) if i1 > i0 else range(0)
     if max(keys.start, j0) >= min(keys.stop, j1):
         return "none"
@@ -513,7 +519,7 @@ def tile_map(
     check_bool("is_causal", is_causal)
     w = None if window is None else check_positive_int("window", window)
     check_choice("align", align, get_args(Alignment))
-    causal = is_causal or w is not None
+    causal = is_causal_window(is_causal, w)
     offset = alignment_offset(t_q, t_k, align)  # as flash_attention places them
     grid = torch.zeros(-(-t_q // block_q), -(-t_k // block_k), dtype=torch.int64)
     for i0 in range(0, t_q, block_q):

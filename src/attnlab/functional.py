@@ -343,11 +343,7 @@ def _check_attention_args(
         )
     target = (*batch, q.shape[-2], k.shape[-2])  # (..., L, S)
     check_attn_mask("attn_mask", attn_mask, target, q)
-    if attn_mask is not None and is_causal:
-        raise ValueError(
-            "pass either attn_mask or is_causal=True, not both; to combine them, build the "
-            "causal mask (attnlab.masks.causal) and AND it with yours"
-        )
+    masks.check_causal_mask(attn_mask, is_causal)
     return q, k, v, target
 
 

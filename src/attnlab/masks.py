@@ -50,12 +50,14 @@ __all__ = [
     "band_impl",
     "blocked_to_allowed",
     "causal",
+    "check_causal_mask",
     "check_causal_window",
     "check_window",
     "combine",
     "combine_impl",
     "decode_mask",
     "decode_mask_impl",
+    "is_causal_window",
     "key_padding",
     "needs_mask",
     "needs_mask_impl",
@@ -303,6 +305,37 @@ def check_causal_window(is_causal: object, window: int | None) -> bool:
     return causal
 
 
+def check_causal_mask(attn_mask: object, is_causal: object) -> bool:
+    """Return `is_causal` if it is a bool that comes without `attn_mask` when True.
+
+    The rule of PyTorch's `scaled_dot_product_attention`, which the functional kernels
+    and [`MultiHeadAttention`][attnlab.MultiHeadAttention] follow: the causal mask is
+    built by the call, so an explicit mask next to it would be a second one. (GQA and MLA
+    instead always apply their causal rule and take `attn_mask` as padding on top.)
+
+    Raises:
+        TypeError: If `is_causal` is not a bool.
+        ValueError: If it is True and `attn_mask` is given too.
+    """
+    causal = check_bool("is_causal", is_causal)
+    if causal and attn_mask is not None:
+        raise ValueError(
+            "pass either attn_mask or is_causal=True, not both; to combine them, build the "
+            "causal mask (attnlab.masks.causal) and AND it with yours"
+        )
+    return causal
+
+
+def is_causal_window(is_causal: bool, window: int | None) -> bool:
+    """Whether attention is causal: `is_causal`, or any `window` (a window is causal).
+
+    Examples:
+        >>> is_causal_window(False, 4), is_causal_window(False, None)
+        (True, False)
+    """
+    return is_causal or window is not None
+
+
 def check_window(window: object, attn_mask: object) -> int | None:
     """Return `window` if it is None or a positive int that comes without `attn_mask`.
 
@@ -419,8 +452,7 @@ def needs_mask_impl(t_q: int, t_k: int, *, window: int | None = None) -> bool:
 
 def _check_decode(t_q: object, t_k: object, window: object, device: object) -> tuple[int, int]:
     sizes = _check_sizes(t_q, t_k, "bottom-right", device)
-    if window is not None:
-        check_positive_int("window", window)
+    check_window(window, None)
     return sizes
 
 

@@ -208,8 +208,7 @@ class MultiHeadAttention(nn.Module):
         b, s = (x.shape[0] if x.ndim == 3 else 1), context.shape[-2]
         target = (b, self.num_heads, x.shape[-2], s)  # (b, h, t, s)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
-        if check_bool("is_causal", is_causal) and attn_mask is not None:
-            raise ValueError("pass either attn_mask or is_causal=True, not both")
+        masks.check_causal_mask(attn_mask, is_causal)
         masks.check_window(window, attn_mask)
         self._check_key_padding_mask(key_padding_mask, x, b, s)
 

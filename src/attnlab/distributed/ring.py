@@ -43,6 +43,7 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.flash import flash_backward, flash_forward, key_range, tile_kind
+from attnlab.masks import check_window, is_causal_window
 
 __all__ = [
     "RingStats",
@@ -722,7 +723,7 @@ def ring_attention(
     ranges = shard_ranges(sum(lengths), size, layout)
     *batch, _, _ = query.shape
     n = math.prod(batch)
-    causal = is_causal or window is not None  # a window is causal, as in flash_attention
+    causal = is_causal_window(is_causal, window)  # as in flash_attention
     ring = _Ring(
         group=group,
         rank=rank,
@@ -769,8 +770,7 @@ def _check_local(
             f"value.shape={tuple(v.shape)}"
         )
     check_bool("is_causal", is_causal)
-    if window is not None:
-        check_positive_int("window", window)
+    check_window(window, None)
     check_scale("scale", scale)
     check_choice("layout", layout, _LAYOUTS)
     check_positive_int("block_size", block_size)
