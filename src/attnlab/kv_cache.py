@@ -42,6 +42,7 @@ from attnlab._validation import (
     check_float_dtype,
     check_positive_int,
     check_rank,
+    check_same_dtype_device,
     check_tensor,
     is_validation_enabled,
 )
@@ -299,11 +300,7 @@ class KVCache(abc.ABC):
                 "key and value must agree in (b, num_kv_heads, t_new), got "
                 f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
             )
-        if v.dtype != k.dtype or v.device != k.device:
-            raise ValueError(
-                f"key and value must have one dtype and device, got key {k.dtype} on "
-                f"{k.device} and value {v.dtype} on {v.device}"
-            )
+        check_same_dtype_device("key", k, value=v)
         held = self.layout
         if held is None:
             return
