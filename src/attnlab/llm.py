@@ -56,7 +56,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from types import SimpleNamespace
 from typing import Any, Literal, cast, overload
 
 import torch
@@ -92,6 +91,7 @@ from attnlab.rope import (
     check_positions,
     check_rope_dims,
     default_positions,
+    hf_rope,
     rope_cos_sin,
 )
 
@@ -411,10 +411,9 @@ class DecoderConfig:
             return cls._from_gemma(config)
         if model_type == "qwen3_next":
             return cls._from_qwen3_next(config)
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        scaling = RopeScaling.from_hf(config)
+        rope_base, scaling = hf_rope(config)
         max_positions = int(config.max_position_embeddings)
-        if scaling.is_dynamic:
+        if scaling is not None and scaling.is_dynamic:
             max_positions = int(max_positions * scaling.factor)
         if config.hidden_act != "silu":
             raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
@@ -438,7 +437,7 @@ class DecoderConfig:
             num_kv_heads=config.num_key_value_heads,
             head_dim=int(head_dim),
             hidden_dim=config.intermediate_size,
-            rope_base=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            rope_base=rope_base,
             norm_eps=float(config.rms_norm_eps),
             max_positions=max_positions,
             tie_embeddings=bool(config.tie_word_embeddings),
@@ -446,7 +445,7 @@ class DecoderConfig:
             out_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
             windows=windows,
-            rope_scaling=None if scaling.rope_type == "default" else scaling,
+            rope_scaling=scaling,
         )
 
     @classmethod
@@ -468,22 +467,11 @@ class DecoderConfig:
                 f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}"
             )
         gemma3 = config.model_type == "gemma3_text"
-
-        def rope(kind: str | None) -> tuple[float, RopeScaling | None]:
-            params = config.rope_parameters if kind is None else config.rope_parameters[kind]
-            one = SimpleNamespace(
-                rope_parameters=params, max_position_embeddings=config.max_position_embeddings
-            )
-            scaling = RopeScaling.from_hf(one)
-            return float(params["rope_theta"]), None if scaling.rope_type == "default" else scaling
-
+        local_base: float | None = None
+        local_scaling: RopeScaling | None = None
+        base, scaling = hf_rope(config, "full_attention")
         if gemma3:  # one RoPE per layer type
-            (base, scaling), (local_base, local_scaling) = (
-                rope("full_attention"),
-                rope("sliding_attention"),
-            )
-        else:
-            (base, scaling), local_base, local_scaling = rope(None), None, None
+            local_base, local_scaling = hf_rope(config, "sliding_attention")
         bias = bool(config.attention_bias)
         return cls(
             vocab_size=config.vocab_size,
@@ -522,8 +510,8 @@ class DecoderConfig:
             raise ValueError(
                 f"config.layer_types must name {sorted(names)}, got {config.layer_types}"
             )
-        params = config.rope_parameters
-        scaling = RopeScaling.from_hf(config)
+        params = config.rope_parameters  # also holds partial_rotary_factor
+        rope_base, scaling = hf_rope(config)
         head_dim = int(config.head_dim)
         n = config.num_hidden_layers
         moe, moe_layers = None, None
@@ -546,8 +534,8 @@ class DecoderConfig:
             num_kv_heads=config.num_key_value_heads,
             head_dim=head_dim,
             hidden_dim=config.intermediate_size,
-            rope_base=float(params["rope_theta"]),
-            rope_scaling=None if scaling.rope_type == "default" else scaling,
+            rope_base=rope_base,
+            rope_scaling=scaling,
             norm_eps=float(config.rms_norm_eps),
             max_positions=int(config.max_position_embeddings),
             tie_embeddings=bool(config.tie_word_embeddings),
