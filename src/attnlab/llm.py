@@ -819,10 +819,8 @@ class DecoderBlock(nn.Module):
             )
             return self._residual(x, mixed)
         assert self.self_attn is not None
-        if isinstance(cache, RollingKVCache) and attn_mask is not None and attn_mask.shape[-1] > 1:
-            # The model's mask covers every token seen; a rolling cache hands the layer
-            # only its held tokens and the new ones, the last columns.
-            attn_mask = attn_mask[..., -(cache.held + x.shape[1]) :]
+        # The model's mask covers every token seen; GQA keeps the columns of the keys it
+        # attends to (the last ones, when a rolling cache forgot the oldest).
         attn = self.self_attn.forward_impl(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
