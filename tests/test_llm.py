@@ -580,3 +580,12 @@ def test_missing_wheel_prints_the_install_command(monkeypatch: pytest.MonkeyPatc
         monkeypatch.undo()
         pretrained.smollm2_path.cache_clear()
     assert pretrained.smollm2_path().name == pretrained.SMOLLM2_FILE
+
+
+@pytest.mark.parametrize("bad", [torch.int8, "float32", [torch.float32]])
+def test_pretrained_dtype_follows_the_cache_rule(bad: object) -> None:
+    # Both loaders check dtype with _validation.check_float_dtype, a cache's rule, before
+    # any loading (smollm2_decoder used to fail on a list inside functools.cache).
+    for load in (pretrained.load_smollm2, pretrained.smollm2_decoder):
+        with pytest.raises(TypeError, match=r"^dtype must be a floating-point torch.dtype"):
+            load(bad)  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from attnlab._validation import check_float_dtype
 from attnlab.llm import Decoder
 
 __all__ = [
@@ -123,10 +124,9 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     Raises:
         ModuleNotFoundError: If the wheel, `transformers`, `gguf` or `accelerate` is
             missing (the message gives the install command).
+        TypeError: If `dtype` is not a floating-point `torch.dtype`.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    return _load(dtype)
+    return _load(check_float_dtype("dtype", dtype))
 
 
 def cache_dir() -> Path:
@@ -224,8 +224,11 @@ def smollm2_decoder(dtype: torch.dtype = torch.float32) -> tuple[Decoder, Any]:
 
     Returns:
         `(decoder, tokenizer)`, the decoder in eval mode.
+
+    Raises:
+        TypeError: If `dtype` is not a floating-point `torch.dtype`.
     """
-    return _decoder(dtype)
+    return _decoder(check_float_dtype("dtype", dtype))
 
 
 @functools.cache
