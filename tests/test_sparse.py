@@ -29,7 +29,7 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
 )
 
 import attnlab
-import attnlab.mla as mla_module
+import attnlab.gqa as gqa_module
 import attnlab.sparse as sparse_module
 from attnlab import masks
 from attnlab.mla import MultiHeadLatentAttention
@@ -394,8 +394,8 @@ def test_dsa_checks_its_input_once_and_refuses_what_mla_would(
 
         return spy
 
-    monkeypatch.setattr(sparse_module, "check_tokens", counting(sparse_module))
-    monkeypatch.setattr(mla_module, "check_tokens", counting(mla_module))
+    for module in (sparse_module, gqa_module):  # gqa: the checks of every attention call
+        monkeypatch.setattr(module, "check_tokens", counting(module))
     dsa = _small()
     x = torch.randn(2, 4, 8)
     cache = dsa.new_cache(2, 8)

@@ -68,7 +68,55 @@ from attnlab.rope import (
     rotate,
 )
 
-__all__ = ["QK_NORMS", "GroupedQueryAttention", "QKNorm", "RMSNorm", "rms_normalize"]
+__all__ = [
+    "QK_NORMS",
+    "GroupedQueryAttention",
+    "QKNorm",
+    "RMSNorm",
+    "check_attention_inputs",
+    "rms_normalize",
+]
+
+
+def check_attention_inputs(
+    x: object,
+    *,
+    d_model: int,
+    owner: str,
+    like: Tensor,
+    rope_dims: int,
+    positions: object = None,
+    position_embeddings: object = None,
+    cache: object = None,
+    attn_mask: object = None,
+    num_heads: int = 1,
+    is_causal: object = True,
+    window: int | None = None,
+) -> Tensor:
+    """Check the arguments that every attention layer of a decoder takes; return `x`.
+
+    The one sequence of checks of [`GroupedQueryAttention`][attnlab.gqa.GroupedQueryAttention],
+    [`MultiHeadLatentAttention`][attnlab.mla.MultiHeadLatentAttention] and
+    [`DeepSeekSparseAttention`][attnlab.sparse.DeepSeekSparseAttention]: the tokens `x`
+    (`(b, t, d_model)` or `(t, d_model)`, on the dtype and device of `like`), the cache
+    (an attnlab [`KVCache`][attnlab.kv_cache.KVCache] or None; its append is its own
+    check), RoPE's positions or tables (`rope`'s rules, `rope_dims` rotated features),
+    `attn_mask` against `(b, num_heads, t, cached + t)` and `is_causal` against `window`.
+
+    Raises:
+        TypeError: As the checks named above.
+        ValueError: As the checks named above.
+    """
+    x = check_tokens("x", x, features=d_model, param="d_model", owner=owner, like=like)
+    b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
+    checked = check_cache(cache)
+    past = 0 if checked is None else checked.length
+    check_rope_inputs(positions, position_embeddings, x, rope_dims)
+    target = (b, num_heads, t, past + t)  # (b, h, t_q, t_k)
+    check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
+    check_causal_window(is_causal, window)
+    return x
+
 
 _HF_CLASSES = (
     "LlamaAttention",
@@ -369,17 +417,22 @@ class GroupedQueryAttention(nn.Module):
         The cache checks its own append (in `update`, once per forward); RoPE's rules are
         `rope`'s.
         """
-        owner, like = type(self).__name__, self.q_proj.weight
-        x = check_tokens("x", x, features=self.d_model, param="d_model", owner=owner, like=like)
-        b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
-        checked = check_cache(cache)
-        past = 0 if checked is None else checked.length
         if position_embeddings is not None and not self.rope:
             raise ValueError("position_embeddings needs a module built with rope=True")
-        check_rope_inputs(positions, position_embeddings, x, self.rope_dims)
-        target = (b, self.num_heads, t, past + t)  # (b, h, t_q, t_k)
-        check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
-        check_causal_window(is_causal, self.window)
+        check_attention_inputs(
+            x,
+            d_model=self.d_model,
+            owner=type(self).__name__,
+            like=self.q_proj.weight,
+            rope_dims=self.rope_dims,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+            num_heads=self.num_heads,
+            is_causal=is_causal,
+            window=self.window,
+        )
         if self.sinks is not None and tuple(self.sinks.shape) != (self.num_heads,):
             raise ValueError(  # a user may have assigned another tensor to module.sinks
                 f"sinks must hold one logit per query head, shape ({self.num_heads},), got "

@@ -40,22 +40,20 @@ from torch import Tensor, nn
 
 from attnlab._backends import Backend, BackendProperty, attend, check_backend_call
 from attnlab._validation import (
-    check_attn_mask,
     check_bool,
     check_positive_float,
     check_positive_int,
     check_probability,
     check_scale,
     check_tensor,
-    check_tokens,
     is_validation_enabled,
 )
-from attnlab.kv_cache import KVCache, StaticKVCache, check_cache
-from attnlab.masks import check_causal_window, needs_mask_impl
+from attnlab.gqa import check_attention_inputs
+from attnlab.kv_cache import KVCache, StaticKVCache
+from attnlab.masks import needs_mask_impl
 from attnlab.rope import (
     check_base,
     check_head_dim,
-    check_rope_inputs,
     default_positions,
     hf_rope,
     rope_cos_sin,
@@ -402,17 +400,21 @@ class MultiHeadLatentAttention(nn.Module):
         The same rules as `GroupedQueryAttention`'s: positions and RoPE tables by `rope`,
         the cache's append by the cache itself (in its `update`).
         """
-        owner = type(self).__name__
-        x = check_tokens(
-            "x", x, features=self.d_model, param="d_model", owner=owner, like=self.kv_down.weight
+        check_attention_inputs(
+            x,
+            d_model=self.d_model,
+            owner=type(self).__name__,
+            like=self.kv_down.weight,
+            rope_dims=self.qk_rope_head_dim,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+            num_heads=self.num_heads,
+            is_causal=is_causal,
+            window=self.window,
         )
         check_bool("absorb", absorb)
-        b, t = (x.shape[0], x.shape[1]) if x.ndim == 3 else (1, x.shape[0])
-        checked = check_cache(cache)
-        past = 0 if checked is None else checked.length
-        check_rope_inputs(positions, position_embeddings, x, self.qk_rope_head_dim)
-        check_attn_mask("attn_mask", attn_mask, (b, self.num_heads, t, past + t), x, "x")
-        check_causal_window(is_causal, self.window)
 
     # -- computation ---------------------------------------------------------------------
 

@@ -48,10 +48,11 @@ from attnlab._validation import (
     is_validation_enabled,
     value_checks_enabled,
 )
+from attnlab.gqa import check_attention_inputs
 from attnlab.kv_cache import KVCache, check_cache
-from attnlab.masks import band_impl, check_causal_window, padding_attention_mask_impl
+from attnlab.masks import band_impl, padding_attention_mask_impl
 from attnlab.mla import MultiHeadLatentAttention
-from attnlab.rope import check_rope_dims, check_rope_inputs, default_positions, rotate
+from attnlab.rope import check_rope_dims, default_positions, rotate
 
 __all__ = [
     "DeepSeekSparseAttention",
@@ -655,16 +656,20 @@ class DeepSeekSparseAttention(nn.Module):
         )  # (b, h, t, t)
         return weights[0] if unbatched else weights
 
-    def _check_x(self, x: object, positions: object = None, cache: object = None) -> None:
-        x = check_tokens(
-            "x",
+    def _check_x(
+        self, x: object, positions: object = None, cache: object = None, *, window: bool = False
+    ) -> None:
+        """MLA's checks of `x` and `positions` (and of MLA's `window`, for `forward`)."""
+        x = check_attention_inputs(
             x,
-            features=self.mla.d_model,
-            param="d_model",
+            d_model=self.mla.d_model,
             owner=type(self).__name__,
             like=self.mla.kv_down.weight,
+            rope_dims=self.mla.qk_rope_head_dim,
+            positions=positions,
+            is_causal=False,  # the selection is the causal mask
+            window=self.mla.window if window else None,
         )
-        check_rope_inputs(positions, None, x, self.mla.qk_rope_head_dim)
         if cache is None:
             return
         if not isinstance(cache, SparseAttentionCache):
@@ -751,9 +756,8 @@ class DeepSeekSparseAttention(nn.Module):
                 0 and 1, pads on the right or has a row without tokens.
         """
         if is_validation_enabled():  # once: the indexer and MLA run unchecked
-            self._check_x(x, positions, cache)
+            self._check_x(x, positions, cache, window=True)
             check_bool("absorb", absorb)
-            check_causal_window(False, self.mla.window)  # the selection is the causal mask
         past_keys = None if cache is None else cache.index_keys
         past = 0 if past_keys is None else past_keys.shape[1]
         if is_validation_enabled() and padding_mask is not None:
