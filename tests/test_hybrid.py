@@ -223,6 +223,26 @@ def test_three_kinds_decode_equals_one_pass() -> None:
     assert torch.equal(full.argmax(-1)[:, 5:], out[:, 6:])
 
 
+def test_rolling_cache_with_padding_equals_a_full_cache() -> None:
+    # The model's padding mask spans every token seen; a rolling cache holds only the
+    # last window - 1, and GQA keeps the mask's last columns (the one place that does).
+    config = DecoderConfig(
+        vocab_size=61, d_model=24, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=6,
+        hidden_dim=40, windows=(3, None),
+    )  # fmt: skip
+    model = Decoder(config).eval()
+    ids = torch.randint(1, 61, (2, 6))
+    pad = torch.ones(2, 6, dtype=torch.long)
+    pad[1, :2] = 0  # row 1 is left-padded
+    rolling = model.make_cache(2, 13)
+    assert isinstance(rolling[0], RollingKVCache)
+    out = model.generate(ids, 7, padding_mask=pad, cache=rolling)
+    full = model.generate(ids, 7, padding_mask=pad, cache=model.make_cache(2, 13, rolling=False))
+    assert rolling[0].held == 2  # the rolling cache forgot the older keys
+    assert rolling[1].length == 12
+    assert torch.equal(out, full)
+
+
 @pytest.mark.parametrize(
     ("settings", "error", "match"),
     [
