@@ -22,13 +22,13 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from attnlab import _backends, masks, validation
-from attnlab.gqa import GroupedQueryAttention, RMSNorm, rms_normalize
+from attnlab.gqa import GroupedQueryAttention, RMSNorm, check_attention_inputs, rms_normalize
 from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
 from attnlab.linear import GatedDeltaNet
 from attnlab.llm import DecoderConfig
 from attnlab.mla import MultiHeadLatentAttention
 from attnlab.rope import RopeScaling, apply_rope, rope_cos_sin
-from attnlab.sparse import LightningIndexer
+from attnlab.sparse import DeepSeekSparseAttention, LightningIndexer
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -710,3 +710,64 @@ def test_rms_normalize_is_the_float32_core_of_rmsnorm() -> None:
     with torch.no_grad():
         norm.weight.uniform_(0.5, 2.0)
     assert torch.equal(norm(x), (got * norm.weight).bfloat16())
+
+
+def _attention_layers() -> dict[str, torch.nn.Module]:
+    def mla() -> MultiHeadLatentAttention:
+        return MultiHeadLatentAttention(
+            8, 2, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=3
+        )
+
+    return {
+        "gqa": GroupedQueryAttention(8, 2, num_kv_heads=1),
+        "mla": mla(),
+        "dsa": DeepSeekSparseAttention(mla(), LightningIndexer(8, 2, 4, rope_dim=2), topk=2),
+    }
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda m: m(torch.zeros(1, 3, 5)), ValueError, "x has 5 features"),
+        (lambda m: m(torch.zeros(1, 3, 8, dtype=torch.long)), TypeError, "floating-point"),
+        (lambda m: m(torch.zeros(1, 3, 8), positions=torch.zeros(3)), TypeError, "positions"),
+        (lambda m: m(torch.zeros(1, 3, 8), positions=torch.arange(4)), ValueError, "positions"),
+    ],
+)
+def test_gqa_mla_and_dsa_share_one_sequence_of_call_checks(
+    call: Any, error: type[Exception], message: str
+) -> None:
+    # gqa.check_attention_inputs is the one home: the same bad call, the same message.
+    x_like = torch.zeros(1, 8)
+    seen = set()
+    for layer in _attention_layers().values():
+        with pytest.raises(error, match=message) as info:
+            call(layer)
+        seen.add(str(info.value).replace(type(layer).__name__, "<owner>"))
+    assert len(seen) == 1, seen
+    with pytest.raises(error, match=message):
+        call(
+            lambda x, positions=None: check_attention_inputs(
+                x, d_model=8, owner="<owner>", like=x_like, rope_dims=2, positions=positions
+            )
+        )
+
+
+def test_call_checks_size_the_mask_with_the_cache_and_the_window() -> None:
+    x, like = torch.zeros(2, 3, 8), torch.zeros(1, 8)
+    cache = DynamicKVCache()
+    cache.update(torch.zeros(2, 1, 4, 4), torch.zeros(2, 1, 4, 4))  # 4 cached tokens
+    ok = torch.ones(2, 1, 3, 7, dtype=torch.bool)  # (b, h, t, cached + t)
+    args: dict[str, Any] = {"d_model": 8, "owner": "M", "like": like, "rope_dims": 4}
+    assert check_attention_inputs(x, cache=cache, attn_mask=ok, num_heads=2, **args) is x
+    with pytest.raises(ValueError, match=r"attn_mask .*\(2, 2, 3, 7\)"):
+        check_attention_inputs(x, cache=cache, attn_mask=ok[..., :5], num_heads=2, **args)
+    with pytest.raises(ValueError, match="is_causal=False with window=4"):
+        check_attention_inputs(x, is_causal=False, window=4, **args)
+    for cls in (GroupedQueryAttention, MultiHeadLatentAttention):
+        kwargs: dict[str, Any] = {}
+        if cls is MultiHeadLatentAttention:
+            kwargs = {"kv_lora_rank": 4, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2}
+            kwargs["v_head_dim"] = 3
+        with pytest.raises(TypeError, match="window must be a positive int"):
+            cls(8, 2, window="4", **kwargs)  # masks.check_window, the one rule of a window

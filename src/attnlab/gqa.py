@@ -53,7 +53,7 @@ from attnlab._validation import (
     is_validation_enabled,
 )
 from attnlab.kv_cache import AttendingCache, KVCache, check_cache
-from attnlab.masks import check_causal_window
+from attnlab.masks import check_causal_window, check_window
 from attnlab.rope import (
     RopeLayout,
     RopeScaling,
@@ -346,7 +346,7 @@ class GroupedQueryAttention(nn.Module):
         elif self.rope:
             check_head_dim(self.head_dim)
         self.rope_dims = self.head_dim if rope_dims is None else rope_dims
-        self.window = None if window is None else check_positive_int("window", window)
+        self.window = check_window(window, None)
         self.scale = check_scale("scale", scale)
         if qk_norm is not None:
             check_choice("qk_norm", qk_norm, QK_NORMS)

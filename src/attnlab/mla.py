@@ -50,7 +50,7 @@ from attnlab._validation import (
 )
 from attnlab.gqa import check_attention_inputs
 from attnlab.kv_cache import KVCache, StaticKVCache
-from attnlab.masks import needs_mask_impl
+from attnlab.masks import check_window, needs_mask_impl
 from attnlab.rope import (
     check_base,
     check_head_dim,
@@ -307,7 +307,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.bias = check_bool("bias", bias)
         eps = check_positive_float("norm_eps", norm_eps)
         self.dropout = check_probability("dropout", dropout)
-        self.window = None if window is None else check_positive_int("window", window)
+        self.window = check_window(window, None)
         self.backend = backend
 
         h, r, dr = num_heads, kv_lora_rank, qk_rope_head_dim
