@@ -270,7 +270,7 @@ def test_update_rejects_dtype_and_device_mismatch(kind: str) -> None:
     with pytest.raises(ValueError, match="key is on meta but the cache is on cpu"):
         cache.update(k.to("meta"), v.to("meta"))
     with pytest.raises(
-        ValueError, match="value has dtype torch.float64 but key has dtype torch.float32"
+        ValueError, match=r"value has dtype torch\.float64 but key has dtype torch\.float32"
     ):
         cache.update(k, v.double())
 

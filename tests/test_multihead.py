@@ -1086,7 +1086,7 @@ def test_attention_weights_impl_is_attention_weights_without_the_checks() -> Non
     kwargs = {"window": 3, "key_padding_mask": padding}
     checked = mha.attention_weights(x, **kwargs)
     torch.testing.assert_close(mha.attention_weights_impl(x, **kwargs), checked, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="x has dtype torch.float64 but MultiHeadAttention"):
+    with pytest.raises(ValueError, match=r"x has dtype torch\.float64 but MultiHeadAttention"):
         mha.attention_weights(x.double())
     with pytest.raises(RuntimeError):
         mha.attention_weights_impl(x.double())
