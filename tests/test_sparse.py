@@ -476,3 +476,18 @@ def test_topk_hides_the_future_as_the_bottom_right_causal_mask() -> None:
         seen.scatter_(-1, picked % (s + 1), True)  # -1 lands in the extra column
         expected = masks.causal(t, s, align="bottom-right").expand(2, t, s)
         assert torch.equal(seen[..., :s], expected)
+
+
+def test_dsa_padding_mask_needs_batched_x() -> None:
+    dsa = _small()
+    with pytest.raises(ValueError, match=r"padding_mask needs batched x \(b, t, d_model\)"):
+        dsa(torch.zeros(3, 8), padding_mask=torch.ones(1, 3, dtype=torch.bool))
+    pad = torch.tensor([[0, 1, 1]])
+    x = torch.randn(1, 3, 8)
+    # The real tokens attend as the unpadded sequence does; the padded one sees itself.
+    torch.testing.assert_close(
+        dsa(x, padding_mask=pad)[:, 1:],
+        dsa(x[:, 1:], positions=torch.arange(2)),
+        atol=1e-6,
+        rtol=0,
+    )

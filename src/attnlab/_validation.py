@@ -46,6 +46,7 @@ __all__ = [
     "check_min_rank",
     "check_nonnegative_int",
     "check_padding_mask",
+    "check_padding_of",
     "check_positive_float",
     "check_positive_int",
     "check_probability",
@@ -754,3 +755,19 @@ def check_token_id_set(name: str, value: object, vocab_size: int) -> tuple[int, 
         raise TypeError(f"{name} must be an int, a sequence of ints or None, got {value!r}")
     ids = check_int_sequence(name, value, low=0, high=vocab_size, within="the vocabulary ")
     return tuple(int(i) for i in ids)
+
+
+def check_padding_of(mask: object, x: Tensor, length: int, *, what: str = "(b, t)") -> Tensor:
+    """[`check_padding_mask`][attnlab._validation.check_padding_mask] for a layer's tokens.
+
+    The rule of every layer that takes a `padding_mask` next to its tokens `x` (checked
+    already): a padding mask has a batch axis, so `x` must have one too; the mask is then
+    `(b, length)` on the device of `x`.
+
+    Raises:
+        TypeError: As `check_padding_mask`.
+        ValueError: If `x` is unbatched `(t, d_model)`, or as `check_padding_mask`.
+    """
+    if x.ndim == 2:
+        raise ValueError("padding_mask needs batched x (b, t, d_model)")
+    return check_padding_mask(mask, x.shape[0], length, like=x, what=what)

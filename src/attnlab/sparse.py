@@ -38,7 +38,7 @@ from attnlab._precision import compute_dtype
 from attnlab._validation import (
     check_bool,
     check_features,
-    check_padding_mask,
+    check_padding_of,
     check_positive_float,
     check_positive_int,
     check_rank,
@@ -761,11 +761,7 @@ class DeepSeekSparseAttention(nn.Module):
         past_keys = None if cache is None else cache.index_keys
         past = 0 if past_keys is None else past_keys.shape[1]
         if is_validation_enabled() and padding_mask is not None:
-            if x.ndim == 2:
-                raise ValueError("padding_mask needs batched x (b, t, d_model)")
-            check_padding_mask(
-                padding_mask, x.shape[0], past + x.shape[1], like=x, what="(b, cached + t)"
-            )
+            check_padding_of(padding_mask, x, past + x.shape[1], what="(b, cached + t)")
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         scores, cos_sin, keys = self._index(xb, positions, past_keys)  # (b, t, s)
