@@ -55,6 +55,7 @@ from attnlab._validation import (
     check_features,
     check_min_rank,
     check_padding_mask,  # re-exported: its home is _validation, used by llm and sparse too
+    check_padding_of,
     check_positive_float,
     check_positive_int,
     check_rank,
@@ -685,9 +686,7 @@ class GatedDeltaNet(nn.Module):
             if state is not None:
                 self.check_state(state, b)
             if padding_mask is not None:
-                if x.ndim == 2:
-                    raise ValueError("padding_mask needs batched x (b, t, d_model)")
-                check_padding_mask(padding_mask, b, x.shape[1], like=x)
+                check_padding_of(padding_mask, x, x.shape[1])
         return self.forward_impl(x, state, padding_mask=padding_mask)
 
     def forward_impl(

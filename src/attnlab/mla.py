@@ -31,7 +31,6 @@ both forms; they are equal.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +57,7 @@ from attnlab.rope import (
     hf_rope,
     rope_cos_sin,
     rotate,
+    yarn_mscale,
 )
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
@@ -100,10 +100,8 @@ def mla_softmax_scale(
     assert factor is not None  # a number was given
     assert mscale_all is not None
     scale: float = float(qk_head_dim) ** -0.5
-    if factor > 1 and mscale_all:
-        m = 0.1 * mscale_all * math.log(factor) + 1.0
-        scale *= m * m
-    return scale
+    m = yarn_mscale(factor, mscale_all)  # 1 without stretching (or with mscale 0)
+    return scale * m * m
 
 
 _STATIC_ROPE_TYPES = ("default", "yarn", "linear", "llama3")

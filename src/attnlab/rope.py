@@ -80,6 +80,7 @@ __all__ = [
     "rope_cos_sin",
     "rope_frequencies",
     "rotate",
+    "yarn_mscale",
 ]
 
 RopeLayout = Literal["half", "interleaved"]
@@ -448,8 +449,17 @@ _ROPE_TYPES: tuple[RopeType, ...] = ("default", "linear", "dynamic", "yarn", "ll
 _NEEDS_ORIGINAL = ("dynamic", "yarn", "llama3")
 
 
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's softmax sharpening for a context `factor` times longer: 0.1 ln(s) m + 1."""
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    r"""YaRN's softmax sharpening for a context `factor` times longer: $0.1\,m \ln s + 1$.
+
+    1 for `factor <= 1` (no stretching). [`RopeScaling`][attnlab.rope.RopeScaling]'s
+    `"yarn"` rule scales cos and sin by it; DeepSeek's MLA scales its softmax by its
+    square ([`mla_softmax_scale`][attnlab.mla.mla_softmax_scale]).
+
+    Examples:
+        >>> round(yarn_mscale(40.0), 4), yarn_mscale(1.0)
+        (1.3689, 1.0)
+    """
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
@@ -666,10 +676,10 @@ class RopeScaling:
         if self.attention_factor is not None:
             return self.attention_factor
         if self.mscale and self.mscale_all_dim:
-            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
                 self.factor, self.mscale_all_dim
             )
-        return _yarn_mscale(self.factor)
+        return yarn_mscale(self.factor)
 
     def frequencies(
         self,
