@@ -427,3 +427,19 @@ def test_document_ids_must_be_integers(dtype: torch.dtype) -> None:
     ids = torch.tensor([0, 0, 1, 1]).to(dtype)
     with pytest.raises(TypeError, match="document_ids must be"):
         flex.document_mod(ids)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "message"),
+    [((4, 0), r"block_size\[1\] must be a positive int"), ((4, 4, 4), "a pair")],
+)
+def test_block_mask_checks_its_tiles_as_flash_attention_does(
+    block_size: object, message: str
+) -> None:
+    """One rule for a tile size (_validation.check_block_size): the same messages as
+    flash_attention's (flex named neither the bad entry nor the pair)."""
+    q = torch.randn(1, 1, 8, 4)
+    with pytest.raises(ValueError, match=message):
+        flex.block_mask(flex.causal_mod(), 8, 8, block_size=block_size)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q, q, q, block_size=block_size)  # type: ignore[arg-type]

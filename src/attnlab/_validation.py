@@ -36,6 +36,7 @@ __all__ = [
     "autocast_dtype",
     "broadcast_shape",
     "check_attn_mask",
+    "check_block_size",
     "check_bool",
     "check_broadcast",
     "check_choice",
@@ -489,6 +490,32 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
     return dtype
+
+
+def check_block_size(block_size: object) -> tuple[int, int]:
+    """Return `(block_q, block_k)` from a tile size: one positive int, or a pair of them.
+
+    The rule of every tiled kernel (FlashAttention's tiles, FlexAttention's block mask).
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a size is not positive, or the tuple is not a pair.
+
+    Examples:
+        >>> check_block_size(64), check_block_size((32, 16))
+        ((64, 64), (32, 16))
+    """
+    if isinstance(block_size, tuple):
+        if len(block_size) != 2:
+            raise ValueError(
+                f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}"
+            )
+        return (
+            check_positive_int("block_size[0]", block_size[0]),
+            check_positive_int("block_size[1]", block_size[1]),
+        )
+    size = check_positive_int("block_size", block_size)
+    return size, size
 
 
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:

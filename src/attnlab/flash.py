@@ -40,6 +40,7 @@ from torch import Tensor
 
 from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
+    check_block_size,
     check_bool,
     check_choice,
     check_nonnegative_int,
@@ -54,6 +55,7 @@ from attnlab._validation import (
 from attnlab.masks import (
     Alignment,
     alignment_offset,
+    allowed_to_additive_impl,
     band_at_impl,
     check_window,
     is_causal_window,
@@ -181,7 +183,7 @@ def flash_attention(
         check_bool("is_causal", is_causal)
         check_window(window, None)  # no attn_mask here: the window is the mask
         check_scale("scale", scale)
-        block_q, block_k = _check_block_size(block_size)
+        block_q, block_k = check_block_size(block_size)
         check_choice("align", align, get_args(Alignment))
         check_softcap("softcap", softcap)
         check_sinks("sinks", sinks, query, query.shape[-3] if query.ndim > 2 else None)
@@ -261,20 +263,6 @@ def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Te
             f"value.shape={tuple(v.shape)}; expand them first (it does not broadcast)"
         )
     return q, k, v
-
-
-def _check_block_size(block_size: object) -> tuple[int, int]:
-    if isinstance(block_size, tuple):
-        if len(block_size) != 2:
-            raise ValueError(
-                f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}"
-            )
-        return (
-            check_positive_int("block_size[0]", block_size[0]),
-            check_positive_int("block_size[1]", block_size[1]),
-        )
-    size = check_positive_int("block_size", block_size)
-    return size, size
 
 
 # --8<-- [start:function]
@@ -433,8 +421,7 @@ def _bias(
 ) -> Tensor:
     """0 where query i may see key j (i - window < j <= i), else -inf; (rows, cols)."""
     seen = band_at_impl(i1 - i0, j1 - j0, i0 - j0, window, like.device)  # masks' one band
-    bias = torch.zeros(i1 - i0, j1 - j0, dtype=like.dtype, device=like.device)
-    return bias.masked_fill_(~seen, float("-inf"))
+    return allowed_to_additive_impl(seen, like.dtype)  # 0 where seen, else -inf
 
 
 # --8<-- [end:tiles]
@@ -515,7 +502,7 @@ def tile_map(
     """
     t_q = check_nonnegative_int("t_q", t_q)
     t_k = t_q if t_k is None else check_nonnegative_int("t_k", t_k)
-    block_q, block_k = _check_block_size(block_size)
+    block_q, block_k = check_block_size(block_size)
     check_bool("is_causal", is_causal)
     w = None if window is None else check_positive_int("window", window)
     check_choice("align", align, get_args(Alignment))

@@ -63,6 +63,7 @@ from torch.nn.attention.flex_attention import (
 )
 
 from attnlab._validation import (
+    check_block_size,
     check_bool,
     check_choice,
     check_device,
@@ -655,10 +656,7 @@ def block_mask(
     k = q if t_k is None else check_nonnegative_int("t_k", t_k)
     nb = None if b is None else check_positive_int("b", b)
     nh = None if h is None else check_positive_int("h", h)
-    sizes = block_size if isinstance(block_size, tuple) else (block_size, block_size)
-    if len(sizes) != 2:
-        raise ValueError(f"block_size must be an int or a pair of ints, got {block_size!r}")
-    block_q, block_k = (check_positive_int("block_size", s) for s in sizes)
+    block_q, block_k = check_block_size(block_size)  # the tiled kernels' one rule
     check_device("device", device)
     return create_block_mask(
         mask_mod, nb, nh, q, k, device=device or "cpu", BLOCK_SIZE=(block_q, block_k)

@@ -388,6 +388,11 @@ class PagedKVCache:
 
     # --- sequences ----------------------------------------------------------------
 
+    @property
+    def capacity(self) -> int:
+        """Tokens the whole cache can hold: `num_blocks * block_size`."""
+        return self.num_blocks * self.block_size
+
     def add_sequence(self, token_ids: Sequence[int] | Tensor = ()) -> tuple[int, int]:
         """Start a sequence; return its id and how many of its prompt tokens are cached.
 
@@ -411,7 +416,7 @@ class PagedKVCache:
             ValueError: If the prompt is longer than the whole cache.
         """
         tokens = _token_list(token_ids)
-        capacity = self.num_blocks * self.block_size
+        capacity = self.capacity
         if len(tokens) > capacity:
             raise ValueError(
                 f"token_ids has {len(tokens)} tokens but the cache holds at most {capacity} "

@@ -372,7 +372,7 @@ def check_rope_inputs(
 # -- the computation ---------------------------------------------------------------------
 
 
-def _frequencies(head_dim: int, base: float, device: torch.device | str | None) -> Tensor:
+def _frequencies(head_dim: int, base: float | Tensor, device: torch.device | str | None) -> Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     return 1.0 / (base**exponents)  # (head_dim/2,)
 
@@ -762,11 +762,10 @@ class RopeScaling:
             device = seq_len.device if device is None else device
         else:
             n = max(int(seq_len), original)
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
         grown = base * ((self.factor * n / original) - (self.factor - 1)) ** (dim / (dim - 2))
         if isinstance(grown, Tensor):
-            grown = grown.to(device=exponents.device, dtype=torch.float32)
-        return 1.0 / (grown**exponents)  # (dim/2,)
+            grown = grown.to(device=device, dtype=torch.float32)
+        return _frequencies(dim, grown, device)  # RoPE's own, with the grown base
 
     def _yarn(
         self, dim: int, base: float, original: int, device: torch.device | str | None

@@ -237,7 +237,7 @@ class Engine:
         eos = check_token_id_set("eos_token_id", eos_token_id, self.decoder.config.vocab_size)
         # The last generated token is never fed back: the cache holds one fewer.
         held = len(prompt) + steps - 1
-        capacity = self.cache.num_blocks * self.cache.block_size
+        capacity = self.cache.capacity
         if held > capacity:
             raise ValueError(
                 f"prompt_ids has {len(prompt)} tokens and max_new_tokens={steps}: "

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +43,7 @@ import torch
 from torch import nn
 
 from attnlab._provenance import begin, command_line
-from attnlab.bench.measure import CpuUse, round_floats
+from attnlab.bench.measure import CpuUse, round_floats, summary
 from attnlab.gqa import GroupedQueryAttention
 from attnlab.kv_cache import StaticKVCache
 from attnlab.mla import MultiHeadLatentAttention
@@ -177,13 +176,9 @@ def _timed(fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
     return time.perf_counter() - start
 
 
-def _summary(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def _with_ratios(times: dict[str, list[float]], baseline: str) -> dict[str, dict[str, float]]:
     best = min(times[baseline])
-    return {name: {**_summary(t), "ratio": min(t) / best} for name, t in times.items()}
+    return {name: {**summary(t), "ratio": min(t) / best} for name, t in times.items()}
 
 
 def measure_decode_heads(
