@@ -45,6 +45,7 @@ __all__ = [
     "check_float_dtype",
     "check_int_sequence",
     "check_min_rank",
+    "check_multiple",
     "check_nonnegative_int",
     "check_padding_mask",
     "check_padding_of",
@@ -516,6 +517,29 @@ def check_block_size(block_size: object) -> tuple[int, int]:
         )
     size = check_positive_int("block_size", block_size)
     return size, size
+
+
+def check_multiple(
+    name: str, value: int, of_name: str, of: int, *, why: str = "", hint: str = ""
+) -> int:
+    """Return `value // of` if `value` is a multiple of `of`; raise otherwise.
+
+    The rule of every size that is split evenly: a model width into heads, query heads
+    into groups. `why` follows the rule in the message, `hint` ends it.
+
+    Raises:
+        ValueError: If `value % of != 0`.
+
+    Examples:
+        >>> check_multiple("d_model", 64, "num_heads", 4)
+        16
+    """
+    if value % of:
+        raise ValueError(
+            f"{name} must be a multiple of {of_name}{why}, got {name}={value} and "
+            f"{of_name}={of}{hint}"
+        )
+    return value // of
 
 
 def check_min_rank(name: str, x: Tensor, min_rank: int, layout: str) -> None:

@@ -44,6 +44,7 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_choice,
+    check_multiple,
     check_positive_float,
     check_positive_int,
     check_probability,
@@ -317,19 +318,17 @@ class GroupedQueryAttention(nn.Module):
         self.num_kv_heads = (
             num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
         )
-        if num_heads % self.num_kv_heads != 0:
-            raise ValueError(
-                f"num_heads must be a multiple of num_kv_heads (each key/value head serves "
-                f"a group of query heads), got num_heads={num_heads} and "
-                f"num_kv_heads={self.num_kv_heads}"
-            )
+        why = " (each key/value head serves a group of query heads)"
+        check_multiple("num_heads", num_heads, "num_kv_heads", self.num_kv_heads, why=why)
         if head_dim is None:
-            if d_model % num_heads != 0:
-                raise ValueError(
-                    f"d_model must be a multiple of num_heads when head_dim is not given, got "
-                    f"d_model={d_model} and num_heads={num_heads}; or pass head_dim"
-                )
-            head_dim = d_model // num_heads
+            head_dim = check_multiple(
+                "d_model",
+                d_model,
+                "num_heads",
+                num_heads,
+                why=" when head_dim is not given",
+                hint="; or pass head_dim",
+            )
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.bias = check_bool("bias", bias)
         self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)

@@ -54,6 +54,7 @@ from attnlab._validation import (
     check_choice,
     check_features,
     check_min_rank,
+    check_multiple,
     check_padding_mask,  # re-exported: its home is _validation, used by llm and sparse too
     check_padding_of,
     check_positive_float,
@@ -223,7 +224,7 @@ class LinearSelfAttention(nn.Module):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.num_heads = check_positive_int("num_heads", num_heads)
-        _check_multiple("d_model", d_model, "num_heads", num_heads)
+        check_multiple("d_model", d_model, "num_heads", num_heads)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
@@ -252,13 +253,6 @@ class LinearSelfAttention(nn.Module):
         heads = _linear_attention_impl(q, k, v, is_causal, "parallel", elu_feature_map)
         out: Tensor = self.out(heads.transpose(1, 2).reshape(b, t, d))  # (b, t, d_model)
         return out
-
-
-def _check_multiple(name: str, value: int, of_name: str, of: int) -> None:
-    if value % of:
-        raise ValueError(
-            f"{name} must be a multiple of {of_name}, got {name}={value} and {of_name}={of}"
-        )
 
 
 def _check_linear_inputs(query: object, key: object, value: object) -> None:
@@ -590,7 +584,7 @@ class GatedDeltaNet(nn.Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.num_k_heads = check_positive_int("num_k_heads", num_k_heads)
         self.num_v_heads = check_positive_int("num_v_heads", num_v_heads)
-        _check_multiple("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
+        check_multiple("num_v_heads", num_v_heads, "num_k_heads", num_k_heads)
         self.head_k_dim = check_positive_int("head_k_dim", head_k_dim)
         self.head_v_dim = check_positive_int("head_v_dim", head_v_dim)
         self.kernel_size = check_positive_int("kernel_size", kernel_size)

@@ -66,6 +66,7 @@ from attnlab._validation import (
     check_attn_mask,
     check_bool,
     check_int_sequence,
+    check_multiple,
     check_padding_mask,
     check_positive_float,
     check_positive_int,
@@ -153,11 +154,7 @@ class LinearAttentionConfig:
             check_positive_int(name, getattr(self, name))
         check_positive_int("kernel_size", self.kernel_size)
         check_positive_int("chunk_size", self.chunk_size)
-        if self.num_v_heads % self.num_k_heads:
-            raise ValueError(
-                f"num_v_heads must be a multiple of num_k_heads, got num_v_heads="
-                f"{self.num_v_heads} and num_k_heads={self.num_k_heads}"
-            )
+        check_multiple("num_v_heads", self.num_v_heads, "num_k_heads", self.num_k_heads)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from attnlab._validation import (
     check_bool,
+    check_multiple,
     check_positive_int,
     check_token_ids,
     is_validation_enabled,
@@ -66,11 +67,7 @@ class ModelConfig:
         for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
             check_positive_int(name, getattr(self, name))
         check_bool("mlp", self.mlp)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model must be a multiple of num_heads, got d_model={self.d_model} and "
-                f"num_heads={self.num_heads}"
-            )
+        check_multiple("d_model", self.d_model, "num_heads", self.num_heads)
 
     def to_dict(self) -> dict[str, int | bool]:
         """The sizes as a plain dict, e.g. for a JSON record."""

@@ -32,6 +32,7 @@ from attnlab._backends import (
 from attnlab._validation import (
     check_attn_mask,
     check_bool,
+    check_multiple,
     check_positive_int,
     check_probability,
     check_same_batch,
@@ -127,12 +128,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.d_context = d_in if d_context is None else check_positive_int("d_context", d_context)
         self.d_value = self.d_context if d_value is None else check_positive_int("d_value", d_value)
-        if d_out % num_heads != 0:
-            raise ValueError(
-                f"d_out must be a multiple of num_heads, got d_out={d_out} and "
-                f"num_heads={num_heads}"
-            )
-        self.head_dim = d_out // num_heads
+        self.head_dim = check_multiple("d_out", d_out, "num_heads", num_heads)
         self.dropout = check_probability("dropout", dropout)
         self.bias = check_bool("bias", bias)
         self.backend = backend
