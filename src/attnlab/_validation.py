@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TypeGuard
 
 import torch
@@ -677,7 +677,6 @@ def check_int_sequence(
         TypeError: If `value` is neither, or an element is not an int.
         ValueError: If an element is outside `[low, high)`, named by its index.
     """
-    from collections.abc import Sequence  # local: this function only appends to the module
 
     kind = {None: "an int", 0: "a non-negative int"}.get(low, f"an int >= {low}")
     if isinstance(value, Tensor):
@@ -796,7 +795,6 @@ def check_token_id_set(name: str, value: object, vocab_size: int) -> tuple[int, 
         TypeError: If `value` is neither, or an id is not an int.
         ValueError: If an id lies outside the vocabulary.
     """
-    from collections.abc import Sequence  # local: this function only appends to the module
 
     if value is None:
         return ()

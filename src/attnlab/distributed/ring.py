@@ -347,24 +347,6 @@ class _Ring:
         self.stats.wait_seconds += time.perf_counter() - start
 
 
-def _pair(
-    q_range: tuple[int, int, int],
-    k_range: tuple[int, int, int],
-    is_causal: bool,
-    window: int | None,
-) -> str:
-    """How a block of queries sees a block of keys: "full", "masked" or "none".
-
-    FlashAttention's rule for a tile ([`tile_kind`][attnlab.flash.tile_kind]), at the
-    blocks' global positions: a key chunk wholly in the future, or wholly `window` or
-    more positions behind every query, is skipped; one that the diagonal or the
-    window's edge crosses is masked. "masked" blocks then run FlashAttention's causal
-    and window rules with the query chunk placed `q0 - k0` positions after the key chunk.
-    """
-    (q0, q1, _), (k0, k1, _) = q_range, k_range
-    return tile_kind(q0, q1, k0, k1, is_causal=is_causal, window=window)
-
-
 def _work(kind: str, rows: int, cols: int, offset: int, window: int | None) -> int:
     """(query, key) pairs a block shows: all, none, or those of the causal/window band."""
     if kind != "masked":
@@ -384,7 +366,7 @@ def _steps(ranges: list[list[tuple[int, int]]], is_causal: bool, window: int | N
         for step in range(size):
             source = (rank - step) % size
             if any(
-                _pair((q0, q1, 0), (k0, k1, 0), is_causal, window) != "none"
+                tile_kind(q0, q1, k0, k1, is_causal=is_causal, window=window) != "none"
                 for q0, q1 in ranges[rank]
                 for k0, k1 in ranges[source]
             ):
@@ -423,7 +405,9 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
         k_src, v_src = _unpack(ring.wide(buf), ring.n, ring.length(source), ring.e, ring.e_v)
         for i, (q0, q1, qo) in enumerate(mine):
             for k0, k1, ko in ring.pieces(source):
-                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal, ring.window)
+                # FlashAttention's tile rule at the blocks' global positions: skip a key
+                # chunk no query sees, mask one the diagonal or the window's edge crosses.
+                kind = tile_kind(q0, q1, k0, k1, is_causal=ring.is_causal, window=ring.window)
                 if kind == "none":
                     continue
                 out = q.new_empty(ring.n, q1 - q0, ring.e_v)
@@ -494,7 +478,7 @@ def _ring_backward(
         for q0, q1, qo in mine:
             rows = slice(qo, qo + q1 - q0)
             for k0, k1, ko in ring.pieces(source):
-                kind = _pair((q0, q1, qo), (k0, k1, ko), ring.is_causal, ring.window)
+                kind = tile_kind(q0, q1, k0, k1, is_causal=ring.is_causal, window=ring.window)
                 if kind == "none":
                     continue
                 masked = kind == "masked"
