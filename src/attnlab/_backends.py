@@ -91,6 +91,7 @@ __all__ = [
     "check_backend",
     "check_backend_call",
     "materialize",
+    "takes_mask",
 ]
 
 Backend = Literal["torch", "scratch", "flash"]
@@ -167,6 +168,17 @@ class BackendProperty:
         obj.__dict__[self._slot] = check_backend(value)
 
 
+def takes_mask(backend: Backend) -> bool:
+    """Whether `backend` can apply an arbitrary mask (FlashAttention masks only by
+    position: `is_causal` and `window`).
+
+    Examples:
+        >>> takes_mask("torch"), takes_mask("flash")
+        (True, False)
+    """
+    return backend != "flash"
+
+
 def check_backend_call(
     backend: Backend, *, attn_mask: object, dropout_p: float, softcap: float | None = None
 ) -> None:
@@ -180,7 +192,7 @@ def check_backend_call(
             f"apply tanh to the scores), but softcap={softcap}; use backend='scratch' or "
             "'flash'"
         )
-    if backend != "flash":
+    if takes_mask(backend):
         return
     if attn_mask is not None and not isinstance(attn_mask, CausalBias):
         raise ValueError(

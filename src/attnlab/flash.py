@@ -512,8 +512,8 @@ def tile_map(
     for i0 in range(0, t_q, block_q):
         a0, a1 = i0 + offset, min(i0 + block_q, t_q) + offset  # positions among the keys
         for j0 in _key_starts(a0, a1, t_k, causal, w, block_k):  # the others: "none"
-            kind = tile_kind(a0, a1, j0, min(j0 + block_k, t_k), is_causal=causal, window=w)
-            grid[i0 // block_q, j0 // block_k] = ("none", "full", "masked").index(kind)
+            j1 = min(j0 + block_k, t_k)  # each tile here has a key some query sees
+            grid[i0 // block_q, j0 // block_k] = 1 + _needs_bias(a0, a1, j0, j1, causal, w)
     return grid
 
 

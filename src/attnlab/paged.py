@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from attnlab import masks
-from attnlab._backends import Backend, attend, check_backend, check_backend_call
+from attnlab._backends import Backend, attend, check_backend, takes_mask
 from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab._validation import (
     check_bool,
@@ -672,6 +672,7 @@ class PagedKVCache:
         key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
         tables = self._attend_tables(seq_ids)
         if is_validation_enabled():  # the tables and lengths are the cache's own
+            query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
             _check_paged(
                 query,
                 key_pool,
@@ -818,6 +819,8 @@ def paged_attention(
         True
     """
     if is_validation_enabled():
+        # Checked as autocast casts them, once: paged_attention_impl then finds them cast.
+        query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
         _check_paged(
             query,
             key_pool,
@@ -1246,17 +1249,19 @@ def _check_paged(
 ) -> None:
     """The checks of a paged attention call (the last ones read values).
 
-    The tensors are checked as autocast casts them; of the options, `blocks_per_tile`
+    The callers cast the tensors as autocast does first, so they are checked as the
+    kernel will see them (and the kernel then finds them cast); of the options, `blocks_per_tile`
     is paged_attention's alone and checked there. `own=True`: the tables and lengths
     come from a `PagedKVCache`, right by construction; their values are not read
     (query_lengths' still are).
     """
     check_scale("scale", scale)
     check_choice("method", method, _METHODS)
-    # The backends' own rule of which of them take a mask: paged attention always masks
-    # (by position through the table), so its tables stand for the mask here.
-    check_backend_call(check_backend(backend), attn_mask=block_tables, dropout_p=0.0)
-    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+    if not takes_mask(check_backend(backend)):  # the backends' own rule
+        raise ValueError(
+            f"backend={backend!r} masks only by position, but paged attention masks by "
+            "block table and length; use backend='torch' or 'scratch'"
+        )
     q = check_tensor("query", query)
     k = check_tensor("key_pool", key_pool)
     v = check_tensor("value_pool", value_pool)

@@ -401,13 +401,14 @@ def _record(
     }
     if not softmax:
         return record
+    tables = [_scores(s) for s in result.head_scores]  # once per evaluation
     return {
         **record,
         "head_scores": _scores(probe_scores(model, config.half)),
         "head_score_curve": {
             "step": result.steps[: len(result.head_scores)],
             **{
-                key: [_scores(s)[key] for s in result.head_scores]
+                key: [table[key] for table in tables]
                 for key in ("previous_token", "induction", "first_token")
             },
         },
