@@ -106,12 +106,13 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 # 3.8 renames the items through an attribute that pytest no longer reads.)
 _PAGE_TESTS = ("tests/test_notebook.py", "tests/test_site.py")
 _REAL_MODEL_TESTS = ("tests/test_llm.py", "tests/test_serving.py")
+_SHARED_GROUP = "pages and SmolLM2"
 
 
 def _xdist_group(nodeid: str) -> str:
     file = nodeid.split("::", 1)[0]
     if file.endswith(".md") or file in _PAGE_TESTS + _REAL_MODEL_TESTS:
-        return "pages and SmolLM2"
+        return _SHARED_GROUP
     return file
 
 
@@ -130,19 +131,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
-_HOMES = {"page_run": _PAGE_TESTS, "page_record": _PAGE_TESTS, "smollm2": _REAL_MODEL_TESTS}
+_SHARED_FIXTURES = {"page_run", "page_record", "smollm2"}
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test that uses a shared fixture must live in a file of the shared group."""
-    file = item.nodeid.split("::", 1)[0]
-    for fixture in sorted(set(getattr(item, "fixturenames", ())) & _HOMES.keys()):
-        if file not in _HOMES[fixture]:
-            pytest.fail(
-                f"{item.nodeid} uses the `{fixture}` fixture: add {file} to the files of "
-                "conftest.py's shared group, so that the worker that holds its state runs it",
-                pytrace=False,
-            )
+    shared = _SHARED_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    if shared and _xdist_group(item.nodeid) != _SHARED_GROUP:
+        file = item.nodeid.split("::", 1)[0]
+        pytest.fail(
+            f"{item.nodeid} uses the `{min(shared)}` fixture: add {file} to the files of "
+            "conftest.py's shared group, so that the worker that holds its state runs it",
+            pytrace=False,
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -714,9 +714,7 @@ def test_rms_normalize_is_the_float32_core_of_rmsnorm() -> None:
 
 def _attention_layers() -> dict[str, torch.nn.Module]:
     def mla() -> MultiHeadLatentAttention:
-        return MultiHeadLatentAttention(
-            8, 2, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=3
-        )
+        return MultiHeadLatentAttention(8, 2, **_MLA_SIZES)
 
     return {
         "gqa": GroupedQueryAttention(8, 2, num_kv_heads=1),
@@ -767,7 +765,6 @@ def test_call_checks_size_the_mask_with_the_cache_and_the_window() -> None:
     for cls in (GroupedQueryAttention, MultiHeadLatentAttention):
         kwargs: dict[str, Any] = {}
         if cls is MultiHeadLatentAttention:
-            kwargs = {"kv_lora_rank": 4, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2}
-            kwargs["v_head_dim"] = 3
+            kwargs = dict(_MLA_SIZES)
         with pytest.raises(TypeError, match="window must be a positive int"):
             cls(8, 2, window="4", **kwargs)  # masks.check_window, the one rule of a window

@@ -284,9 +284,23 @@ def test_one_exporter_renders_the_notebook_pages_as_new_ones_do(
         "no_prompt": True,
         "remove_tag_config": {"remove_input_tags": ["hide-input"]},
     }
+    made: list[object] = []
+
+    class Counted(HTMLExporter):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            super().__init__(*args, **kwargs)
+
+    # mkdocs-jupyter as it comes (restored after the test), with exporters counted.
+    monkeypatch.setattr(nbconvert2, "HTMLExporter", Counted)
+    monkeypatch.setattr(nbconvert2, "MarkdownExporter", nbconvert2.MarkdownExporter)
+    monkeypatch.setattr(convert, "nb2html", nbconvert2.nb2html)
+    monkeypatch.setattr(convert, "nb2md", nbconvert2.nb2md)
     notebook.reuse_exporters()
     notebook.reuse_exporters()  # once is enough: a second call changes nothing
+    assert convert.nb2html.attnlab_reuse  # the patch took: this layout is the known one
     reused = [convert.nb2html(path, **options) for path in paths]
+    assert len(made) == 1  # one exporter for both pages
     with monkeypatch.context() as patch:  # mkdocs-jupyter's own way: a new exporter each
         patch.setattr(nbconvert2, "HTMLExporter", HTMLExporter)
         fresh = [nbconvert2.nb2html(path, **options) for path in paths]
