@@ -21,7 +21,7 @@ def smollm2() -> tuple[Any, Any, Any]:
     Loaded once per test session (the loaders cache per process, so the chapters' blocks
     that run in this session reuse them too).
     """
-    from attnlab import pretrained
+    from attnlab.models import pretrained
 
     hf, tokenizer = pretrained.load_smollm2()
     decoder, same_tokenizer = pretrained.smollm2_decoder()

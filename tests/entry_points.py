@@ -35,13 +35,14 @@ from attnlab import (
     MultiHeadLatentAttention,
     SelfAttention,
     StaticKVCache,
-    masks,
-    rope,
 )
 from attnlab import functional as AF
 from attnlab.distributed import ShardLayout, ring_attention
-from attnlab.linear import GatedDeltaNet, delta_rule, linear_attention
-from attnlab.sparse import DeepSeekSparseAttention, LightningIndexer, topk_indices
+from attnlab.functional.linear import delta_rule, linear_attention
+from attnlab.functional.sparse import topk_indices
+from attnlab.layers.linear import GatedDeltaNet
+from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
+from attnlab.rules import masks, rope
 
 # All sizes differ (a swapped pair of axes cannot pass by luck), and they are small: the
 # finite differences of gradcheck cost two forward passes per input element and parameter.
@@ -318,7 +319,7 @@ ENTRIES: dict[str, Entry] = {
     "scaled_softmax": Entry(
         {"scores": (B, T, T)},
         lambda m, i: AF.scaled_softmax(
-            i["scores"], D_KQ, AF.causal_mask(T, device=i["scores"].device)
+            i["scores"], D_KQ, masks.causal(T, device=i["scores"].device)
         ),
         weights=True,
         query=None,  # its mask is (T, T): see test_scaled_softmax_of_no_scores

@@ -18,7 +18,7 @@ import torch
 from hooks import outputs
 
 from attnlab import SelfAttention
-from attnlab.toy import embed_sentence
+from attnlab.article.toy import embed_sentence
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTICLE = json.loads((ROOT / "tests/data/article_outputs.json").read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""attnlab.bench: the harness runs end to end on tiny sizes, and its measurements are right.
+"""attnlab.tools.bench: the harness runs end to end on tiny sizes, and its measurements are right.
 
 The smoke test runs the command in-process with `--quick` (tiny sizes, a few seconds) and
 checks every field of `bench.json` that the Benchmarks page reads. The measuring helpers
@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnlab import bench
-from attnlab._provenance import KEYS
+from attnlab.rules._provenance import KEYS
+from attnlab.tools import bench
 
 ASSETS = Path(__file__).resolve().parents[1] / "docs" / "assets"
 
@@ -47,8 +47,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 @pytest.fixture(scope="module")
 def modern_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """The modern suites (window, decode, kv_memory) on tiny sizes, through the CLI."""
-    pytest.importorskip("attnlab.gqa")
-    pytest.importorskip("attnlab.mla")
+    pytest.importorskip("attnlab.layers.gqa")
+    pytest.importorskip("attnlab.layers.mla")
     out = tmp_path_factory.mktemp("bench-modern")
     argv = ["--quick", "--suite", "window", "decode", "kv_memory", "--rounds", "2"]
     argv += ["--threads", "1", "--no-progress", "--out-dir", str(out), "--json", "modern.json"]
@@ -61,7 +61,7 @@ def test_bench_quick_run_records_provenance(quick_run: tuple[Path, dict[str, Any
     assert data["schema"] == bench.SCHEMA_VERSION
     prov = data["provenance"]
     assert list(prov)[: len(KEYS)] == list(KEYS)  # the keys every recorder writes
-    assert prov["command"].startswith("python -m attnlab.bench --quick")
+    assert prov["command"].startswith("python -m attnlab.tools.bench --quick")
     assert prov["torch"] == torch.__version__
     assert prov["torch_threads"] == 1
     for key in ("date", "cpu_model", "logical_cpus", "python", "load_average_before", "note"):
@@ -128,7 +128,7 @@ def test_bench_markdown_tables_list_every_result(quick_run: tuple[Path, dict[str
         assert f" {t} |" in tables
     assert "configurations" in bench.goals_markdown(data)  # tiny sizes decide no goal
     provenance = bench.provenance_markdown(data)
-    assert "`python -m attnlab.bench --quick" in provenance
+    assert "`python -m attnlab.tools.bench --quick" in provenance
     assert torch.__version__ in provenance
 
 
@@ -307,7 +307,7 @@ def test_bench_modern_suites_run_and_report(modern_run: tuple[Path, dict[str, An
     out, data = modern_run
     assert data["schema"] == bench.SCHEMA_VERSION == 2
     assert set(data["suites"]) == {"window", "decode"}
-    assert data["provenance"]["command"].startswith("python -m attnlab.bench --quick --suite")
+    assert data["provenance"]["command"].startswith("python -m attnlab.tools.bench --quick --suite")
     window = data["suites"]["window"]
     assert window["config"]["window"] == bench.QUICK["window"].window
     impls = {r["impl"] for r in window["results"]}
@@ -470,21 +470,23 @@ def test_every_recorder_writes_the_same_provenance(
     The ring commands run their ranks in this process (a group of one), so that no
     process is started; the benchmark's own record is checked by the quick run above.
     """
-    from attnlab import train
-    from attnlab.bench import overhead
-    from attnlab.distributed import bench as ring_bench
     from attnlab.distributed import demo
+    from attnlab.tools import train
+    from attnlab.tools.bench import overhead
+    from attnlab.tools.bench import ring as ring_bench
 
     argv = ["--batch", "1", "--seq", "4", "--dim", "8", "--heads", "2", "--repeats", "2"]
     overhead.main(argv)
     _check_provenance(
         json.loads(capsys.readouterr().out)["provenance"],
-        "python -m attnlab.bench.overhead " + " ".join(argv),
+        "python -m attnlab.tools.bench.overhead " + " ".join(argv),
     )
     argv = ["--steps", "1", "--out", str(tmp_path / "model"), "--no-progress"]
     train.main(argv)
     record = json.loads((tmp_path / "model" / "induction.json").read_text())
-    _check_provenance({k: record[k] for k in KEYS}, "python -m attnlab.train " + " ".join(argv))
+    _check_provenance(
+        {k: record[k] for k in KEYS}, "python -m attnlab.tools.train " + " ".join(argv)
+    )
     monkeypatch.setattr(demo, "spawn", _in_process_spawn)
     monkeypatch.setattr(ring_bench, "spawn", _in_process_spawn)
     argv = ["--world-size", "1", "--length", "6", "--json", str(tmp_path / "demo.json")]
@@ -495,7 +497,7 @@ def test_every_recorder_writes_the_same_provenance(
     argv += ["--out", str(tmp_path / "ring.json")]
     ring_bench.main(argv)
     record = json.loads((tmp_path / "ring.json").read_text())
-    _check_provenance(record["provenance"], "python -m attnlab.distributed.bench " + " ".join(argv))
+    _check_provenance(record["provenance"], "python -m attnlab.tools.bench.ring " + " ".join(argv))
 
 
 @pytest.mark.parametrize(
@@ -529,10 +531,15 @@ def test_read_provenance_renames_the_old_keys() -> None:
     assert prov["date"] == "2026-12-01T05:27:00+00:00"
     assert (prov["logical_cpus"], prov["load_average_after"]) == (2, [1, 2, 3])
     assert prov["load_average_before"] is None
-    train = {"command": "python -m attnlab.train", "threads": 2, "seconds": 14.7, "config": {}}
+    train = {
+        "command": "python -m attnlab.tools.train",
+        "threads": 2,
+        "seconds": 14.7,
+        "config": {},
+    }
     prov = bench.read_provenance(train)
     assert (prov["command"], prov["torch_threads"], prov["duration_s"]) == (
-        "python -m attnlab.train",
+        "python -m attnlab.tools.train",
         2,
         14.7,
     )

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.bench.linear import (
+from attnlab.caches.kv import DynamicKVCache
+from attnlab.models.decoder import Decoder
+from attnlab.tools.bench.linear import (
     MODELS,
     LinearSettings,
     cache_bytes,
@@ -16,8 +18,6 @@ from attnlab.bench.linear import (
     main,
     measure_linear,
 )
-from attnlab.kv_cache import DynamicKVCache
-from attnlab.llm import Decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

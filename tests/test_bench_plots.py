@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.bench import write_plots
-from attnlab.bench.plots import CARD, MEMORY_PLOTS, log_ticks
+from attnlab.tools.bench import write_plots
+from attnlab.tools.bench.plots import CARD, MEMORY_PLOTS, log_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs/assets/bench"

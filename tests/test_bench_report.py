@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench import goals_markdown, provenance_markdown, results_markdown
-from attnlab.bench.report import peak_exceeded
+from attnlab.tools.bench import goals_markdown, provenance_markdown, results_markdown
+from attnlab.tools.bench.report import peak_exceeded
 
 BENCH = Path(__file__).resolve().parents[1] / "docs/assets/bench"
 

@@ -15,7 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.serving import (
+from attnlab.models.config import DecoderConfig
+from attnlab.models.decoder import Decoder
+from attnlab.tools.bench.serving import (
     FIGURES,
     ServingSettings,
     WorkloadRequest,
@@ -28,7 +30,6 @@ from attnlab.bench.serving import (
     static_generate,
     write_serving_plots,
 )
-from attnlab.llm import Decoder, DecoderConfig
 
 TINY = ServingSettings(
     contexts=(8, 24),

@@ -1,6 +1,6 @@
 """The heatmaps and diagrams in a real browser: headless Chromium reads what a reader sees.
 
-A page with a heatmap from `attnlab.plotting.interactive_heatmap`, the site's script
+A page with a heatmap from `attnlab.tools.plotting.interactive_heatmap`, the site's script
 (`docs/assets/javascripts/attention-heatmap.js`) and a small driver script is opened from
 a file with `chromium --headless --dump-dom`. The driver finds a cell by its position on
 screen (`document.elementFromPoint`, so the cell must be the topmost thing there), sends
@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.model import TinyTransformer, repeated_tokens
-from attnlab.plotting import _predictions_html, interactive_heatmap, live_model_widget
-from attnlab.train import load_run
+from attnlab.models.tiny import TinyTransformer, repeated_tokens
+from attnlab.tools.plotting import _predictions_html, interactive_heatmap, live_model_widget
+from attnlab.tools.train import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "attention-heatmap.js"
@@ -317,7 +317,7 @@ def _figures() -> list[str]:
     """Matplotlib figures as the chapters make them: a heatmap, and a wide line plot."""
     from matplotlib.figure import Figure
 
-    from attnlab.plotting import figure_to_svg, heatmap
+    from attnlab.tools.plotting import figure_to_svg, heatmap
 
     weights = torch.softmax(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)), -1)
     words = ["Life", "is", "short", "eat", "dessert", "first"]

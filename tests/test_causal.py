@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import CausalSelfAttention, SelfAttention
-from attnlab.toy import embed_sentence
+from attnlab.article.toy import embed_sentence
 
 ARTICLE_CAUSAL_WEIGHTS = torch.tensor(
     [

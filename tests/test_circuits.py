@@ -1,4 +1,4 @@
-"""attnlab.circuits: the residual stream taken apart, ablations, copying and composition."""
+"""attnlab.tools.circuits: the residual stream taken apart, ablations, copying and composition."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attnlab import circuits
-from attnlab.circuits import (
+from attnlab.models.tiny import ModelConfig, TinyTransformer, repeated_tokens
+from attnlab.tools import circuits
+from attnlab.tools.circuits import (
     ablated,
     composition_baseline,
     composition_score,
@@ -26,8 +27,7 @@ from attnlab.circuits import (
     residual_components,
     rotated_composition_baseline,
 )
-from attnlab.model import ModelConfig, TinyTransformer, repeated_tokens
-from attnlab.train import ablation_groups, ablation_losses, load_run, probe_scores
+from attnlab.tools.train import ablation_groups, ablation_losses, load_run, probe_scores
 
 RUN = Path(__file__).resolve().parents[1] / "docs" / "assets" / "model"
 # All sizes different, so that no transposed weight goes unnoticed.

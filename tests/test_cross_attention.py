@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import CrossAttention, SelfAttention
-from attnlab.toy import embed_sentence
+from attnlab.article.toy import embed_sentence
 
 
 def test_cross_attention_equals_torch_sdpa() -> None:

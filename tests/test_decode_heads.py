@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.bench import decode_heads
-from attnlab.bench.decode_heads import (
+from attnlab.caches.kv import StaticKVCache, kv_cache_bytes_per_token
+from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.tools.bench import decode_heads
+from attnlab.tools.bench.decode_heads import (
     IMPLS,
     DecodeShape,
     absorbed_kernel,
     decode_steps,
     measure_decode_heads,
 )
-from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import StaticKVCache, kv_cache_bytes_per_token
-from attnlab.mla import MultiHeadLatentAttention
 
 TINY = DecodeShape(
     d_model=40,
@@ -140,5 +140,5 @@ def test_main_records_the_command_line_it_parsed(
     assert json.loads(capsys.readouterr().out) == {
         "rounds": 2,
         "seed": 5,
-        "command": "python -m attnlab.bench.decode_heads --rounds 2 --seed 5",
+        "command": "python -m attnlab.tools.bench.decode_heads --rounds 2 --seed 5",
     }

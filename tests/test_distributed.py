@@ -32,14 +32,14 @@ import torch.distributed as dist
 
 from attnlab.distributed import (
     RingStats,
-    merge_partials,
     ring_attention,
     shard_ranges,
     shard_sequence,
     spawn,
     unshard_sequence,
 )
-from attnlab.masks import sliding_window
+from attnlab.functional.flash import merge_partials
+from attnlab.rules.masks import sliding_window
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helper, tests/_process_group.py
 from _process_group import one_rank_group
@@ -461,7 +461,7 @@ def test_ring_stats_start_at_zero() -> None:
 
 
 def test_bench_table_reports_memory_ratio_and_balance() -> None:
-    from attnlab.distributed.bench import format_results
+    from attnlab.tools.bench.ring import format_results
 
     def rank(tensors: int, resident: int, work: int, busy: float) -> dict[str, float]:
         return {

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.model import ModelConfig, TinyTransformer
+from attnlab.models.tiny import ModelConfig, TinyTransformer
 
 
 def test_tiny_transformer_compiles_in_one_graph_with_validation_on() -> None:

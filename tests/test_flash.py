@@ -1,4 +1,5 @@
-"""attnlab.flash: FlashAttention from scratch, equal to PyTorch's attention forward and backward.
+"""attnlab.functional.flash: FlashAttention from scratch, equal to PyTorch's attention forward and
+backward.
 
 The reference is `torch.nn.functional.scaled_dot_product_attention` (outputs and the
 gradients of all three inputs), plus `torch.autograd.gradcheck` in float64 for the custom
@@ -16,8 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlab
-from attnlab.flash import flash_attention, tile_kind, tile_map
-from attnlab.masks import Alignment, sliding_window
+from attnlab.functional.flash import flash_attention, tile_kind, tile_map
+from attnlab.rules.masks import Alignment, sliding_window
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -312,7 +313,7 @@ def test_tile_map_matches_the_tiles_of_the_mask(
     if window is not None:
         mask = sliding_window(t_q, t_k, window=window, align=align)
     elif is_causal:
-        mask = attnlab.masks.causal(t_q, t_k, align=align)
+        mask = attnlab.rules.masks.causal(t_q, t_k, align=align)
     else:
         mask = torch.ones(t_q, t_k, dtype=torch.bool)
     block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
@@ -505,7 +506,7 @@ def test_flash_attention_bottom_right_matches_torch_forward_and_backward(
 ) -> None:
     q, k, v = _inputs(t_q, t_k, 2, 3, grad=True)
     mask = (
-        attnlab.masks.causal(t_q, t_k, align="bottom-right")
+        attnlab.rules.masks.causal(t_q, t_k, align="bottom-right")
         if window is None
         else sliding_window(t_q, t_k, window=window, align="bottom-right")
     )
@@ -529,10 +530,10 @@ def test_flash_attention_bottom_right_matches_torch_forward_and_backward(
 def test_flash_attention_bottom_right_equals_causal_lower_right(t_q: int, t_k: int) -> None:
     # Chunked prefill: t_q new tokens after t_k - t_q cached ones. PyTorch's own name for
     # that mask is causal_lower_right; attnlab's functional path takes it as attn_mask.
-    # (The gradients: the test above, against the same mask built by attnlab.masks.)
+    # (The gradients: the test above, against the same mask built by attnlab.rules.masks.)
     from torch.nn.attention.bias import causal_lower_right
 
-    from attnlab.functional import scaled_dot_product_attention
+    from attnlab.functional.sdpa import scaled_dot_product_attention
 
     q, k, v = _inputs(t_q, t_k, 2, 3)
     out = flash_attention(q, k, v, is_causal=True, align="bottom-right", block_size=(4, 3))

@@ -1,6 +1,7 @@
-"""attnlab.flex: every mask and score change as a FlexAttention mod, equal to the dense ones.
+"""attnlab.functional.flex: every mask and score change as a FlexAttention mod, equal to the dense
+ones.
 
-Three references, each independent of the mods: the dense builders of `attnlab.masks`
+Three references, each independent of the mods: the dense builders of `attnlab.rules.masks`
 (or a mask built here by hand where attnlab has none: prefix-LM, documents), PyTorch's
 `scaled_dot_product_attention` given that dense mask or bias, and attnlab's tiled
 `flash_attention` for what it has (window, softcap, sinks, both alignments).
@@ -28,9 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
-from attnlab import flex, masks
-from attnlab.flash import flash_attention, tile_map
-from attnlab.functional import scaled_dot_product_attention
+from attnlab.functional import flex
+from attnlab.functional.flash import flash_attention, tile_map
+from attnlab.functional.sdpa import scaled_dot_product_attention
+from attnlab.rules import masks
 
 B, H, L, S, E, EV = 2, 3, 10, 13, 8, 5
 BLOCK = 4
@@ -65,7 +67,7 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, mod: flex.MaskMod, **kwargs: Any) -> 
     return flex.attention(q, k, v, block_mask=bm, **kwargs)
 
 
-# -- the masks of attnlab.masks, stated again on indices --------------------------------
+# -- the masks of attnlab.rules.masks, stated again on indices --------------------------------
 
 SIZES = [(6, 6), (5, 9), (9, 5)]
 
@@ -113,17 +115,6 @@ def test_prefix_lm_mod_by_hand() -> None:
     per_batch = flex.to_dense(flex.prefix_lm_mod(torch.tensor([3, 0])), 6, b=2)
     assert torch.equal(per_batch[0, 0], _prefix_lm(6, 3))
     assert torch.equal(per_batch[1, 0], masks.causal(6))  # no prefix: causal
-
-
-def test_document_mod_causal_is_a_deprecated_alias_of_is_causal() -> None:
-    ids = flex.document_ids([3, 1, 4])
-    for value in (True, False):
-        want = flex.to_dense(flex.document_mod(ids, is_causal=value), 8)
-        with pytest.warns(DeprecationWarning, match=r"causal=\.\.\.\) is deprecated"):
-            got = flex.to_dense(flex.document_mod(ids, causal=value), 8)
-        assert torch.equal(got, want)
-    causal = flex.to_dense(flex.document_mod(ids), 8)  # the default: is_causal=True
-    assert not torch.equal(causal, want)  # so the two values differ
 
 
 def test_lengths_are_not_read_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,11 +369,11 @@ def test_bad_attention_inputs(qkv: Any) -> None:
         flex.attention(q, k, v, sinks=torch.zeros(H), compiled=True)  # before compiling
 
 
-# -- the benchmark's pieces (the timing itself runs as python -m attnlab.bench.flex) ----
+# -- the benchmark's pieces (the timing itself runs as python -m attnlab.tools.bench.flex) ----
 
 
 def test_bench_settings_and_documents() -> None:
-    from attnlab.bench.flex import FlexSettings, document_lengths
+    from attnlab.tools.bench.flex import FlexSettings, document_lengths
 
     for t in (1024, 1000, 4096):
         parts = document_lengths(t)
@@ -396,7 +387,7 @@ def test_bench_settings_and_documents() -> None:
 
 
 def test_bench_plot_draws_every_mask(tmp_path: Any) -> None:
-    from attnlab.bench.flex import IMPLS, MASKS, write_flex_plot
+    from attnlab.tools.bench.flex import IMPLS, MASKS, write_flex_plot
 
     def stats(x: float) -> dict[str, float]:
         return {"median": x, "min": x * 0.9, "max": x * 1.1}

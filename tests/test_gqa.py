@@ -3,7 +3,7 @@ the full forward, and clear errors.
 
 The reference below computes every head on its own, with the key/value head of query head
 h taken as h // group and the causal / sliding-window mask written as a condition on the
-positions, so neither PyTorch's `enable_gqa` nor `attnlab.masks` is trusted. The
+positions, so neither PyTorch's `enable_gqa` nor `attnlab.rules.masks` is trusted. The
 equivalence with Hugging Face's layers is in tests/test_hf_equivalence.py.
 
 Dimensions all differ: d_model 20, 6 query heads, 3 (or 1, or 6) key/value heads, head_dim
@@ -21,14 +21,18 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
-from attnlab import _backends, masks, validation
-from attnlab.gqa import GroupedQueryAttention, RMSNorm, check_attention_inputs, rms_normalize
-from attnlab.kv_cache import DynamicKVCache, KVCache, StaticKVCache
-from attnlab.linear import GatedDeltaNet
-from attnlab.llm import DecoderConfig
-from attnlab.mla import MultiHeadLatentAttention
-from attnlab.rope import RopeScaling, apply_rope, rope_cos_sin
-from attnlab.sparse import DeepSeekSparseAttention, LightningIndexer
+from attnlab import validation
+from attnlab.caches.kv import DynamicKVCache, KVCache, StaticKVCache
+from attnlab.functional import backends as _backends
+from attnlab.layers.gqa import GroupedQueryAttention, check_attention_inputs
+from attnlab.layers.linear import GatedDeltaNet
+from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.norms import RMSNorm, rms_normalize
+from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
+from attnlab.models.config import DecoderConfig
+from attnlab.rules import masks
+from attnlab.rules.rope import apply_rope, rope_cos_sin
+from attnlab.rules.rope_scaling import RopeScaling
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -530,8 +534,8 @@ def test_precomputed_position_embeddings_equal_positions() -> None:
 
 def test_rope_tables_are_built_once_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """One decode step: one cos/sin table for queries and keys, positions checked once."""
-    import attnlab.gqa as gqa_module
-    import attnlab.rope as rope_module
+    import attnlab.layers.gqa as gqa_module
+    import attnlab.rules.rope as rope_module
 
     calls = {"tables": 0, "checks": 0}
     real_tables, real_check = rope_module.rope_cos_sin, rope_module.check_positions

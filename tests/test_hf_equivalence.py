@@ -86,8 +86,8 @@ from transformers.models.qwen3.modeling_qwen3 import (  # noqa: E402
     Qwen3RotaryEmbedding,
 )
 
-from attnlab.gqa import GroupedQueryAttention  # noqa: E402
-from attnlab.kv_cache import DynamicKVCache, StaticKVCache  # noqa: E402
+from attnlab.caches.kv import DynamicKVCache, StaticKVCache  # noqa: E402
+from attnlab.layers.gqa import GroupedQueryAttention  # noqa: E402
 
 D_MODEL, NUM_HEADS, HEAD_DIM, B, T, WINDOW = 42, 6, 12, 3, 9, 4
 TOL = {"atol": 1e-5, "rtol": 1e-5}

@@ -1,4 +1,4 @@
-"""A hybrid attnlab.llm.Decoder (Gated DeltaNet, full and sliding attention per layer)
+"""A hybrid attnlab.models.decoder.Decoder (Gated DeltaNet, full and sliding attention per layer)
 against transformers' Qwen3NextForCausalLM on small random configs: logits, greedy
 generation with the caches (fixed-size states in the linear layers, KV caches in the
 others), left-padded batches, and the mixture-of-experts MLP on its own."""
@@ -13,15 +13,11 @@ from torch.testing import assert_close
 from transformers import DynamicCache, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
 
-from attnlab.kv_cache import KVCache, RollingKVCache
-from attnlab.linear import GatedDeltaNetState
-from attnlab.llm import (
-    Decoder,
-    DecoderConfig,
-    LinearAttentionConfig,
-    MoEConfig,
-    SparseMoE,
-)
+from attnlab.caches.kv import KVCache, RollingKVCache
+from attnlab.layers.linear import GatedDeltaNetState
+from attnlab.layers.mlp import MoEConfig, SparseMoE
+from attnlab.models.config import DecoderConfig, LinearAttentionConfig
+from attnlab.models.decoder import Decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-5
@@ -139,7 +135,7 @@ def test_caches_after_prefill_equal_hugging_faces() -> None:
     for i in range(3):
         state = caches[i]
         assert isinstance(state, GatedDeltaNetState)
-        assert state.length == 9
+        assert state.seen == 9
         assert_close(state.recurrent, cache.get_recurrent_state(i), atol=ATOL, rtol=1e-4)
         assert_close(state.conv, cache.get_conv_state(i)[..., 1:], atol=ATOL, rtol=1e-4)
     kv = caches[3]
@@ -238,7 +234,7 @@ def test_rolling_cache_with_padding_equals_a_full_cache() -> None:
     assert isinstance(rolling[0], RollingKVCache)
     out = model.generate(ids, 7, padding_mask=pad, cache=rolling)
     full = model.generate(ids, 7, padding_mask=pad, cache=model.make_cache(2, 13, rolling=False))
-    assert rolling[0].held == 2  # the rolling cache forgot the older keys
+    assert (rolling[0].seen, len(rolling[0])) == (12, 2)  # it forgot the older keys
     assert rolling[1].length == 12
     assert torch.equal(out, full)
 

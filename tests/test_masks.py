@@ -1,4 +1,5 @@
-"""attnlab.masks: builders against brute-force definitions and PyTorch, conversions both ways."""
+"""attnlab.rules.masks: builders against brute-force definitions and PyTorch, conversions both
+ways."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import torch
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import attnlab.functional as AF
-from attnlab import MultiHeadAttention, masks
+from attnlab import MultiHeadAttention
+from attnlab.rules import masks
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 LENGTH_PAIRS = [(5, 5), (3, 7), (7, 3), (1, 4), (0, 3)]
@@ -33,8 +35,20 @@ def test_causal_matches_definition(t_q: int, t_k: int, align: masks.Alignment) -
     assert torch.equal(masks.causal(t_q, t_k, align=align), _brute_force(t_q, t_k, align))
 
 
-def test_causal_top_left_is_functional_causal_mask() -> None:
-    assert torch.equal(masks.causal(3, 6), AF.causal_mask(3, 6))
+@pytest.mark.parametrize(("bad", "error"), [(-1, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_causal_rejects_bad_length(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="t_q"):
+        masks.causal(bad)  # type: ignore[arg-type]
+
+
+def test_causal_top_left_is_is_causal_of_functional_sdpa() -> None:
+    # Top-left is what is_causal=True means in attnlab's (and PyTorch's) SDPA.
+    q, k = torch.randn(3, 4), torch.randn(6, 4)
+    v = torch.randn(6, 5)
+    torch.testing.assert_close(
+        AF.scaled_dot_product_attention(q, k, v, is_causal=True),
+        AF.scaled_dot_product_attention(q, k, v, attn_mask=masks.causal(3, 6)),
+    )
 
 
 @pytest.mark.parametrize(("t_q", "t_k"), [(5, 5), (3, 7), (7, 3)])
@@ -342,8 +356,8 @@ def test_combine_gives_the_attention_of_each_mask_applied() -> None:
 
 def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Modules check once at their boundary, then call the builders' unvalidated `_impl`s."""
-    from attnlab.gqa import GroupedQueryAttention
-    from attnlab.kv_cache import DynamicKVCache
+    from attnlab.caches.kv import DynamicKVCache
+    from attnlab.layers.gqa import GroupedQueryAttention
 
     def checked(*args: object, **kwargs: object) -> None:
         raise AssertionError("a module called a validating mask builder")

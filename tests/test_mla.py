@@ -29,10 +29,10 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 import attnlab
-from attnlab import masks
-from attnlab.kv_cache import DynamicKVCache, StaticKVCache
-from attnlab.mla import MultiHeadLatentAttention, mla_softmax_scale
-from attnlab.rope import rope_cos_sin
+from attnlab.caches.kv import DynamicKVCache, StaticKVCache
+from attnlab.layers.mla import MultiHeadLatentAttention, mla_softmax_scale
+from attnlab.rules import masks
+from attnlab.rules.rope import rope_cos_sin
 
 B, T = 2, 7
 D_MODEL, HEADS = 24, 3
@@ -155,7 +155,8 @@ def test_mla_from_hf_copies_every_weight_and_setting() -> None:
         assert p.data_ptr() != hf_params[f"{HF_NAMES[module]}.{kind}"].data_ptr()
     assert ours.rope_base == 500.0
     assert ours.rope_interleave
-    assert ours.softmax_scale == hf.scaling == (NOPE + ROPE) ** -0.5
+    assert ours.scale == hf.scaling == (NOPE + ROPE) ** -0.5
+    assert not hasattr(ours, "softmax_scale")  # the name of a function, not of the factor
     assert not ours.training
 
 
@@ -623,8 +624,8 @@ BAD_CALLS: dict[str, tuple[type[Exception], str, Any]] = {
     ),
     "cache-type": (
         TypeError,
-        r"cache must be an attnlab KVCache \(DynamicKVCache or StaticKVCache\) or None, got "
-        "DynamicCache",
+        r"cache must be an attnlab KVCache \(DynamicKVCache, StaticKVCache or RollingKVCache\) "
+        "or None, got DynamicCache",
         lambda m: m(torch.randn(B, T, 24), cache=DynamicCache()),
     ),
     "cache-sizes": (

@@ -1,4 +1,5 @@
-"""attnlab.model and attnlab.train: the tiny transformer, its task, and its trained heads."""
+"""attnlab.models.tiny and attnlab.tools.train: the tiny transformer, its task, and its trained
+heads."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attnlab.circuits import phase_change_step
-from attnlab.linear import LinearSelfAttention
-from attnlab.model import (
+from attnlab.layers.linear import LinearSelfAttention
+from attnlab.models.tiny import (
     ModelConfig,
     TinyTransformer,
     head_scores,
     per_position_loss,
     repeated_tokens,
 )
-from attnlab.train import (
+from attnlab.tools.circuits import phase_change_step
+from attnlab.tools.train import (
     TrainConfig,
     build_model,
     evaluate,
@@ -110,7 +111,7 @@ def test_future_tokens_do_not_change_earlier_logits() -> None:
 def test_forward_validates_once_at_the_models_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
     """The model checks its tokens; its MultiHeadAttention layers do not check again."""
     from attnlab import validation
-    from attnlab.multihead import MultiHeadAttention
+    from attnlab.layers.multihead import MultiHeadAttention
 
     torch.manual_seed(0)
     model = TinyTransformer(SMALL).eval()
@@ -275,7 +276,10 @@ def test_a_short_run_repeats_the_committed_phase_change() -> None:
 def test_cli_writes_weights_and_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--steps", "2", "--out", str(tmp_path), "--no-progress"]) == 0
     record = json.loads((tmp_path / "induction.json").read_text())
-    assert record["command"] == f"python -m attnlab.train --steps 2 --out {tmp_path} --no-progress"
+    assert (
+        record["command"]
+        == f"python -m attnlab.tools.train --steps 2 --out {tmp_path} --no-progress"
+    )
     assert record["config"]["steps"] == 2
     assert len(record["head_scores"]["induction"]) == 2
     # Scores at both evaluations (steps 0 and 2), each layer x head.

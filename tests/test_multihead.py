@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
 import attnlab.functional as AF
-from attnlab import MultiHeadAttention, MultiHeadAttentionWrapper, masks
+from attnlab import MultiHeadAttention, MultiHeadAttentionWrapper
+from attnlab.rules import masks
 
 PROPERTY_SETTINGS = settings(max_examples=20, deadline=None)
 B, T, S = 3, 5, 7  # batch, queries, context tokens

@@ -19,7 +19,7 @@ from hooks import blocks, notebook, outputs
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SITE = "https://example.org/attnlab/"
-API = {"attnlab.SelfAttention": "reference/modules/#attnlab.SelfAttention"}
+API = {"attnlab.SelfAttention": "reference/article/#attnlab.SelfAttention"}
 MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 DISPLAY = "from IPython.display import"  # how a figure cell starts in a notebook
 PageRun = Callable[[str], outputs.PageRun]
@@ -336,7 +336,7 @@ def test_notebook_pages_are_adapted_to_the_site() -> None:
     assert "alert-block" not in page
     # API links are resolved only once every page is rendered (autorefs).
     finished = notebook.resolve_page_placeholders(page, "notebooks/05-x/", SITE, API.get)
-    assert '<a href="../../reference/modules/#attnlab.SelfAttention"><code>S</code></a>' in finished
+    assert '<a href="../../reference/article/#attnlab.SelfAttention"><code>S</code></a>' in finished
     assert notebook.AUTOREF_MARK not in finished
     unresolved = notebook.resolve_page_placeholders(page, "notebooks/05-x/", SITE, {}.get)
     assert "<code>S</code>" in unresolved

@@ -16,8 +16,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from attnlab import CrossAttention, MultiHeadAttention, SelfAttention, masks, toy, validation
+from attnlab import CrossAttention, MultiHeadAttention, SelfAttention, validation
 from attnlab import functional as AF
+from attnlab.article import toy
+from attnlab.rules import masks
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared registry, tests/entry_points.py
 from entry_points import (
@@ -253,7 +255,7 @@ def test_multihead_unbatched_empty_sequence() -> None:
 
 
 def test_mask_builders_and_toy_data_of_length_zero() -> None:
-    assert AF.causal_mask(0).shape == (0, 0)
+    assert masks.causal(0).shape == (0, 0)
     assert masks.causal(0, 3, align="bottom-right").shape == (0, 3)
     assert masks.sliding_window(0, 4, window=2).shape == (0, 4)
     assert masks.padding([]).shape == (0, 0)

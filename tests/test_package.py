@@ -1,101 +1,137 @@
-"""Rules about the package's own code, read from its source."""
+"""The package's layout, read from its source: folders that import one way only.
+
+`src/attnlab` has one folder per stage of the site's path. A module may import from its
+own folder and from the folders below it, never from a folder above:
+
+    rules <- functional (kernels) <- caches <- layers <- models <- serving <- tools
+
+`article` (the article's teaching classes) and `distributed` (ring attention) stand
+beside that line and import only the rules and the kernels; `tools` may import anything.
+Only the rule modules may hand private (`_`-named) names or modules to another folder.
+"""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
+
+import pytest
+from hooks.package_graph import ALLOWED, MAX_CHAIN, Package, folder
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+@pytest.fixture(scope="module")
+def package() -> Package:
+    return Package(SRC)
 
 
-def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
-    """The module an import reads from, `from ..x import y` made absolute."""
-    if not node.level:
-        return node.module or ""
-    base = module.split(".")
-    base = base if is_package else base[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
+def test_every_module_lives_in_a_folder_of_the_layout(package: Package) -> None:
+    stray = [m for m in package.modules() if folder(m) not in ALLOWED]
+    assert stray == []
 
 
-def _is_private(name: str) -> bool:
-    return name.startswith("_") and not name.startswith("__")
+def test_imports_run_one_way_only(package: Package) -> None:
+    assert package.wrong_way() == []
 
 
-def _shared(module: str) -> bool:
-    """A shared rule module (`attnlab._backends`, `attnlab._validation`, ...): made to
-    be imported by the others."""
-    return any(_is_private(part) for part in module.split(".")[1:])
+def test_no_import_circle_and_no_chain_over_seven_arrows(package: Package) -> None:
+    chain = package.longest_chain()
+    assert len(chain) - 1 <= MAX_CHAIN, " -> ".join(chain)
 
 
-def private_uses(path: Path, root: Path = SRC) -> list[str]:
-    """Where `path` (under `root`) reads another attnlab module's private name:
-    `from m import _x`, or `m._x` through a name bound to an attnlab module."""
-    module = _module_name(path, root)
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = []
-    modules: dict[str, str] = {}  # local name -> the attnlab module it is bound to
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("attnlab.") and alias.asname:
-                    modules[alias.asname] = alias.name
-        elif isinstance(node, ast.ImportFrom):
-            source = _absolute(node, module, path.name == "__init__.py")
-            if not source.startswith("attnlab") or source == module:
-                continue
-            for alias in node.names:
-                full = f"{source}.{alias.name}"
-                if _is_submodule(full):
-                    modules[alias.asname or alias.name] = full
-                elif _is_private(alias.name) and not _shared(source):
-                    found.append(f"{node.lineno}: from {source} import {alias.name}")
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id in modules
-            and _is_private(node.attr)
-            and not _shared(modules[node.value.id])
-        ):
-            found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
-    return [f"{path.relative_to(root)}:{where}" for where in found]
+def test_private_names_cross_folders_only_from_the_rules(package: Package) -> None:
+    assert package.private_crossings() == []
 
 
-def _is_submodule(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
+def _probe(tmp_path: Path, files: dict[str, str]) -> Package:
+    for name, text in files.items():
+        path = tmp_path / "attnlab" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return Package(tmp_path)
 
 
-def test_no_module_reads_another_modules_private_names() -> None:
-    """Shared rules live in the `_`-named modules made for them; any other module's
-    private names stay inside it (a public name is the way in)."""
-    uses = [use for path in sorted(SRC.rglob("*.py")) for use in private_uses(path)]
-    assert uses == []
-
-
-def test_the_rule_finds_a_private_import(tmp_path: Path) -> None:
-    """The check above can fail: both spellings of a private read are found, a shared
-    rule module's names and a module's own are not."""
-    probe = tmp_path / "attnlab" / "probe.py"
-    probe.parent.mkdir()
-    probe.write_text(
-        "from attnlab.multihead import _private_helper\n"
-        "from attnlab import flash\n"
-        "from attnlab._validation import _shape\n"
-        "from .probe import _own\n"
-        "x = flash._LOW_PRECISION\n",
-        encoding="utf-8",
-    )
-    assert private_uses(probe, tmp_path) == [
-        "attnlab/probe.py:1: from attnlab.multihead import _private_helper",
-        "attnlab/probe.py:5: flash._LOW_PRECISION",
+def test_the_layout_checks_can_fail(tmp_path: Path) -> None:
+    """Each rule above finds a planted fault: an import against the direction (also one
+    made through a package's `__init__`), a private name crossing folders, a circle and
+    a chain that is too long."""
+    files = {
+        "__init__.py": "",
+        "rules/__init__.py": "",
+        "rules/_validation.py": "def _shape(): ...\n",
+        "rules/masks.py": "from attnlab.rules._validation import _shape\n",
+        "layers/__init__.py": "from attnlab.layers.gqa import GQA\n",
+        "layers/gqa.py": "class GQA: ...\ndef _helper(): ...\n",
+        "functional/__init__.py": "",
+        "functional/flash.py": "from attnlab.layers import GQA\n",
+        "models/__init__.py": "",
+        "models/decoder.py": (
+            "from attnlab.layers.gqa import _helper\nfrom attnlab.layers import gqa\n"
+            "x = gqa._helper\n"
+        ),
+    }
+    package = _probe(tmp_path, files)
+    assert package.wrong_way() == ["attnlab.functional.flash -> attnlab.layers.gqa"]
+    assert package.private_crossings() == [
+        "attnlab.models.decoder:1: from attnlab.layers.gqa import _helper",
+        "attnlab.models.decoder:3: gqa._helper",
     ]
+    files = {"rules/a.py": "import attnlab.rules.b\n", "rules/b.py": "import attnlab.rules.a\n"}
+    circle = _probe(tmp_path / "c", files)
+    with pytest.raises(ValueError, match="import circle"):
+        circle.longest_chain()
+    long = {f"rules/m{i}.py": f"import attnlab.rules.m{i + 1}\n" for i in range(MAX_CHAIN + 1)}
+    long[f"rules/m{MAX_CHAIN + 1}.py"] = ""
+    assert len(_probe(tmp_path / "l", long).longest_chain()) - 1 == MAX_CHAIN + 1
+
+
+def _exports(path: Path) -> list[str]:
+    """The names a module's literal `__all__` lists (none if it has no `__all__`)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def test_no_module_exports_an_unchecked_impl_twin() -> None:
+    """The public API has no `_impl` names: a caller inside the package imports the
+    unchecked twin it needs by name, and `from module import *` never hands it out."""
+    exported = {
+        f"{path.relative_to(SRC).with_suffix('')}.{name}"
+        for path in SRC.rglob("*.py")
+        for name in _exports(path)
+        if name.endswith("_impl")
+    }
+    assert exported == set()
+    # The reader sees the real lists (a parse that found none would pass vacuously).
+    assert "causal" in _exports(SRC / "attnlab" / "rules" / "masks.py")
+    assert _exports(SRC / "attnlab" / "functional" / "paged.py") == ["Method", "paged_attention"]
+
+
+def _control_characters(source: str) -> list[int]:
+    """Lines of the string literals in `source` that hold a control character (a newline
+    aside): the trace of a backslash read as an escape, `\\text` turned into a TAB."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and any(ord(c) < 32 and c != "\n" for c in node.value)
+    ]
+
+
+def test_no_docstring_loses_a_backslash_to_an_escape() -> None:
+    """Math in a docstring needs `r\"\"\"`: in a plain one `\\text` starts with a TAB and
+    `\\frac` with a form feed, and the rendered formula breaks."""
+    planted = 'def f():\n    """$\\frac{1}{\\text{gate}}$"""\n'
+    assert _control_characters(planted) == [2]
+    assert _control_characters(planted.replace('"""', 'r"""', 1)) == []
+    found = {
+        str(path.relative_to(SRC)): lines
+        for path in SRC.rglob("*.py")
+        if (lines := _control_characters(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}

@@ -18,15 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab import validation
-from attnlab.multihead import Backend
-from attnlab.paged import (
-    BlockAllocator,
-    Method,
-    OutOfBlocksError,
-    PagedKVCache,
-    block_hashes,
-    paged_attention,
-)
+from attnlab.functional.paged import Method, paged_attention
+from attnlab.layers.multihead import Backend
+from attnlab.serving.cache import BlockAllocator, OutOfBlocksError, PagedKVCache, block_hashes
 
 H, KV, HD, HD_V, BS = 6, 2, 5, 3, 4
 LENGTHS = [1, 5, 13, 16, 23]  # partial, exact and multi-block sequences
@@ -659,7 +653,7 @@ def test_paged_attention_follows_autocast_like_the_other_kernels(
 ) -> None:
     # torch.autocast casts attention's inputs to bfloat16 and returns bfloat16, whatever
     # the method: the rule of PyTorch's SDPA and of attnlab's own kernels.
-    from attnlab.functional import scaled_dot_product_attention
+    from attnlab.functional.sdpa import scaled_dot_product_attention
 
     torch.manual_seed(0)
     k_pool, v_pool = torch.randn(2, 6, 4, 8), torch.randn(2, 6, 4, 8)  # 6 blocks of 4

@@ -1,4 +1,4 @@
-"""Tests of attnlab.plotting: the heatmap draws the weights it is given, labelled."""
+"""Tests of attnlab.tools.plotting: the heatmap draws the weights it is given, labelled."""
 
 from __future__ import annotations
 
@@ -13,17 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hooks.live_model import live_model_asset
 
 from attnlab import CrossAttention, SelfAttention
-from attnlab.plotting import (
-    block_tables_svg,
-    figure_to_svg,
-    heatmap,
-    interactive_heatmap,
-    live_model_asset,
-    live_model_widget,
-)
-from attnlab.train import load_run
+from attnlab.tools.block_tables import block_tables_svg
+from attnlab.tools.plotting import figure_to_svg, heatmap, interactive_heatmap, live_model_widget
+from attnlab.tools.train import load_run
 
 pytest.importorskip("matplotlib")
 
@@ -363,7 +358,7 @@ def _block_cells(svg: str) -> dict[str, list[dict[str, str]]]:
 
 
 def test_block_tables_svg_draws_a_real_cache() -> None:
-    from attnlab.paged import PagedKVCache
+    from attnlab.serving.cache import PagedKVCache
 
     cache = PagedKVCache(num_layers=2, num_blocks=10, block_size=4, num_kv_heads=1, head_dim=2)
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks and one token
@@ -559,7 +554,7 @@ def test_live_model_widget_shows_the_models_predictions_and_every_head() -> None
 
 
 def test_live_model_widget_rejects_bad_input_with_named_argument() -> None:
-    from attnlab.model import ModelConfig, TinyTransformer
+    from attnlab.models.tiny import ModelConfig, TinyTransformer
 
     model, _ = load_run(MODEL_RUN)
     with pytest.raises(ValueError, match=r"tokens\[1\]=64 is outside .*\[0, 64\)"):
@@ -576,7 +571,7 @@ def test_live_model_widget_rejects_bad_input_with_named_argument() -> None:
         live_model_widget(model, torch.tensor([True, False]))
     with pytest.raises(ValueError, match=r"tokens\[2\]=70 is outside .*\[0, 64\)"):
         live_model_widget(model, torch.tensor([1, 2, 70]))
-    with pytest.raises(TypeError, match=r"model must be an attnlab\.model\.TinyTransformer"):
+    with pytest.raises(TypeError, match=r"model must be an attnlab\.models\.tiny\.TinyTransformer"):
         live_model_widget(torch.nn.Linear(2, 2), [1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="attention-only"):
         live_model_asset(TinyTransformer(ModelConfig(vocab_size=4, max_len=4, mlp=True)))

@@ -1,4 +1,4 @@
-"""QK-norm: `attnlab.gqa.RMSNorm` and `GroupedQueryAttention(qk_norm=...)`.
+"""QK-norm: `attnlab.layers.norms.RMSNorm` and `GroupedQueryAttention(qk_norm=...)`.
 
 Equality with transformers' layers that normalise queries and keys (Qwen3 and Gemma 3
 per head, OLMo 2 over the whole projections: outputs, gradients, cached decoding) is in
@@ -17,7 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.gqa import GroupedQueryAttention, RMSNorm
+from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.norms import RMSNorm
 
 D_MODEL, H, KV, HD, B, T = 20, 6, 3, 4, 2, 7
 

@@ -1,4 +1,4 @@
-"""attnlab.rope against Hugging Face's Llama rotary embedding and against the math."""
+"""attnlab.rules.rope against Hugging Face's Llama rotary embedding and against the math."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from torch.testing import assert_close
 from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as llama
 
-from attnlab import rope, validation
-from attnlab.rope import RopeCache, apply_rope, rope_angles, rope_frequencies
+from attnlab import validation
+from attnlab.rules import rope
+from attnlab.rules.rope import RopeCache, apply_rope, rope_angles, rope_frequencies
 
 
 def _hf_rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -277,9 +278,9 @@ def test_rope_dims_rule_is_one_for_every_layer(
 ) -> None:
     # The rule of partial RoPE, written once in rope and used by GQA, DecoderConfig and
     # DeepSeek's indexer (which calls the argument rope_dim and allows 0: no RoPE).
-    from attnlab.gqa import GroupedQueryAttention
-    from attnlab.llm import DecoderConfig
-    from attnlab.sparse import LightningIndexer
+    from attnlab.layers.gqa import GroupedQueryAttention
+    from attnlab.layers.sparse import LightningIndexer
+    from attnlab.models.config import DecoderConfig
 
     sizes = {"vocab_size": 10, "d_model": 16, "num_layers": 1, "num_heads": 2,
              "num_kv_heads": 1, "head_dim": 8, "hidden_dim": 12}  # fmt: skip

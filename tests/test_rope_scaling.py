@@ -1,4 +1,4 @@
-"""RoPE's context extension (`attnlab.rope.RopeScaling`) equals transformers' rules.
+"""RoPE's context extension (`attnlab.rules.rope_scaling.RopeScaling`) equals transformers' rules.
 
 The frequencies of every rule against `ROPE_INIT_FUNCTIONS` (the dynamic one at several
 lengths, as `dynamic_rope_update` asks for them), then the rules inside attnlab's layers:
@@ -20,10 +20,11 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import DynamicKVCache
-from attnlab.llm import Decoder
-from attnlab.rope import RopeScaling, hf_rope, rope_cos_sin, rope_frequencies
+from attnlab.caches.kv import DynamicKVCache
+from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.models.decoder import Decoder
+from attnlab.rules.rope import rope_cos_sin, rope_frequencies
+from attnlab.rules.rope_scaling import RopeScaling, hf_rope
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}

@@ -82,7 +82,7 @@ class _Page:
         ("article/05-attention-weights.md", {}, {"boost": search_tex.CHAPTER_BOOST}),
         ("beyond/ring-attention.md", {"search": {"boost": 2}}, {"boost": 2}),  # its own
         ("beyond/x.md", {"search": {"exclude": True}}, {"exclude": True}),
-        ("reference/rope.md", {}, None),
+        ("reference/rules.md", {}, None),
         ("index.md", {}, None),
     ],
 )

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import MultiHeadAttentionWrapper, SelfAttention
-from attnlab.toy import embed_sentence
+from attnlab.article.toy import embed_sentence
 
 # Printed in the article (4 decimals) after torch.manual_seed(123).
 ARTICLE_SELF_ATTENTION = torch.tensor(

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.llm import Decoder
-from attnlab.paged import Method
-from attnlab.serving import Engine
+from attnlab.functional.paged import Method
+from attnlab.models.config import DecoderConfig, LinearAttentionConfig
+from attnlab.models.decoder import Decoder
+from attnlab.serving.engine import Engine
 
 transformers = pytest.importorskip("transformers")
 
@@ -166,6 +167,64 @@ def test_engine_shares_blocks_only_through_the_prefix_cache(
     assert shared_seen > 0
 
 
+def _tokens_per_step(engine: Engine) -> list[int]:
+    """Run the engine to the end; return the real tokens of each forward pass."""
+    seen: list[int] = []
+
+    def count(_: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        seen.append(int((kwargs["logits_at"] + 1).sum()))  # each row's real tokens
+
+    handle = engine.decoder.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        engine.run()
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_engine_max_batch_tokens_caps_the_tokens_of_a_step(
+    tiny: tuple[Decoder, list[Any]],
+) -> None:
+    decoder, reference = tiny
+    engine = Engine(decoder, num_blocks=32, block_size=4, max_batch_tokens=6, prefill_chunk=64)
+    ids = [engine.submit(p, n) for p, n in zip(PROMPTS, NEW_TOKENS, strict=True)]
+    per_step = _tokens_per_step(engine)
+    assert max(per_step) == 6  # a prompt is read 6 tokens at a time, decodes included
+    # Every token but each request's last runs once, less the prefix cache's.
+    assert engine.num_preemptions == 0
+    fed = sum(map(len, PROMPTS)) + sum(NEW_TOKENS) - len(PROMPTS)
+    assert sum(per_step) == fed - engine.num_cached_prompt_tokens == fed - 8
+    assert engine.max_running == 6  # the default: as many requests as the budget decodes
+    out = engine.run()
+    _check_against(engine, ids, out, reference)
+
+
+def test_engine_max_running_caps_the_requests_at_once(
+    tiny: tuple[Decoder, list[Any]],
+) -> None:
+    decoder, reference = tiny
+    made_at_once = {}
+    for running in (None, 2):
+        engine = Engine(decoder, num_blocks=32, block_size=4, max_running=running)
+        ids = [engine.submit(p, n) for p, n in zip(PROMPTS, NEW_TOKENS, strict=True)]
+        most = 0
+        while engine.has_work:
+            most = max(most, len(engine.step()))
+        made_at_once[running] = most
+        _check_against(engine, ids, engine.run(), reference)
+    assert made_at_once == {None: 4, 2: 2}
+
+
+def test_engine_refuses_a_decoder_with_linear_layers() -> None:
+    config = DecoderConfig(
+        vocab_size=61, d_model=24, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=6,
+        hidden_dim=40, layer_kinds=("full", "linear", "linear"),
+        linear=LinearAttentionConfig(2, 4, 3, 5, kernel_size=3, chunk_size=4),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"decoder layer 1 is a 'linear' layer \(layer_kinds\[1\]"):
+        Engine(Decoder(config), num_blocks=8, block_size=4)
+
+
 def test_engine_eos_ends_a_request(tiny: tuple[Decoder, list[Any]]) -> None:
     decoder, reference = tiny
     tokens = reference[2].generated_tokens
@@ -227,12 +286,12 @@ def test_engine_checks_a_prompt_once(
     tiny: tuple[Decoder, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Checked where it comes in (submit), not again when the cache takes it.
-    import attnlab.paged
-    import attnlab.serving
+    import attnlab.serving.cache
+    import attnlab.serving.engine
 
     decoder, _ = tiny
     seen: list[str] = []
-    for module in (attnlab.serving, attnlab.paged):
+    for module in (attnlab.serving.engine, attnlab.serving.cache):
         check = module.check_int_sequence
 
         def counting(name: str, *args: Any, _check: Any = check, **kwargs: Any) -> Any:
@@ -259,6 +318,13 @@ def test_engine_bad_input(tiny: tuple[Decoder, list[Any]]) -> None:
         Engine(decoder, num_blocks=4, block_size=2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="method"):
         Engine(decoder, num_blocks=4, block_size=4, method="flash")  # type: ignore[arg-type]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"max_running must be a positive int, got {bad}"):
+            Engine(decoder, num_blocks=4, block_size=4, max_running=bad)
+    with pytest.raises(TypeError, match="max_running"):
+        Engine(decoder, num_blocks=4, block_size=4, max_running=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"max_running=5 is more than max_batch_tokens=4"):
+        Engine(decoder, num_blocks=4, block_size=4, max_batch_tokens=4, max_running=5)
     engine = Engine(decoder, num_blocks=4, block_size=4)
     with pytest.raises(ValueError, match=r"prompt_ids has 17 tokens.*whole cache holds 16"):
         engine.submit(PROMPTS[3], 1)

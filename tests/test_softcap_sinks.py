@@ -36,9 +36,9 @@ from transformers.models.gemma2 import modeling_gemma2  # noqa: E402
 from transformers.models.gpt_oss import modeling_gpt_oss  # noqa: E402
 
 import attnlab  # noqa: E402
-from attnlab import masks  # noqa: E402
-from attnlab.flash import flash_attention  # noqa: E402
-from attnlab.functional import attention_weights, scaled_dot_product_attention  # noqa: E402
+from attnlab.functional.flash import flash_attention  # noqa: E402
+from attnlab.functional.sdpa import attention_weights, scaled_dot_product_attention  # noqa: E402
+from attnlab.rules import masks  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, B = 4, 2, 8, 2
 # The sizes of both configs; the layers' projections are not used, only their settings.

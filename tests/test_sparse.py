@@ -29,17 +29,12 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
 )
 
 import attnlab
-import attnlab.gqa as gqa_module
-import attnlab.sparse as sparse_module
-from attnlab import masks
-from attnlab.mla import MultiHeadLatentAttention
-from attnlab.sparse import (
-    DeepSeekSparseAttention,
-    LightningIndexer,
-    indexer_loss,
-    selection_mask,
-    topk_indices,
-)
+import attnlab.layers.gqa as gqa_module
+import attnlab.layers.sparse as sparse_module
+from attnlab.functional.sparse import indexer_loss, selection_mask, topk_indices
+from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
+from attnlab.rules import masks
 
 B, T, TOPK = 2, 7, 3
 D_MODEL, HEADS, INDEX_HEADS = 24, 3, 4

@@ -1,6 +1,6 @@
 import torch
 
-from attnlab import toy
+from attnlab.article import toy
 
 
 def test_build_vocab_matches_article() -> None:

@@ -28,10 +28,10 @@ from attnlab import (
     MultiHeadAttention,
     MultiHeadAttentionWrapper,
     SelfAttention,
-    masks,
-    toy,
 )
 from attnlab import functional as AF
+from attnlab.article import toy
+from attnlab.rules import masks
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared registry, tests/entry_points.py
 from entry_points import ENTRIES, make_inputs, make_module, run
@@ -656,23 +656,23 @@ FUNCTIONAL_CASES = _cases(
         ValueError,
         r"batch dimensions of weights and values do not broadcast: weights \(2,\), values \(3,\)",
     ),
-    causal_mask_negative=(
-        lambda: AF.causal_mask(-1),
+    masks_causal_negative=(
+        lambda: masks.causal(-1),
         ValueError,
         "t_q must be a non-negative int, got -1",
     ),
-    causal_mask_float=(
-        lambda: AF.causal_mask(3, 2.0),  # type: ignore[arg-type]
+    masks_causal_float=(
+        lambda: masks.causal(3, 2.0),  # type: ignore[arg-type]
         TypeError,
         r"t_k must be a non-negative int, got 2.0 \(float\)",
     ),
-    causal_mask_device_name=(
-        lambda: AF.causal_mask(3, device="gpu0"),
+    masks_causal_device_name=(
+        lambda: masks.causal(3, device="gpu0"),
         ValueError,
         "device must name a device such as 'cpu' or 'cuda:0', got 'gpu0'",
     ),
-    causal_mask_device_type=(
-        lambda: AF.causal_mask(3, device=1.5),  # type: ignore[arg-type]
+    masks_causal_device_type=(
+        lambda: masks.causal(3, device=1.5),  # type: ignore[arg-type]
         TypeError,
         r"device must be a torch.device, a string such as 'cpu' or 'cuda:0', or None, got 1.5",
     ),
@@ -761,7 +761,7 @@ ATTENTION_CASES = _cases(
         {"attn_mask": torch.ones(T, S, dtype=torch.bool), "is_causal": True},
         ValueError,
         r"pass either attn_mask or is_causal=True, not both; to combine them, build the causal "
-        r"mask \(attnlab.masks.causal\)",
+        r"mask \(attnlab.rules.masks.causal\)",
     ),
     dropout_one=(
         {"dropout_p": 1.0},
@@ -975,13 +975,13 @@ def test_masks_and_toy_reject_bad_input(
 
 
 def _heatmap(weights: Any, rows: Any = ("a", "b"), cols: Any = ("x", "y", "z"), **kw: Any) -> Any:
-    from attnlab.plotting import heatmap
+    from attnlab.tools.plotting import heatmap
 
     return heatmap(weights, rows, cols, **kw)
 
 
 def _figure_to_svg(fig: Any) -> str:
-    from attnlab.plotting import figure_to_svg
+    from attnlab.tools.plotting import figure_to_svg
 
     return figure_to_svg(fig)
 
@@ -1157,7 +1157,7 @@ def test_results_do_not_depend_on_the_switch(name: str) -> None:
 def test_overhead_command_prints_medians_and_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from attnlab.bench import overhead
+    from attnlab.tools.bench import overhead
 
     assert (
         overhead.main(
@@ -1187,9 +1187,9 @@ def test_multihead_checks_its_arguments_once_per_call(
     # Issue 14: the scratch path ran check_tensor 8 times and check_attn_mask twice, as
     # internal code called the public, validating functions. Now the module checks at its
     # boundary and calls the unvalidated _impl functions.
-    import attnlab._validation as V
-    import attnlab.flash
-    import attnlab.multihead
+    import attnlab.functional.flash
+    import attnlab.layers.multihead
+    import attnlab.rules._validation as V
 
     calls: dict[str, int] = {}
     for name in ("check_tensor", "check_attn_mask"):
@@ -1199,7 +1199,7 @@ def test_multihead_checks_its_arguments_once_per_call(
             calls[_n] = calls.get(_n, 0) + 1
             return _f(*args, **kwargs)
 
-        for module in (V, AF, attnlab.flash, attnlab.multihead):
+        for module in (V, AF, attnlab.functional.flash, attnlab.layers.multihead):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, counted)
     mha = _cross_mha(backend)
@@ -1214,19 +1214,23 @@ def test_every_real_number_check_takes_numpy_scalars_and_refuses_bools() -> None
     RoPE's base: NumPy scalars are numbers (dropout and the base used to refuse them)."""
     import numpy as np
 
-    from attnlab._validation import (
+    from attnlab.rules._validation import (
+        check_nonnegative_float,
         check_positive_float,
         check_probability,
         check_scale,
+        check_share,
         check_softcap,
     )
-    from attnlab.rope import check_base
+    from attnlab.rules.rope import check_base
 
     checks = {
         check_probability: np.float32(0.25),
         check_scale: np.float32(0.25),
         check_softcap: np.float32(0.25),
         check_positive_float: np.float32(0.25),
+        check_nonnegative_float: np.float32(0.25),
+        check_share: np.float32(0.25),
         lambda name, value: check_base(value, name): np.float64(2.5),
     }
     for check, number in checks.items():

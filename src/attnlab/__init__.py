@@ -1,11 +1,16 @@
-"""attnlab: attention in large language models, from teaching code to production modules."""
+"""attnlab: attention in large language models, from teaching code to production modules.
 
-from attnlab import functional, linear, masks, rope, sparse, toy
-from attnlab._validation import is_validation_enabled, set_validation, validation
-from attnlab.causal import CausalSelfAttention
-from attnlab.cross_attention import CrossAttention
-from attnlab.gqa import GroupedQueryAttention
-from attnlab.kv_cache import (
+The package follows the site's path, one folder a stage: `article` (the article's
+teaching classes), `rules` (masks, RoPE, checks, precision), `functional` (the kernels),
+`caches`, `layers`, `models`, `serving`, `tools` and `distributed`. The classes a chapter
+builds on are importable from here too.
+"""
+
+from attnlab import functional
+from attnlab.article.causal import CausalSelfAttention
+from attnlab.article.cross_attention import CrossAttention
+from attnlab.article.self_attention import MultiHeadAttentionWrapper, SelfAttention
+from attnlab.caches.kv import (
     DynamicKVCache,
     KVCache,
     RollingKVCache,
@@ -13,10 +18,12 @@ from attnlab.kv_cache import (
     kv_cache_bytes,
     kv_cache_bytes_per_token,
 )
-from attnlab.llm import Decoder, DecoderConfig
-from attnlab.mla import MultiHeadLatentAttention
-from attnlab.multihead import MultiHeadAttention
-from attnlab.self_attention import MultiHeadAttentionWrapper, SelfAttention
+from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.multihead import MultiHeadAttention
+from attnlab.models.config import DecoderConfig
+from attnlab.models.decoder import Decoder
+from attnlab.rules._validation import is_validation_enabled, set_validation, validation
 
 __all__ = [
     "CausalSelfAttention",
@@ -36,12 +43,7 @@ __all__ = [
     "is_validation_enabled",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
-    "linear",
-    "masks",
-    "rope",
     "set_validation",
-    "sparse",
-    "toy",
     "validation",
 ]
 

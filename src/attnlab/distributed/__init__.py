@@ -7,7 +7,6 @@ from attnlab.distributed.launch import free_port, spawn
 from attnlab.distributed.ring import (
     RingStats,
     ShardLayout,
-    merge_partials,
     ring_attention,
     shard_ranges,
     shard_sequence,
@@ -18,18 +17,9 @@ __all__ = [
     "RingStats",
     "ShardLayout",
     "free_port",
-    "merge_partials",
     "ring_attention",
     "shard_ranges",
     "shard_sequence",
     "spawn",
     "unshard_sequence",
 ]
-
-
-def __getattr__(name: str) -> object:
-    if name == "Layout":  # deprecated: attnlab.distributed.ring warns and returns ShardLayout
-        from attnlab.distributed import ring
-
-        return ring.Layout
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from attnlab._provenance import begin, command_line, provenance
 from attnlab.distributed.launch import spawn
 from attnlab.distributed.ring import (
     RingStats,
@@ -37,6 +36,7 @@ from attnlab.distributed.ring import (
     shard_ranges,
     shard_sequence,
 )
+from attnlab.rules._provenance import begin, command_line, provenance
 
 __all__ = ["demo_rank", "format_rows", "hello", "main", "run_demo", "torch_context_parallel"]
 

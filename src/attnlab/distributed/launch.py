@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # not in its __all__
 
-from attnlab._validation import check_positive_int
+from attnlab.rules._validation import check_positive_int
 
 __all__ = ["free_port", "spawn"]
 

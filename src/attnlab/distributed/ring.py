@@ -9,12 +9,12 @@ al., 2023, https://arxiv.org/abs/2310.01889). The partial results of the steps a
 with the online-softmax rule of FlashAttention, so nothing of size $T \times T$, nor even
 the whole sequence, is ever held by one rank.
 
-The attention of one query block to one key block is `attnlab.flash`'s tiled kernel,
+The attention of one query block to one key block is `attnlab.functional.flash`'s tiled kernel,
 reused as is: its forward returns the output and the log-sum-exp of each row, which is
 all the merge needs, and its backward accumulates the gradients of a block given the
 final output and log-sum-exp, which is all the ring backward needs; its causal and
 sliding-window rules, placed at a block's global positions, mask the blocks that need a
-mask. Precision follows the package's one rule (`attnlab._precision`): blocks are
+mask. Precision follows the package's one rule (`attnlab.rules._precision`): blocks are
 attended in at least float32, and autocast casts the inputs as it casts those of
 PyTorch's attention. The chapter "Attention across devices" explains the schedule, the
 merge, the causal load balancing and the sliding window.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -33,8 +32,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attnlab._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
-from attnlab._validation import (
+from attnlab.functional.flash import (
+    flash_backward,
+    flash_forward,
+    key_range,
+    merge_partials,
+    tile_kind,
+)
+from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
+from attnlab.rules._validation import (
     check_bool,
     check_choice,
     check_positive_int,
@@ -42,13 +48,11 @@ from attnlab._validation import (
     check_scale,
     is_validation_enabled,
 )
-from attnlab.flash import flash_backward, flash_forward, key_range, tile_kind
-from attnlab.masks import check_window, is_causal_window
+from attnlab.rules.masks import check_window, is_causal_window
 
 __all__ = [
     "RingStats",
     "ShardLayout",
-    "merge_partials",
     "ring_attention",
     "shard_ranges",
     "shard_sequence",
@@ -58,19 +62,6 @@ __all__ = [
 ShardLayout = Literal["contiguous", "zigzag"]
 """How a sequence is split over the ranks: `"contiguous"` or `"zigzag"`."""
 _LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
-
-
-def __getattr__(name: str) -> object:
-    # `Layout`, the old name of `ShardLayout` (`attnlab.rope.RopeLayout` is the package's
-    # other layout): old imports keep working, with a DeprecationWarning.
-    if name == "Layout":
-        warnings.warn(
-            f"{__name__}.Layout is deprecated: use attnlab.distributed.ShardLayout",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return ShardLayout
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _KV_TAG, _DKV_TAG = 0, 1
@@ -214,54 +205,6 @@ def unshard_sequence(
             pieces.append((start, shard.narrow(dim, offset, end - start)))
             offset += end - start
     return torch.cat([p for _, p in sorted(pieces, key=lambda item: item[0])], dim)
-
-
-# --8<-- [start:merge]
-def merge_partials(
-    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
-) -> tuple[Tensor, Tensor]:
-    r"""Merge attention over two disjoint sets of keys into attention over their union.
-
-    If `out_a` is the attention of some queries to key set $A$ and `lse_a` the
-    log-sum-exp $\ln \sum_{j \in A} e^{s_{ij}}$ of their scores, and likewise for $B$,
-    then attention to $A \cup B$ is the average of the two outputs weighted by their
-    softmax denominators:
-
-    $$
-    o = \frac{e^{\ell_A} o_A + e^{\ell_B} o_B}{e^{\ell_A} + e^{\ell_B}}, \qquad
-    \ell = \ln\left(e^{\ell_A} + e^{\ell_B}\right).
-    $$
-
-    This is the online-softmax update of the FlashAttention chapter (rescale what was
-    accumulated when the running maximum changes), written for normalized outputs: the
-    log-sum-exp $\ell$ carries both the running maximum $m$ and the running sum
-    $\sum e^{s - m}$ of that chapter in one number. Dividing by $e^{\ell}$ before
-    exponentiating keeps every factor in $[0, 1]$, so nothing overflows.
-
-    Args:
-        out_a: Attention outputs over key set A, shape `(..., L, Ev)`.
-        lse_a: Log-sum-exp of the scores over A, shape `(..., L)`; `-inf` where a query
-            sees no key of A.
-        out_b: Attention outputs over key set B, shape `(..., L, Ev)`.
-        lse_b: Log-sum-exp of the scores over B, shape `(..., L)`.
-
-    Returns:
-        The outputs `(..., L, Ev)` and log-sum-exp `(..., L)` over A and B together.
-        A row must see at least one key of A or B.
-
-    Examples:
-        >>> _ = torch.manual_seed(0)
-        >>> q, k, v = torch.randn(4, 3), torch.randn(6, 3), torch.randn(6, 2)
-        >>> s = q @ k.T
-        >>> o_a, o_b = s[:, :2].softmax(-1) @ v[:2], s[:, 2:].softmax(-1) @ v[2:]
-        >>> o, lse = merge_partials(o_a, s[:, :2].logsumexp(-1), o_b, s[:, 2:].logsumexp(-1))
-        >>> torch.allclose(o, s.softmax(-1) @ v, atol=1e-6)
-        True
-    """
-    lse = torch.logaddexp(lse_a, lse_b)  # (..., L)
-    w_a = torch.exp(lse_a - lse).unsqueeze(-1)  # (..., L, 1), A's share of the softmax
-    w_b = torch.exp(lse_b - lse).unsqueeze(-1)  # (..., L, 1), B's share, 1 - w_a
-    return w_a * out_a + w_b * out_b, lse
 
 
 # --8<-- [end:merge]
@@ -577,16 +520,16 @@ def ring_attention(
     of its own queries: those of
     `torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=is_causal,
     scale=scale)` on the whole sequence (with `window`, that of the
-    [`sliding_window`][attnlab.masks.sliding_window] mask), restricted to its positions.
+    [`sliding_window`][attnlab.rules.masks.sliding_window] mask), restricted to its positions.
     Keys and values go
     around the ring with `torch.distributed` point-to-point messages, each transfer
     overlapping the computation on the block before it; partial results are merged with
-    [`merge_partials`][attnlab.distributed.merge_partials]. The backward pass sends the
+    [`merge_partials`][attnlab.functional.flash.merge_partials]. The backward pass sends the
     keys and values round again, each block followed by its gradient. A rank holds at most
     two blocks of keys and values at a time (with 16-bit inputs, also a float32 copy of
     the one it computes with), never the whole sequence.
 
-    Precision is that of [`flash_attention`][attnlab.flash.flash_attention]: float16 and
+    Precision is that of [`flash_attention`][attnlab.functional.flash.flash_attention]: float16 and
     bfloat16 blocks are attended in float32 and the output rounded once to the input
     dtype; inside `torch.autocast` the inputs are cast to the autocast dtype first, as
     PyTorch's `scaled_dot_product_attention` casts them, and so is the output. Keys and
@@ -598,8 +541,8 @@ def ring_attention(
 
     With `window=w` (sliding-window attention), query $i$ sees only keys
     $i - w < j \le i$, in global positions. The rule is that of
-    [`scaled_dot_product_attention`][attnlab.functional.scaled_dot_product_attention] and
-    [`flash_attention`][attnlab.flash.flash_attention]: a window is causal, so it implies
+    [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention] and
+    [`flash_attention`][attnlab.functional.flash.flash_attention]: a window is causal, so it implies
     `is_causal=True`, and queries and keys are one sequence (so top-left and bottom-right
     alignment agree). What the window hides is skipped at three levels, in the forward
     and the backward pass: a pair of a query chunk and a key chunk that it hides
@@ -632,7 +575,7 @@ def ring_attention(
         layout: How the sequence is split: `"contiguous"`, or `"zigzag"` to balance the
             work under a causal mask. Every rank must use the same.
         block_size: Tile size of the attention of one block to another (as in
-            [`flash_attention`][attnlab.flash.flash_attention]).
+            [`flash_attention`][attnlab.functional.flash.flash_attention]).
         stats: If given, filled with this rank's work, bytes and time.
 
     Returns:
@@ -663,7 +606,7 @@ def ring_attention(
         >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         >>> torch.allclose(out, reference, atol=1e-6)
         True
-        >>> from attnlab.masks import sliding_window
+        >>> from attnlab.rules.masks import sliding_window
         >>> out = ring_attention(q, k, v, window=3, layout="zigzag")
         >>> reference = torch.nn.functional.scaled_dot_product_attention(
         ...     q, k, v, attn_mask=sliding_window(10, window=3))

@@ -1,0 +1,723 @@
+r"""Key/value caches for incremental decoding, and what they cost in memory.
+
+A decoder generates one token at a time, and each new token attends to every earlier one.
+The keys and values of the earlier tokens do not change (causal attention never lets a
+token see a later one), so recomputing them at every step is wasted work: a *KV cache*
+keeps them, and each step projects only the new tokens, appends their keys and values,
+and attends from the new queries to everything cached.
+
+Three caches share one interface, [`KVCache`][attnlab.caches.kv.KVCache]:
+
+- [`DynamicKVCache`][attnlab.caches.kv.DynamicKVCache] grows with `torch.cat` at every
+  step: nothing to size in advance, but each step copies the whole cache.
+- [`StaticKVCache`][attnlab.caches.kv.StaticKVCache] allocates `max_length` positions
+  once and writes each step in place: fixed memory and fixed addresses (what
+  `torch.compile` and CUDA graphs want), at the price of reserving the maximum up front.
+- [`RollingKVCache`][attnlab.caches.kv.RollingKVCache] serves a sliding-window layer: it
+  keeps only the last `window - 1` tokens (all a query can still see next to itself),
+  so its memory stops growing once the window is full, however long the context.
+
+The memory per token is pure arithmetic,
+[`kv_cache_bytes_per_token`][attnlab.caches.kv.kv_cache_bytes_per_token]: 2 tensors (keys
+and values) x layers x key/value heads x head size x bytes per element. Grouped-query
+attention (Ainslie et al., 2023, https://arxiv.org/abs/2305.13245) shrinks it by sharing
+each key/value head among several query heads. For a stack that mixes sliding-window and
+global layers (Mistral 7B v0.1, Gemma 2/3, gpt-oss),
+[`kv_cache_bytes`][attnlab.caches.kv.kv_cache_bytes] sums what each layer holds at a given
+context.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnlab.rules._validation import (
+    check_device,
+    check_float_dtype,
+    check_positive_int,
+    check_rank,
+    check_same_dtype_device,
+    check_tensor,
+    is_validation_enabled,
+)
+
+__all__ = [
+    "AttendingCache",
+    "CacheLayout",
+    "DynamicKVCache",
+    "KVCache",
+    "RollingKVCache",
+    "StaticKVCache",
+    "check_cache",
+    "kv_cache_bytes",
+    "kv_cache_bytes_per_token",
+    "resolve_v_head_dim",
+]
+
+
+class CacheLayout(NamedTuple):
+    """What every token a cache holds looks like; an update must match it.
+
+    Attributes:
+        batch_size: Sequences cached together.
+        num_kv_heads: Key/value heads.
+        head_dim: Features per key.
+        v_head_dim: Features per value.
+        dtype: Element type of keys and values.
+        device: Where they live.
+    """
+
+    batch_size: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def resolve_v_head_dim(head_dim: int, v_head_dim: int | None) -> int:
+    """The value size of a cache: `v_head_dim`, or `head_dim` when it is None.
+
+    The one rule of every cache that takes both sizes (the paged cache too).
+
+    Raises:
+        ValueError: If `v_head_dim` is not a positive int.
+
+    Examples:
+        >>> resolve_v_head_dim(64, None), resolve_v_head_dim(64, 32)
+        (64, 32)
+    """
+    return head_dim if v_head_dim is None else check_positive_int("v_head_dim", v_head_dim)
+
+
+def kv_cache_bytes_per_token(
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    v_head_dim: int | None = None,
+) -> int:
+    r"""Bytes that a KV cache holds per token of context, over all layers.
+
+    $$
+    \text{bytes per token} = \text{num\_layers} \cdot \text{num\_kv\_heads} \cdot
+    (\text{head\_dim} + \text{v\_head\_dim}) \cdot \text{bytes per element}
+    $$
+
+    Every layer caches one key of `head_dim` and one value of `v_head_dim` features per
+    key/value head. The number of *query* heads does not appear: that is the whole point
+    of grouped- and multi-query attention.
+
+    Args:
+        num_layers: Attention layers, each with its own cache.
+        num_kv_heads: Key/value heads per layer (= query heads for multi-head attention,
+            1 for multi-query attention).
+        head_dim: Features per key.
+        dtype: Element type of the cache, e.g. `torch.bfloat16` (2 bytes).
+        v_head_dim: Features per value; defaults to `head_dim`.
+
+    Returns:
+        The number of bytes per cached token.
+
+    Raises:
+        TypeError: If a size is not an int or `dtype` is not a `torch.dtype`.
+        ValueError: If a size is not positive.
+
+    Examples:
+        >>> kv_cache_bytes_per_token(num_layers=2, num_kv_heads=4, head_dim=8,
+        ...                          dtype=torch.float32)  # 2 * 4 * (8 + 8) * 4
+        512
+    """
+    check_positive_int("num_layers", num_layers)
+    check_positive_int("num_kv_heads", num_kv_heads)
+    check_positive_int("head_dim", head_dim)
+    v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
+    return num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype.itemsize
+
+
+def kv_cache_bytes(
+    windows: Sequence[int | None],
+    context: int,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    v_head_dim: int | None = None,
+) -> int:
+    r"""Bytes the caches of a stack of layers hold at `context` tokens, window by window.
+
+    A global layer (window None) keeps every token; a sliding-window layer keeps at most
+    its `window` (the last `window - 1` between steps plus the token being decoded, as
+    [`RollingKVCache`][attnlab.caches.kv.RollingKVCache] does):
+
+    $$
+    \text{bytes} = \sum_{\ell} \min(\text{context}, w_\ell) \cdot
+    \text{num\_kv\_heads} \cdot (\text{head\_dim} + \text{v\_head\_dim}) \cdot
+    \text{bytes per element}, \qquad w_\ell = \infty \text{ for a global layer.}
+    $$
+
+    Divided by `context`, it is the average bytes per token of context; with every
+    window None it is `context` times
+    [`kv_cache_bytes_per_token`][attnlab.caches.kv.kv_cache_bytes_per_token].
+
+    Args:
+        windows: One entry per layer: its sliding-window size, or None for a global
+            (full causal) layer, e.g. `DecoderConfig.windows`.
+        context: Tokens of context (prompt and generated).
+        num_kv_heads: Key/value heads per layer.
+        head_dim: Features per key.
+        dtype: Element type of the cache.
+        v_head_dim: Features per value; defaults to `head_dim`.
+
+    Returns:
+        The bytes held by all layers' caches together.
+
+    Raises:
+        TypeError: If `windows` is not a sequence of ints and Nones, a size not an int or
+            `dtype` not a `torch.dtype`.
+        ValueError: If `windows` is empty, or a window or size is not positive.
+
+    Examples:
+        >>> local, full = 4, None  # a 4-token window, and a global layer
+        >>> kv_cache_bytes([local, full], 10, num_kv_heads=1, head_dim=2,
+        ...                dtype=torch.float32)  # (4 + 10) tokens * (2 + 2) * 4 bytes
+        224
+    """
+    if isinstance(windows, str | bytes) or not isinstance(windows, Sequence):
+        raise TypeError(
+            f"windows must be a sequence with one window (or None) per layer, got "
+            f"{type(windows).__name__}"
+        )
+    if not windows:
+        raise ValueError("windows must have one entry per layer, got an empty sequence")
+    for i, w in enumerate(windows):
+        if w is not None:
+            check_positive_int(f"windows[{i}]", w)
+    check_positive_int("context", context)
+    per_token = kv_cache_bytes_per_token(
+        num_layers=1,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        v_head_dim=v_head_dim,
+    )
+    held = sum(context if w is None else min(w, context) for w in windows)
+    return held * per_token
+
+
+class KVCache(abc.ABC):
+    r"""The interface of attnlab's key/value caches (one cache serves one attention layer).
+
+    A cache is handed keys and values of shape `(b, num_kv_heads, t_new, head_dim)` (and
+    `v_head_dim` for values) by [`update`][attnlab.caches.kv.KVCache.update], and returns
+    all it holds, the new tokens last. The first update fixes what a dynamic cache holds
+    (its [`layout`][attnlab.caches.kv.KVCache.layout]: batch size, heads, feature sizes,
+    dtype, device); later ones must match it, and a mismatch raises instead of
+    broadcasting or casting silently. The checks of an append live here, in
+    [`check_update`][attnlab.caches.kv.KVCache.check_update], and run once per update:
+    attention layers hand their keys and values to `update` and do not check the cache
+    themselves.
+    """
+
+    @property
+    @abc.abstractmethod
+    def length(self) -> int:
+        """Tokens the cache holds (per sequence of the batch), also `len(cache)`."""
+
+    @property
+    def seen(self) -> int:
+        """Tokens seen so far, held or forgotten: the position of the next token.
+
+        A model places new tokens with it (RoPE's positions, masks that span every token
+        of the sequence). A cache that forgets nothing has seen what it holds, its
+        [`length`][attnlab.caches.kv.KVCache.length].
+        """
+        return self.length
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of memory the cache has allocated for keys and values."""
+
+    @property
+    @abc.abstractmethod
+    def layout(self) -> CacheLayout | None:
+        """The [`CacheLayout`][attnlab.caches.kv.CacheLayout] an update must match, or None
+        while anything goes (an empty dynamic cache)."""
+
+    @abc.abstractmethod
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the keys and values of new tokens; return everything cached.
+
+        Args:
+            key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
+            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
+
+        Returns:
+            `(keys, values)`, of shapes `(b, num_kv_heads, n, head_dim)` and
+            `(b, num_kv_heads, n, v_head_dim)`, where `n` is the tokens held before the
+            call plus the new ones.
+        """
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forget every cached token (a static cache keeps its memory)."""
+
+    def __len__(self) -> int:
+        """Tokens held: [`length`][attnlab.caches.kv.KVCache.length]."""
+        return self.length
+
+    def check_update(self, key: object, value: object) -> None:
+        """Raise if `update(key, value)` would not fit what the cache holds.
+
+        `update` calls it while validation is on (cheap: attribute reads only). Whether a
+        static cache has room is checked by `update` itself, always.
+
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: If they are not 4-d, disagree with each other in
+                `(b, num_kv_heads, t_new)`, dtype or device, or differ from
+                [`layout`][attnlab.caches.kv.KVCache.layout].
+        """
+        shape = "(b, num_kv_heads, t_new, head_dim)"
+        k = check_tensor("key", key)
+        v = check_tensor("value", value)
+        check_rank("key", k, (4,), shape)
+        check_rank("value", v, (4,), shape.replace("head_dim", "v_head_dim"))
+        if k.shape[:3] != v.shape[:3]:
+            raise ValueError(
+                "key and value must agree in (b, num_kv_heads, t_new), got "
+                f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
+            )
+        check_same_dtype_device("key", k, value=v)
+        held = self.layout
+        if held is None:
+            return
+        if k.shape[0] != held.batch_size:
+            raise ValueError(
+                f"key has batch size {k.shape[0]} but the cache holds {held.batch_size} "
+                f"sequences (key.shape={tuple(k.shape)}); call reset() or use one cache per "
+                "batch size"
+            )
+        for name, tensor, got, want in (
+            ("num_kv_heads", k, k.shape[1], held.num_kv_heads),
+            ("head_dim", k, k.shape[3], held.head_dim),
+            ("v_head_dim", v, v.shape[3], held.v_head_dim),
+        ):
+            if got != want:
+                which = "key" if tensor is k else "value"
+                raise ValueError(
+                    f"{which} has {name}={got} but the cache holds {name}={want} "
+                    f"({which}.shape={tuple(tensor.shape)})"
+                )
+        if k.dtype != held.dtype:
+            raise ValueError(
+                f"key has dtype {k.dtype} but the cache holds {held.dtype}; convert the "
+                "inputs or build the cache with their dtype"
+            )
+        if k.device != held.device:
+            raise ValueError(
+                f"key is on {k.device} but the cache is on {held.device}; move the inputs "
+                "or build the cache on their device"
+            )
+
+
+class AttendingCache(abc.ABC):
+    """A cache that stores new keys and values and attends from the new queries itself.
+
+    A [`KVCache`][attnlab.caches.kv.KVCache] returns contiguous keys and values for the
+    layer to attend over. A cache that keeps them elsewhere, such as the blocks of a
+    paged cache shared by many sequences of different lengths, instead takes the
+    layer's rotated queries, keys and values and returns the attention's output:
+    [`GroupedQueryAttention.forward_impl`][attnlab.layers.gqa.GroupedQueryAttention.forward_impl]
+    hands them to [`attend`][attnlab.caches.kv.AttendingCache.attend] in place of its
+    own `update` and kernel call (one hook, so a new cache layout needs no new flag in
+    the layer). Causality and which tokens each query sees are the cache's rule.
+    """
+
+    @abc.abstractmethod
+    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """Store the new tokens' keys and values, then attend from their queries.
+
+        Args:
+            query: `(b, num_heads, t, head_dim)`, rotated.
+            key: `(b, num_kv_heads, t, head_dim)`, rotated.
+            value: `(b, num_kv_heads, t, v_head_dim)`.
+
+        Returns:
+            `(b, num_heads, t, v_head_dim)`: each query's mix of the values it may see.
+        """
+
+
+def check_cache(cache: object, name: str = "cache") -> KVCache | None:
+    """Return `cache` if it is None or an attnlab [`KVCache`][attnlab.caches.kv.KVCache].
+
+    Attention layers call it on their `cache` argument; what the cache can take is then
+    its own check, in [`update`][attnlab.caches.kv.KVCache.update].
+
+    Raises:
+        TypeError: If it is anything else (e.g. a Hugging Face `DynamicCache`).
+
+    Examples:
+        >>> check_cache(None) is None
+        True
+    """
+    if cache is not None and not isinstance(cache, KVCache):
+        raise TypeError(
+            f"{name} must be an attnlab KVCache (DynamicKVCache, StaticKVCache or "
+            f"RollingKVCache) or None, "
+            f"got {type(cache).__name__}"
+        )
+    return cache
+
+
+def _nbytes(keys: Tensor | None, values: Tensor | None) -> int:
+    """Bytes of a cache's key and value tensors (0 before they exist)."""
+    return 0 if keys is None or values is None else keys.nbytes + values.nbytes
+
+
+def _layout(keys: Tensor | None, values: Tensor | None) -> CacheLayout | None:
+    """The layout of a cache's `(b, h_kv, length, head_dim)` tensors, None before they exist."""
+    if keys is None or values is None:
+        return None
+    b, h, _, hd = keys.shape
+    return CacheLayout(b, h, hd, values.shape[-1], keys.dtype, keys.device)
+
+
+class DynamicKVCache(KVCache):
+    r"""A KV cache that grows by concatenation: allocate nothing in advance.
+
+    Each [`update`][attnlab.caches.kv.DynamicKVCache.update] concatenates the new keys and
+    values to the old ones along the sequence axis, so step $n$ copies $n$ tokens: simple,
+    and the memory held is exactly what is cached. The first update fixes the batch size,
+    heads, feature sizes, dtype and device; [`reset`][attnlab.caches.kv.DynamicKVCache.reset]
+    forgets them. Gradients flow through the cached tensors.
+
+    Examples:
+        >>> cache = DynamicKVCache()
+        >>> k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 5)  # prefill 4 tokens
+        >>> keys, values = cache.update(k, v)
+        >>> keys, values = cache.update(k[:, :, :1], v[:, :, :1])  # decode 1 token
+        >>> cache.length, tuple(keys.shape), tuple(values.shape)
+        (5, (2, 3, 5, 8), (2, 3, 5, 5))
+        >>> cache.nbytes  # 2 * 3 * 5 * (8 + 5) float32 numbers of 4 bytes
+        1560
+        >>> cache.layout.v_head_dim
+        5
+    """
+
+    def __init__(self) -> None:
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+
+    def __repr__(self) -> str:
+        held = self.layout
+        if held is None:
+            return "DynamicKVCache(empty)"
+        return (
+            f"DynamicKVCache(length={self.length}, batch_size={held.batch_size}, "
+            f"num_kv_heads={held.num_kv_heads}, head_dim={held.head_dim}, "
+            f"v_head_dim={held.v_head_dim}, dtype={held.dtype})"
+        )
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far."""
+        return 0 if self._keys is None else self._keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values (0 when empty)."""
+        return _nbytes(self._keys, self._values)
+
+    @property
+    def layout(self) -> CacheLayout | None:
+        """What the first update fixed, or None while the cache is empty."""
+        return _layout(self._keys, self._values)
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the keys and values of new tokens; return everything cached.
+
+        Args:
+            key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
+            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
+
+        Returns:
+            `(keys, values)`: all cached tokens, `(b, num_kv_heads, length, head_dim)` and
+            `(b, num_kv_heads, length, v_head_dim)`.
+
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update].
+        """
+        if is_validation_enabled():
+            self.check_update(key, value)
+        if self._keys is None or self._values is None:
+            self._keys, self._values = key, value
+        else:
+            self._keys = torch.cat([self._keys, key], dim=2)  # (b, h_kv, length, head_dim)
+            self._values = torch.cat([self._values, value], dim=2)  # (b, h_kv, length, d_v)
+        return self._keys, self._values
+
+    def reset(self) -> None:
+        """Forget every cached token, and the sizes, dtype and device of the first update."""
+        self._keys = self._values = None
+
+
+class StaticKVCache(KVCache):
+    r"""A KV cache preallocated for `max_length` tokens and written in place.
+
+    The key and value buffers, `(batch_size, num_kv_heads, max_length, head_dim)` and
+    `(..., v_head_dim)`, are allocated once; each
+    [`update`][attnlab.caches.kv.StaticKVCache.update] copies the new tokens into the next
+    free positions and returns views of the filled part. Its memory does not depend on
+    how many tokens are cached, and it never reallocates. It is meant for inference: a
+    later update overwrites the buffer that an earlier step's autograd graph saw.
+
+    Args:
+        batch_size: Sequences decoded together.
+        max_length: Most tokens the cache can hold, prompt included.
+        num_kv_heads: Key/value heads.
+        head_dim: Features per key.
+        v_head_dim: Features per value; defaults to `head_dim`.
+        dtype: Element type of the buffers; inputs must have it.
+        device: Where to allocate the buffers; inputs must be there.
+
+    Raises:
+        TypeError: If a size is not an int, `dtype` is not a floating-point
+            `torch.dtype` or `device` is of the wrong type.
+        ValueError: If a size is not positive or `device` names no device.
+
+    Examples:
+        >>> cache = StaticKVCache(2, 16, num_kv_heads=3, head_dim=8)
+        >>> keys, values = cache.update(torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8))
+        >>> cache.length, tuple(keys.shape)
+        (4, (2, 3, 4, 8))
+        >>> cache.nbytes  # 2 buffers of 2 * 3 * 16 * 8 float32 numbers, whatever is used
+        6144
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        max_length: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        v_head_dim: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        self.max_length = check_positive_int("max_length", max_length)
+        self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
+        check_float_dtype("dtype", dtype)
+        check_device("device", device)
+        shape = (batch_size, num_kv_heads, max_length)
+        self._keys = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
+        self._values = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
+        self._length = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"StaticKVCache(length={self._length}, max_length={self.max_length}, "
+            f"batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, dtype={self.dtype})"
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element type of the buffers."""
+        return self._keys.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the buffers."""
+        return self._keys.device
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far."""
+        return self._length
+
+    @property
+    def layout(self) -> CacheLayout:
+        """The sizes, dtype and device the buffers were allocated with."""
+        return CacheLayout(
+            self.batch_size,
+            self.num_kv_heads,
+            self.head_dim,
+            self.v_head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two preallocated buffers, independent of `length`."""
+        return self._keys.nbytes + self._values.nbytes
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the keys and values of new tokens after the cached ones; return all.
+
+        Args:
+            key: Keys of the new tokens, `(batch_size, num_kv_heads, t_new, head_dim)`.
+            value: Values of the new tokens, `(batch_size, num_kv_heads, t_new,
+                v_head_dim)`.
+
+        Returns:
+            `(keys, values)`: views of the filled part of the buffers,
+            `(batch_size, num_kv_heads, length, head_dim)` and `(..., v_head_dim)`.
+
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update], or if
+                the new tokens do not fit in `max_length` (checked even with validation
+                off: the one place this overflow is checked).
+        """
+        if is_validation_enabled():
+            self.check_update(key, value)
+        start, t_new = self._length, key.shape[2]
+        if start + t_new > self.max_length:
+            room = self.max_length - start
+            raise ValueError(
+                f"key has t_new={t_new} tokens but the static cache has room for "
+                f"max_length - length = {self.max_length} - {start} = {room}"
+                "; build it with a larger max_length"
+            )
+        self._keys[:, :, start : start + t_new] = key
+        self._values[:, :, start : start + t_new] = value
+        self._length = start + t_new
+        keys = self._keys[:, :, : self._length]  # (b, h_kv, length, head_dim)
+        values = self._values[:, :, : self._length]  # (b, h_kv, length, v_head_dim)
+        return keys, values
+
+    def reset(self) -> None:
+        """Forget every cached token; the buffers stay allocated (their contents are stale)."""
+        self._length = 0
+
+
+class RollingKVCache(KVCache):
+    r"""A KV cache for a sliding-window layer that keeps only the last `window - 1` tokens.
+
+    A layer with window $w$ lets each query see itself and the $w - 1$ tokens before it.
+    Once a token is $w - 1$ places behind the newest one, no later query can see it, so
+    the cache may forget it: the memory held stops growing at $w - 1$ tokens, however
+    long the context (Mistral 7B's "rolling buffer cache"; `transformers` keeps the same
+    `sliding_window - 1` tokens in its sliding-window cache layers).
+
+    Each [`update`][attnlab.caches.kv.RollingKVCache.update] returns the kept tokens
+    followed by all the new ones, in order, so a chunk of $t$ new queries gets the
+    $w - 1 + t$ keys its window can reach and the layer's bottom-right causal window
+    mask stays right. It then copies the last $w - 1$ of them into a buffer of fixed
+    size, allocated at the first update (which fixes the sizes, dtype and device):
+    a roll, not a ring, so the keys always come back oldest first. Keys are stored
+    already rotated by RoPE, so forgetting old ones changes no position.
+
+    [`length`][attnlab.caches.kv.RollingKVCache.length] (and `len(cache)`) counts the
+    tokens kept, at most `window - 1`;
+    [`seen`][attnlab.caches.kv.RollingKVCache.seen] counts every token seen (the next
+    token's position, what a model reads to place new tokens). Only a layer with a
+    window of at most `window` may use it (a global layer would lose its old keys).
+    Like [`StaticKVCache`][attnlab.caches.kv.StaticKVCache], it is meant for inference.
+
+    Args:
+        window: The layer's window: keys per query, itself included.
+
+    Raises:
+        TypeError: If `window` is not an int.
+        ValueError: If it is not positive.
+
+    Examples:
+        >>> cache = RollingKVCache(window=4)
+        >>> keys, _ = cache.update(torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))
+        >>> tuple(keys.shape), cache.seen, len(cache)  # prefill: all 6 go to attention
+        ((1, 2, 6, 8), 6, 3)
+        >>> keys, _ = cache.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+        >>> tuple(keys.shape), cache.seen, len(cache)  # decode: the window, no more
+        ((1, 2, 4, 8), 7, 3)
+        >>> cache.nbytes  # 2 buffers of 1 * 2 * 3 * 8 float32 numbers, forever
+        384
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = check_positive_int("window", window)
+        self._keys: Tensor | None = None  # (b, h_kv, window - 1, head_dim)
+        self._values: Tensor | None = None  # (b, h_kv, window - 1, v_head_dim)
+        self._held = 0
+        self._seen = 0
+
+    def __repr__(self) -> str:
+        return f"RollingKVCache(window={self.window}, length={self._held}, seen={self._seen})"
+
+    @property
+    def length(self) -> int:
+        """Tokens kept: `min(seen, window - 1)`, also `len(cache)`."""
+        return self._held
+
+    @property
+    def seen(self) -> int:
+        """Tokens seen so far (kept or forgotten): the position of the next token."""
+        return self._seen
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two buffers (`window - 1` tokens each; 0 before the first update)."""
+        return _nbytes(self._keys, self._values)
+
+    @property
+    def layout(self) -> CacheLayout | None:
+        """What the first update fixed, or None before it."""
+        return _layout(self._keys, self._values)
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Return the kept tokens and the new ones; keep the last `window - 1` of them.
+
+        Args:
+            key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
+            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
+
+        Returns:
+            `(keys, values)`: the `held + t_new` latest tokens, oldest first,
+            `(b, num_kv_heads, held + t_new, head_dim)` and `(..., v_head_dim)`.
+
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update].
+        """
+        if is_validation_enabled():
+            self.check_update(key, value)
+        if self._keys is None or self._values is None:
+            b, h, _, hd = key.shape
+            room = (b, h, self.window - 1)
+            self._keys = key.new_zeros(*room, hd)
+            self._values = value.new_zeros(*room, value.shape[-1])
+        held = self._held
+        if held:
+            keys = torch.cat([self._keys[:, :, :held], key], dim=2)  # (b, h_kv, held + t, d)
+            values = torch.cat([self._values[:, :, :held], value], dim=2)  # (.., held + t, d_v)
+        else:
+            keys, values = key, value
+        keep = min(self.window - 1, keys.shape[2])
+        if keep:
+            # keys is a new tensor (or the input): no overlap with the buffer it fills.
+            self._keys[:, :, :keep] = keys[:, :, -keep:]
+            self._values[:, :, :keep] = values[:, :, -keep:]
+        self._held = keep
+        self._seen += key.shape[2]
+        return keys, values
+
+    def reset(self) -> None:
+        """Forget every token, and the sizes, dtype and device of the first update."""
+        self._keys = self._values = None
+        self._held = self._seen = 0

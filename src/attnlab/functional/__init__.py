@@ -1,0 +1,36 @@
+"""The kernels: pure functions of attention, like `torch.nn.functional`.
+
+Every function here takes tensors and returns tensors; none owns weights. The modules:
+
+- [`sdpa`][attnlab.functional.sdpa]: scaled dot-product attention from scratch, step by
+  step and as one call with PyTorch's semantics;
+- [`flash`][attnlab.functional.flash]: FlashAttention's tiled forward and backward and the
+  online-softmax merge of partial results;
+- [`backends`][attnlab.functional.backends]: the registry the layers pick a kernel from by
+  name (`"torch"`, `"scratch"`, `"flash"`);
+- [`flex`][attnlab.functional.flex]: every mask as a FlexAttention `mask_mod`/`score_mod`;
+- [`paged`][attnlab.functional.paged]: attention over a paged KV cache's pools and tables;
+- [`linear`][attnlab.functional.linear]: linear attention and the (gated) delta rule;
+- [`sparse`][attnlab.functional.sparse]: top-k key selection for sparse attention.
+
+The names below are the ones a chapter calls as `F.<name>` after
+`from attnlab import functional as F`.
+"""
+
+from attnlab.functional.flash import flash_attention
+from attnlab.functional.sdpa import (
+    attention_scores,
+    attention_weights,
+    context_vectors,
+    scaled_dot_product_attention,
+    scaled_softmax,
+)
+
+__all__ = [
+    "attention_scores",
+    "attention_weights",
+    "context_vectors",
+    "flash_attention",
+    "scaled_dot_product_attention",
+    "scaled_softmax",
+]

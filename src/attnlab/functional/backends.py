@@ -1,0 +1,480 @@
+r"""The one home of attnlab's attention backends: names, the registry, the switch, dispatch.
+
+Every attention module of the package (MHA, GQA, MLA) runs its scaled dot-product
+attention through this module, so a backend is added or changed in one place, the way
+Hugging Face's `ALL_ATTENTION_FUNCTIONS` registry serves every model:
+
+- `"torch"`: PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
+- `"scratch"`: attnlab's
+  [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention];
+- `"flash"`: attnlab's [`flash_attention`][attnlab.functional.flash.flash_attention] (in tiles, with
+  its own backward pass).
+
+FlashAttention takes no arbitrary mask and no dropout: it masks only by position
+(causal, sliding window). A call that asks `"flash"` for either raises a `ValueError` that
+names the backend and the argument, even with validation off: silently ignoring a mask
+would give wrong results, and falling back to another kernel would hide that the memory
+saving the user chose is not there.
+
+Two score changes of 2024-2025 models pass through to every kernel that has them:
+`softcap` (Gemma 2's $c \tanh(x / c)$ on the scaled scores) and `sinks` (gpt-oss's one
+learned logit per query head, shape `(Hq,)`, in every row's softmax). PyTorch's fused
+SDPA has neither. For `"torch"`, sinks are emulated exactly: one extra key of zeros with
+a zero value, whose score (0) plus a float-mask column holding the sink logit gives the
+sink's share of the softmax and adds nothing to the output, so PyTorch's kernel still
+runs (and differentiates the sinks through the mask). A tanh of the scores cannot be
+written as a mask, so `"torch"` refuses `softcap` with a `ValueError` naming the backend
+and the two that have it, rather than quietly running another kernel.
+
+API (internal; modules import these names):
+
+- `Backend`: `Literal["torch", "scratch", "flash"]`, re-exported as
+  `attnlab.layers.multihead.Backend`.
+- `BACKEND_NAMES`: the names, in that order.
+- `BACKENDS: Mapping[Backend, AttentionFunction]`: name -> function with the signature
+  of [`attend`][attnlab.functional.backends.attend] less `backend`. Each runs *after* the checks
+  (it calls the kernel's unvalidated `_impl`).
+- `check_backend(value) -> Backend`: the name, or `ValueError` naming `backend` and the
+  choices.
+- `BackendProperty()`: a descriptor; `backend = BackendProperty()` in a class body gives
+  every instance a `backend` attribute checked by `check_backend` on each assignment
+  (stored as `_backend`).
+- `attend(backend, query, key, value, *, attn_mask=None, dropout_p=0.0,
+  is_causal=False, scale=None, window=None, enable_gqa=False, align="top-left",
+  softcap=None, sinks=None)`: run
+  attention on the named backend without validating (the caller checked at its public
+  boundary). `query (..., L, E)`, `key (..., S, E)`, `value (..., S, Ev)`; with
+  `enable_gqa`, `H` key/value heads at dim -3 serve `Hq` query heads.
+- `attention_weights(query, key, *, ...)`: the weights `(..., L, S)` that `attend` mixes
+  the values with, whatever the backend (computed from scratch: fused kernels do not
+  return them); same keywords as `attend`.
+- `check_backend_call(backend, *, attn_mask, dropout_p, softcap=None)`: the `ValueError`
+  of a request the backend cannot serve; `attend` calls it, modules may call it before
+  their projections.
+- `materialize(attn_mask, device)`: PyTorch's `CausalBias` as its bool mask (other
+  masks unchanged), for combining it with another mask.
+
+Causal masking, one rule: `is_causal=True` hides key $j$ from query $i$ when $j > i +
+o$, and `window=w` (which implies causal) also when $j \le i + o - w$, where the offset
+$o$ places the queries among the keys' positions: $o = 0$ for `align="top-left"` (the
+queries are the first `L` positions, PyTorch's `is_causal`), $o = S - L$ for
+`align="bottom-right"` (the queries are the last `L` positions: new tokens after a KV
+cache). Modules thus pass `align="bottom-right"` after a cache and get causality in
+absolute positions; both alignments agree when `L == S`. With `attn_mask` as well, the
+causal or window mask and `attn_mask` are combined
+([`masks.combine`][attnlab.rules.masks.combine]): a key takes part only if both allow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal, Protocol, overload
+
+import torch
+from torch import Tensor
+from torch.nn.attention.bias import CausalBias
+
+from attnlab.functional import sdpa as F
+from attnlab.functional.flash import flash_attention_impl
+from attnlab.rules import masks
+from attnlab.rules.masks import Alignment
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "AttentionFunction",
+    "Backend",
+    "BackendProperty",
+    "attend",
+    "attention_weights",
+    "check_backend",
+    "check_backend_call",
+    "materialize",
+    "takes_mask",
+]
+
+Backend = Literal["torch", "scratch", "flash"]
+"""Which scaled dot-product attention a module runs.
+
+`"torch"` is PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
+`"scratch"` is attnlab's own
+[`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention];
+`"flash"` is attnlab's [`flash_attention`][attnlab.functional.flash.flash_attention] (no
+`attn_mask`,
+no dropout).
+"""
+
+BACKEND_NAMES: tuple[Backend, ...] = ("torch", "scratch", "flash")
+
+
+class AttentionFunction(Protocol):
+    """The signature every entry of [`BACKENDS`][attnlab.functional.backends.BACKENDS] has."""
+
+    def __call__(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | Tensor | None,
+        window: int | None,
+        enable_gqa: bool,
+        align: Alignment,
+        softcap: float | None,
+        sinks: Tensor | None,
+    ) -> Tensor: ...
+
+
+def check_backend(value: object) -> Backend:
+    """Return `value` if it names a backend; raise `ValueError` naming the choices.
+
+    Examples:
+        >>> check_backend("flash")
+        'flash'
+    """
+    if not isinstance(value, str) or value not in BACKEND_NAMES:
+        allowed = ", ".join(repr(c) for c in BACKEND_NAMES)
+        raise ValueError(f"backend must be one of {allowed}, got {value!r}")
+    return value
+
+
+class BackendProperty:
+    """A validated `backend` attribute: `backend = BackendProperty()` in a class body.
+
+    Reading gives the backend's name; assigning checks it with
+    [`check_backend`][attnlab.functional.backends.check_backend], at construction and whenever a
+    user switches (`module.backend = "flash"`). The value is stored as `_backend`.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> BackendProperty: ...
+
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> Backend: ...
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Backend | BackendProperty:
+        if obj is None:
+            return self
+        value: Backend = obj.__dict__[self._slot]
+        return value
+
+    def __set__(self, obj: object, value: Backend) -> None:
+        obj.__dict__[self._slot] = check_backend(value)
+
+
+def takes_mask(backend: Backend) -> bool:
+    """Whether `backend` can apply an arbitrary mask (FlashAttention masks only by
+    position: `is_causal` and `window`).
+
+    Examples:
+        >>> takes_mask("torch"), takes_mask("flash")
+        (True, False)
+    """
+    return backend != "flash"
+
+
+def check_backend_call(
+    backend: Backend, *, attn_mask: object, dropout_p: float, softcap: float | None = None
+) -> None:
+    """Raise `ValueError` if `backend` cannot serve a call with this mask, dropout, softcap.
+
+    Cheap (attribute reads only), so it runs with validation off too.
+    """
+    if backend == "torch" and softcap is not None:
+        raise ValueError(
+            f"backend='torch' has no softcap (PyTorch's scaled_dot_product_attention cannot "
+            f"apply tanh to the scores), but softcap={softcap}; use backend='scratch' or "
+            "'flash'"
+        )
+    if takes_mask(backend):
+        return
+    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
+        raise ValueError(
+            "backend='flash' takes no attn_mask or key_padding_mask (FlashAttention masks "
+            "only by position: is_causal, window); use backend='torch' or 'scratch'"
+        )
+    if dropout_p > 0.0:
+        raise ValueError(
+            f"backend='flash' has no dropout, but dropout_p={dropout_p} (training mode "
+            "with dropout > 0); call module.eval(), set dropout=0.0, or use "
+            "backend='torch' or 'scratch'"
+        )
+
+
+def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None:
+    """`attn_mask` as a tensor: PyTorch's `CausalBias` becomes its bool mask `(L, S)`.
+
+    For callers that combine a user's mask with another one (key padding).
+    """
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask
+    return F.causal_bias_mask(attn_mask, device)  # (L, S)
+
+
+def _positional_mask(
+    t_q: int,
+    t_k: int,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    window: int | None,
+    align: Alignment,
+    device: torch.device,
+) -> tuple[Tensor | None, bool]:
+    """`(attn_mask, is_causal)` for an SDPA-style kernel, with causality and window in it.
+
+    The fused causal flag is kept where it means the same (top-left, no window, no other
+    mask); otherwise the causal or window mask is built and combined with `attn_mask`.
+    """
+    if window is None and not is_causal:
+        return attn_mask, False
+    if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
+        return None, True  # PyTorch's own top-left is_causal: the fused path
+    attn_mask = materialize(attn_mask, device)  # combined with another causal rule
+    # The caller checked sizes, window and mask at its boundary: the unvalidated builders.
+    if align == "bottom-right":
+        band = masks.decode_mask_impl(t_q, t_k, window=window, device=device)  # None: all seen
+    else:
+        band = masks.band_impl(t_q, t_k, "top-left", window, device)  # (L, S)
+    return masks.combine_impl(band, attn_mask), False
+
+
+class _SDPAKernel(Protocol):
+    """An SDPA-style kernel: `(query, key, value, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa, *, softcap, sinks)`, with PyTorch's top-left `is_causal`."""
+
+    def __call__(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | Tensor | None,
+        enable_gqa: bool,
+        *,
+        softcap: float | None,
+        sinks: Tensor | None,
+    ) -> Tensor: ...
+
+
+def _with_positional_mask(kernel: _SDPAKernel) -> AttentionFunction:
+    """The registry's signature for an SDPA-style kernel: causality and window as a mask."""
+
+    def run(
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | Tensor | None,
+        window: int | None,
+        enable_gqa: bool,
+        align: Alignment,
+        softcap: float | None,
+        sinks: Tensor | None,
+    ) -> Tensor:
+        t_q, t_k = query.shape[-2], key.shape[-2]
+        mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
+        opts = (dropout_p, causal, scale, enable_gqa)
+        return kernel(query, key, value, mask, *opts, softcap=softcap, sinks=sinks)
+
+    return run
+
+
+def _sink_as_key(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    sinks: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Learned sinks for a kernel without them: one more key and value of zeros per row.
+
+    The extra key's score is 0 whatever the query, so a float-mask column holding the
+    sink logit makes it exactly that logit; its value of zeros adds nothing to the
+    output. Returns `(key, value, attn_mask)` with `S + 1` keys and a float mask
+    `(..., Hq, L, S + 1)`; `is_causal` (top-left) is folded into the mask.
+    """
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    if is_causal:
+        attn_mask = masks.band_impl(t_q, t_k, "top-left", None, query.device)  # (L, S)
+    attn_mask = materialize(attn_mask, query.device)  # a CausalBias as its bool mask
+    bias = torch.zeros((t_q, t_k), dtype=query.dtype, device=query.device)  # (L, S)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        bias = bias + masks.allowed_to_additive_impl(attn_mask, query.dtype)  # (..., L, S)
+    elif attn_mask is not None:
+        bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
+    sink = sinks.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
+    lead = torch.broadcast_shapes(bias.shape[:-2], sink.shape[:-2])  # type: ignore[no-untyped-call]
+    bias = bias.expand(*lead, t_q, t_k)  # (..., Hq, L, S)
+    column = sink.expand(*lead, t_q, 1)  # (..., Hq, L, 1)
+    zeros = key.new_zeros(*key.shape[:-2], 1, key.shape[-1])  # (..., H, 1, E)
+    nothing = value.new_zeros(*value.shape[:-2], 1, value.shape[-1])  # (..., H, 1, Ev)
+    key, value = torch.cat([key, zeros], dim=-2), torch.cat([value, nothing], dim=-2)
+    return key, value, torch.cat([bias, column], dim=-1)  # (..., Hq, L, S + 1)
+
+
+def _torch_sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    enable_gqa: bool,
+    *,
+    softcap: float | None,
+    sinks: Tensor | None,
+) -> Tensor:
+    check_backend_call("torch", attn_mask=attn_mask, dropout_p=dropout_p, softcap=softcap)
+    if sinks is not None:
+        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sinks)
+        is_causal = False
+    return torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=None if scale is None else float(scale),
+        enable_gqa=enable_gqa,
+    )
+
+
+def _flash(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | Tensor | None,
+    window: int | None,
+    enable_gqa: bool,
+    align: Alignment,
+    softcap: float | None,
+    sinks: Tensor | None,
+) -> Tensor:
+    check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
+    if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
+        is_causal, align = True, F.causal_bias_alignment(attn_mask)  # flash knows these
+    elif isinstance(attn_mask, CausalBias):
+        raise ValueError(
+            "backend='flash' cannot combine a CausalBias attn_mask with is_causal or a "
+            "window; pass one of them"
+        )
+    if enable_gqa:  # FlashAttention here needs one key/value head per query head
+        key = F.repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
+        value = F.repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
+    batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
+        query.shape[:-2], key.shape[:-2], value.shape[:-2]
+    )
+    query = query.expand(*batch, *query.shape[-2:])  # flash does not broadcast
+    key, value = key.expand(*batch, *key.shape[-2:]), value.expand(*batch, *value.shape[-2:])
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    return flash_attention_impl(
+        query,
+        key,
+        value,
+        is_causal=is_causal,
+        window=window,
+        scale=None if scale is None else float(scale),
+        offset=masks.alignment_offset(t_q, t_k, align),
+        softcap=softcap,
+        sinks=sinks,  # one per query head: after repeat_heads as before
+    )
+
+
+BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
+    {
+        "torch": _with_positional_mask(_torch_sdpa),
+        "scratch": _with_positional_mask(F.scaled_dot_product_attention_impl),
+        "flash": _flash,
+    }
+)
+"""Backend name -> attention function (unvalidated), the signature of `attend`."""
+
+
+def attend(
+    backend: Backend,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | Tensor | None = None,
+    window: int | None = None,
+    enable_gqa: bool = False,
+    align: Alignment = "top-left",
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """Scaled dot-product attention on `backend`, after the caller's checks.
+
+    See the module docstring for the arguments, the causal rule, `softcap` and `sinks`
+    (`(Hq,)`, one per query head). Raises `ValueError` only for a request the backend
+    cannot serve (`"flash"` with a mask or dropout, `"torch"` with a softcap).
+
+    Examples:
+        >>> q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
+        >>> outs = [attend(b, q, k, v, window=2, align="bottom-right") for b in BACKEND_NAMES]
+        >>> all(torch.allclose(o, outs[0], atol=1e-6) for o in outs)
+        True
+    """
+    return BACKENDS[backend](
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        window=window,
+        enable_gqa=enable_gqa,
+        align=align,
+        softcap=softcap,
+        sinks=sinks,
+    )
+
+
+def attention_weights(
+    query: Tensor,
+    key: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | Tensor | None = None,
+    window: int | None = None,
+    enable_gqa: bool = False,
+    align: Alignment = "top-left",
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """The weights `(..., L, S)` that [`attend`][attnlab.functional.backends.attend] mixes values
+    with.
+
+    Every backend computes the same weights; fused kernels do not return them, so they
+    come from attnlab's from-scratch
+    [`attention_weights`][attnlab.functional.sdpa.attention_weights], unvalidated.
+    """
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
+    opts = (dropout_p, causal, scale, enable_gqa)
+    return F.attention_weights_impl(query, key, mask, *opts, softcap=softcap, sinks=sinks)

@@ -1,0 +1,666 @@
+r"""Paged attention: attention of new tokens to keys and values read through block tables.
+
+The keys and values of many sequences lie in fixed-size blocks of one shared pool (the
+[`PagedKVCache`][attnlab.serving.cache.PagedKVCache] of serving); a block table per
+sequence lists its blocks in token order.
+[`paged_attention`][attnlab.functional.paged.paged_attention] is a pure function over the
+pools and the tables, with two implementations tested equal: one gathers a sequence's
+blocks into contiguous keys and values and calls attention; the other walks the table
+tile by tile and merges the partial results with FlashAttention's online-softmax rule
+([`merge_partials`][attnlab.functional.flash.merge_partials]), never holding a sequence's
+cache in one piece.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnlab.functional.backends import Backend, attend, check_backend, takes_mask
+from attnlab.functional.flash import merge_partials
+from attnlab.rules import masks
+from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
+from attnlab.rules._validation import (
+    check_choice,
+    check_features,
+    check_positive_int,
+    check_rank,
+    check_same_dtype_device,
+    check_scale,
+    check_tensor,
+    is_integer_dtype,
+    is_validation_enabled,
+    value_checks_enabled,
+)
+
+__all__ = [
+    "Method",
+    "paged_attention",
+]
+
+Method = Literal["gather", "online"]
+"""How [`paged_attention`][attnlab.functional.paged.paged_attention] reads the blocks."""
+
+_METHODS: tuple[Method, ...] = ("gather", "online")
+
+
+# --- attention through the block table --------------------------------------------
+
+
+def paged_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    lengths: Tensor,
+    *,
+    query_lengths: Tensor | None = None,
+    scale: float | None = None,
+    method: Method = "online",
+    blocks_per_tile: int = 32,
+    backend: Backend = "torch",
+) -> Tensor:
+    r"""Attention of new tokens to their sequences' cached keys and values, read by block.
+
+    Sequence $b$ holds `lengths[b]` tokens: token $p$ sits in block
+    `block_tables[b, p // block_size]` at slot `p % block_size` of the pools. Its last
+    `query_lengths[b]` tokens (by default all `t_q`) are the queries, already appended
+    to the cache; query $i$ sits at position `lengths[b] - query_lengths[b] + i` and
+    sees every key at that position or before it (causal in absolute positions). With
+    `t_q = 1` this is a decode step; with more it is a chunk of a prompt (chunked
+    prefill) attending to the cached tokens and causally to itself; rows
+    `i >= query_lengths[b]` are padding and get zeros, so decode steps and prompt chunks
+    of different sizes can share one batch. `num_heads` query heads share the
+    `num_kv_heads` key/value heads in groups (grouped-query attention; multi-head when
+    they are equal).
+
+    Two methods give the same result:
+
+    - `"gather"`: copy each sequence's blocks into contiguous keys and values
+      `(num_kv_heads, b, max_blocks * block_size, head_dim)` and run scaled dot-product
+      attention with a mask, on `backend`: PyTorch's fused kernel (`"torch"`) or
+      attnlab's
+      [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
+      (`"scratch"`). Easy to read; it materialises every sequence's cache.
+    - `"online"`: walk the table `blocks_per_tile` blocks at a time; for each tile,
+      gather only that tile's keys and values, compute its partial attention and its
+      log-sum-exp, and fold it into the running result with
+      [`merge_partials`][attnlab.functional.flash.merge_partials], the online-softmax rule of
+      FlashAttention. The memory beyond the output is one tile per sequence. This is
+      what paged kernels do, one tile per thread block. With `backend="scratch"` each
+      tile's scores, mask and softmax are spelled out (the teaching path); with
+      `"torch"` on the CPU a tile goes through PyTorch's fused CPU attention kernel,
+      which also returns the log-sum-exp, so a tile's keys are read once while they
+      are still in the processor's cache; tiles wholly past every query are skipped
+      and a tile that every query sees whole gets no mask. A decode step (`t_q = 1`,
+      float32 or float64, contiguous pools) copies nothing at all: the tables are a
+      sparsity pattern over the pool's rows, the scores a product sampled at that
+      pattern (`torch.sparse.sampled_addmm`, each key read where it lies, a tile at a
+      time for all the query heads that share it), one softmax follows over the few
+      scores, and `embedding_bag` sums the value rows through the same pattern. Off the
+      CPU, `"torch"` takes the spelled-out path too.
+
+    float16 and bfloat16 are computed in float32 and rounded back. Inside
+    `torch.autocast` the query and the pools are first cast to the autocast dtype
+    (float64 excepted), and so is the result, with either method, as PyTorch's SDPA does
+    (cheap when the cache already holds that dtype: a float32 cache is cast whole). No
+    dropout, no gradient intended (inference).
+
+    Args:
+        query: Queries, shape `(b, num_heads, t_q, head_dim)`.
+        key_pool: One layer's key blocks, `(num_kv_heads, num_blocks, block_size,
+            head_dim)`, e.g. `PagedKVCache.key_pools[layer]`.
+        value_pool: Its value blocks, `(num_kv_heads, num_blocks, block_size, v_head_dim)`.
+        block_tables: Block ids, `(b, max_blocks)` integers; entries past a sequence's
+            length are padding (any valid id).
+        lengths: Tokens in the cache per sequence, the new ones included, `(b,)` integers.
+        query_lengths: Real queries per sequence, `(b,)` integers in `[0, t_q]`; default
+            `t_q` for all.
+        scale: Factor applied to the scores; default $1 / \sqrt{\text{head\_dim}}$.
+        method: `"online"` (tile by tile) or `"gather"` (contiguous copy, then SDPA).
+        blocks_per_tile: Blocks per tile of the `"online"` method; any positive number
+            gives the same result (1: block by block). The default, 32 (512 keys at
+            block size 16), was among the fastest of 8 to 64 for 4 sequences of 9
+            query and 3 key/value heads of 64 features at 512 to 8192 tokens, on a
+            shared 2-core CPU (no clear winner there).
+        backend: How a tile (`"online"`) or the whole copy (`"gather"`) is attended:
+            PyTorch's fused kernel (`"torch"`) or attnlab's spelled-out one
+            (`"scratch"`).
+
+    Returns:
+        The context vectors, shape `(b, num_heads, t_q, v_head_dim)`.
+
+    Raises:
+        TypeError: If a tensor has the wrong kind of dtype or an option the wrong type.
+        ValueError: If shapes, dtypes or devices do not fit together, `num_heads` is not
+            a multiple of `num_kv_heads`, or (values read, skipped while compiling) a
+            length exceeds the table, a query length exceeds `t_q` or its length, or a
+            block id is out of range.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> k_pool, v_pool = torch.randn(2, 6, 4, 8), torch.randn(2, 6, 4, 8)  # 6 blocks of 4
+        >>> tables = torch.tensor([[5, 2, 0], [1, 4, 3]])  # (b, max_blocks)
+        >>> lengths = torch.tensor([7, 12])
+        >>> q = torch.randn(2, 6, 1, 8)  # 6 query heads share 2 kv heads
+        >>> out = paged_attention(q, k_pool, v_pool, tables, lengths)
+        >>> out.shape
+        torch.Size([2, 6, 1, 8])
+        >>> keys = k_pool[:, tables[0]].reshape(2, 12, 8)[:, :7]  # (kv, 7, head_dim)
+        >>> values = v_pool[:, tables[0]].reshape(2, 12, 8)[:, :7]
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention
+        >>> torch.allclose(out[0], sdpa(q[0], keys, values, enable_gqa=True), atol=1e-6)
+        True
+        >>> gather = paged_attention(q, k_pool, v_pool, tables, lengths, method="gather")
+        >>> torch.allclose(out, gather, atol=1e-6)
+        True
+    """
+    if is_validation_enabled():
+        # Checked as autocast casts them, once: paged_attention_impl then finds them cast.
+        query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+        check_paged(
+            query,
+            key_pool,
+            value_pool,
+            block_tables,
+            lengths,
+            query_lengths,
+            scale,
+            method,
+            backend,
+        )
+        check_positive_int("blocks_per_tile", blocks_per_tile)
+    return paged_attention_impl(
+        query,
+        key_pool,
+        value_pool,
+        block_tables,
+        lengths,
+        query_lengths=query_lengths,
+        scale=scale,
+        method=method,
+        blocks_per_tile=blocks_per_tile,
+        backend=backend,
+    )
+
+
+def paged_attention_impl(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    lengths: Tensor,
+    *,
+    query_lengths: Tensor | None = None,
+    scale: float | None = None,
+    method: Method = "online",
+    blocks_per_tile: int = 32,
+    backend: Backend = "torch",
+) -> Tensor:
+    """[`paged_attention`][attnlab.functional.paged.paged_attention] without the checks."""
+    # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
+    # autocast off, as PyTorch's own kernels do: both methods then return the autocast
+    # dtype, as torch's SDPA would.
+    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+    b, h, t_q, e = query.shape
+    if b == 0:  # no sequence: nothing to read (and no positions to take a max of)
+        return query.new_zeros(0, h, t_q, value_pool.shape[-1])
+    s = softmax_scale(e, scale)  # E = 0 too
+    with autocast_off(query.device.type):
+        positions, real = _query_positions(lengths, query_lengths, t_q)
+        block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
+        if method == "gather":
+            out = _gather_attention(
+                query, key_pool, value_pool, block_tables, positions, s, backend
+            )
+        else:
+            out = _online_attention(
+                query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile, backend
+            )
+        if real is None:  # no padding rows
+            return out
+        return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
+
+
+def _query_positions(
+    lengths: Tensor, query_lengths: Tensor | None, t_q: int
+) -> tuple[Tensor, Tensor | None]:
+    """Position of each query row among its sequence's keys, and which rows are real.
+
+    Both `(b, t_q)`; None for the second when every row is real (no `query_lengths`). A
+    padding row takes the position of the sequence's last real query (and at least 0),
+    so that it sees key 0: every row of every tile sequence then has a finite
+    log-sum-exp from the first tile on, and the row is zeroed at the end.
+    """
+    if query_lengths is None:  # the last t_q tokens: a decode step when t_q = 1
+        offsets = torch.arange(1 - t_q, 1, device=lengths.device)  # (t_q,)
+        return (lengths.unsqueeze(1) - 1 + offsets).clamp_min(0), None  # (b, t_q)
+    rows = torch.arange(t_q, device=lengths.device)  # (t_q,)
+    n = query_lengths
+    real = rows < n[:, None]  # (b, t_q)
+    last = (n - 1).clamp_min(0)[:, None]  # (b, 1)
+    positions = (lengths - n)[:, None] + torch.minimum(rows, last)  # (b, t_q)
+    return positions.clamp_min(0), real
+
+
+def _visible(key_positions: Tensor, query_positions: Tensor) -> Tensor:
+    """Allowed mask `(b, t_q, keys)`: key p is seen by a query at position >= p."""
+    return key_positions <= query_positions[:, :, None]
+
+
+def _group_queries(query: Tensor, num_kv_heads: int) -> Tensor:
+    """`(b, num_heads, t_q, e)` as `(num_kv_heads, b, group * t_q, e)`.
+
+    The query heads that share a key/value head become rows of one matrix: row
+    `r * t_q + i` is query `i` of the group's head `r`, so no key is repeated.
+    """
+    b, h, t_q, e = query.shape
+    grouped = query.reshape(b, num_kv_heads, h // num_kv_heads, t_q, e)  # (b, kv, g, t_q, e)
+    g = h // num_kv_heads  # no -1 below: with e = 0 features it would be ambiguous
+    return grouped.transpose(0, 1).reshape(num_kv_heads, b, g * t_q, e)  # (kv, b, g * t_q, e)
+
+
+def _ungroup(out: Tensor, num_heads: int, t_q: int) -> Tensor:
+    """`(num_kv_heads, b, group * t_q, e_v)` back to `(b, num_heads, t_q, e_v)`."""
+    kv, b, _, e_v = out.shape
+    grouped = out.reshape(kv, b, num_heads // kv, t_q, e_v)  # (kv, b, g, t_q, e_v)
+    return grouped.transpose(0, 1).reshape(b, num_heads, t_q, e_v)  # (b, h, t_q, e_v)
+
+
+def _blocks(pool: Tensor, ids: Tensor) -> Tensor:
+    """The blocks `ids (b, n)` of `pool (kv, num_blocks, bs, e)`, as `(kv, b, n * bs, e)`.
+
+    One copy (`index_select`, several times faster here than `pool[:, ids]`), and the
+    reshape is free: heads first, then sequences, then their tokens in order.
+    """
+    kv, _, bs, e = pool.shape
+    b, n = ids.shape
+    return pool.index_select(1, ids.reshape(-1)).view(kv, b, n * bs, e)  # (kv, b, T, e)
+
+
+def _gather_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    backend: Backend,
+) -> Tensor:
+    """Copy every sequence's blocks into contiguous K/V, then attention with a mask."""
+    kv = key_pool.shape[0]
+    h, t_q = query.shape[1], query.shape[2]
+    keys = _blocks(key_pool, block_tables)  # (kv, b, S, e), S = max_blocks * bs
+    values = _blocks(value_pool, block_tables)  # (kv, b, S, e_v)
+    key_positions = torch.arange(keys.shape[2], device=query.device)  # (S,)
+    rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
+    mask = _visible(key_positions, rows)[None]  # (1, b, g * t_q, S)
+    q = _group_queries(query, kv)  # (kv, b, g * t_q, e)
+    out = attend(backend, q, keys, values, attn_mask=mask, scale=scale)  # (kv, b, g*t_q, e_v)
+    return _ungroup(out, h, t_q)  # (b, num_heads, t_q, v_head_dim)
+
+
+def _online_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    blocks_per_tile: int,
+    backend: Backend = "scratch",
+) -> Tensor:
+    """Tile by tile through the block tables, merging partial results (online softmax)."""
+    if backend == "torch" and _host_inference(query, key_pool, value_pool):
+        if _sparse_decode(query, key_pool, value_pool):
+            return _decode_attention(
+                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
+            )
+        if key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
+            return _fused_online_attention(
+                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
+            )
+    kv = key_pool.shape[0]
+    h, t_q = query.shape[1], query.shape[2]
+    dtype = query.dtype
+    wide = compute_dtype(dtype)
+    # Fold the scale into the queries once.
+    q = _group_queries(query.to(wide) * scale, kv)  # (kv, b, g * t_q, e)
+    rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
+    merged = None
+    tiles = _tiles(block_tables, block_tables.shape[1], blocks_per_tile, key_pool, value_pool)
+    for start, (k, v) in tiles:
+        k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
+        scores = q @ k.transpose(-1, -2)  # (kv, b, g * t_q, T)
+        key_positions = torch.arange(start, start + k.shape[2], device=query.device)
+        hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T), broadcast over kv
+        scores = scores.masked_fill(hidden, float("-inf"))
+        merged = _fold(merged, *_partial_attention(scores, v))
+    assert merged is not None  # block_tables has at least one column (checked)
+    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+
+
+def _tiles(
+    block_tables: Tensor, used: int, blocks_per_tile: int, *pools: Tensor
+) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
+    """The first `used` blocks of every table, `blocks_per_tile` at a time.
+
+    Yields `(start, tiles)`: the position of the tile's first key and, per pool
+    `(kv, num_blocks, bs, e)`, the tile copied out of it, `(kv, b, n * bs, e)`.
+    """
+    bs = pools[0].shape[2]
+    for j0 in range(0, used, blocks_per_tile):
+        ids = block_tables[:, j0 : min(j0 + blocks_per_tile, used)]  # (b, n)
+        yield j0 * bs, tuple(_blocks(pool, ids) for pool in pools)
+
+
+def _fold(merged: tuple[Tensor, Tensor] | None, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Fold one tile's output and log-sum-exp into the running result (online softmax).
+
+    The first tile holds key 0, which every query sees, so every running lse is finite.
+    """
+    return (out, lse) if merged is None else merge_partials(*merged, out, lse)
+
+
+# PyTorch's fused CPU attention (what SDPA runs on the CPU), which also returns the
+# log-sum-exp of each query's scores: what merging tiles needs, and what the public SDPA
+# does not return.
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _host_inference(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
+    """Whether the CPU paths may serve the step: on the CPU, no gradient, not compiling."""
+    wants_grad = query.requires_grad or key_pool.requires_grad or value_pool.requires_grad
+    return (
+        query.device.type == "cpu"
+        and not (torch.is_grad_enabled() and wants_grad)
+        and not torch.compiler.is_compiling()  # they read positions on the host
+    )
+
+
+def _sparse_decode(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
+    """Whether `_decode_attention` serves the step: one query, float32/64, whole pools."""
+    return (
+        query.shape[2] == 1
+        and query.dtype in (torch.float32, torch.float64)
+        and key_pool.is_contiguous()
+        and value_pool.is_contiguous()
+    )
+
+
+def _reach(positions: Tensor, max_blocks: int, block_size: int) -> tuple[int, int]:
+    """The first query position, and how many leading blocks of the tables any query sees.
+
+    Reads the positions on the host (free on the CPU).
+    """
+    low, high = positions.aminmax()
+    return int(low), min(max_blocks, int(high) // block_size + 1)
+
+
+def _decode_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    blocks_per_tile: int,
+) -> Tensor:
+    """One query per sequence, reading every key and value where it lies in the pool.
+
+    The block tables are a sparsity pattern over the pools' rows: query head `k` of
+    sequence `i` needs the rows that hold sequence `i`'s tokens in the kv head of `k`'s
+    group. The scores are then a *sampled* product, computed only at that pattern
+    (`torch.sparse.sampled_addmm`: one dot product per entry, each key read where it
+    lies), the softmax runs over the few scores, and `embedding_bag` sums the value
+    rows through the same pattern, weighted by the softmax. Nothing is copied out of
+    the pools. A row of the pattern is one tile (`blocks_per_tile` blocks) for one
+    query head, and the heads of a group take the same tile one after the other, so
+    they reread its keys and values while these are still in the processor's cache.
+    """
+    kv, num_blocks, bs, e = key_pool.shape
+    b, h = query.shape[0], query.shape[1]
+    g = h // kv
+    first, used = _reach(positions, block_tables.shape[1], bs)
+    per_tile = min(blocks_per_tile, used)
+    c = -(-used // per_tile)  # tiles
+    tables = block_tables[:, :used]
+    if c * per_tile > used:  # the last tile is padded with block 0, hidden below
+        tables = torch.nn.functional.pad(tables, (0, c * per_tile - used))
+    n = per_tile * bs  # keys per tile
+    t = c * n
+    n_rows = kv * num_blocks * bs  # rows of a pool viewed as (n_rows, features)
+    ids = torch.int32 if n_rows < 2**31 else torch.long
+    # The row holding token p of sequence i in kv head j: the first row of its block
+    # plus j * num_blocks * bs + p % bs (`within`), the same for each head of j's group.
+    firsts = tables.to(ids).mul(bs).view(b, 1, c, 1, per_tile, 1)
+    within = _rows_within(kv, g, num_blocks, bs, ids, query.device)  # (1, kv, 1, g, 1, bs)
+    rows = (firsts + within).view(-1)  # b * h * T, in the order (i, j, c, r, block, slot)
+    starts = torch.arange(0, rows.numel() + 1, n, dtype=ids, device=query.device)
+    pattern = _csr(starts, rows, (b * kv * c * g, n_rows), query.dtype)  # row (i, j, c, r)
+    # One query per row (no -1 in the shape: with e = 0 features it would be ambiguous).
+    q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(b * kv * c * g, e)
+    keys = key_pool.view(n_rows, e)
+    # In place (out=pattern): the pattern's zeros become the scores, nothing is copied.
+    torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale, out=pattern)
+    scores = pattern.values().view(b, kv, c, g, n).transpose(2, 3).reshape(b, h, t)
+    if t - 1 > first:  # some sequence is shorter than the blocks read
+        hidden = torch.arange(t, device=query.device) > positions  # (b, T)
+        scores = scores.masked_fill(hidden[:, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (b, h, T), back in the pattern's order:
+    weights = weights.view(b, kv, g, c, n).transpose(2, 3).reshape(-1)
+    out = torch.nn.functional.embedding_bag(
+        rows,
+        value_pool.view(n_rows, value_pool.shape[-1]),
+        starts,
+        mode="sum",
+        per_sample_weights=weights,
+        include_last_offset=True,
+    )  # (b * kv * c * g, v_head_dim): each tile's weighted sum
+    out = out.view(b, kv, c, g, -1).sum(dim=2) if c > 1 else out
+    return out.view(b, h, 1, -1)  # (b, num_heads, 1, v_head_dim)
+
+
+@functools.lru_cache(maxsize=16)
+def _rows_within(
+    kv: int, g: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, g, 1, bs)`.
+
+    Repeated for the `g` query heads of each group, so that adding a step's block
+    offsets gives the pattern's column indices in their final order in one operation.
+    The same few numbers every step, so they are kept (read only).
+    """
+    heads = torch.arange(0, kv * num_blocks * bs, num_blocks * bs, dtype=dtype, device=device)
+    slots = torch.arange(bs, dtype=dtype, device=device)
+    within = (heads[:, None] + slots).view(1, kv, 1, 1, 1, bs)
+    return within.expand(1, kv, 1, g, 1, bs).contiguous()
+
+
+_CSR_BETA_WARNED = False  # PyTorch warns once per process that sparse CSR is in beta
+
+
+def _csr(starts: Tensor, columns: Tensor, size: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """A sparse CSR pattern of zeros with the given row starts and column indices.
+
+    Built without PyTorch's O(nnz) invariant check (the indices are ours). PyTorch
+    warns, once per process, that sparse CSR support is in beta; that is no news here.
+    """
+    global _CSR_BETA_WARNED
+    values = torch.zeros(columns.numel(), dtype=dtype, device=columns.device)
+    if _CSR_BETA_WARNED:
+        return torch.sparse_csr_tensor(starts, columns, values, size=size, check_invariants=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+        pattern = torch.sparse_csr_tensor(
+            starts, columns, values, size=size, check_invariants=False
+        )
+    _CSR_BETA_WARNED = True
+    return pattern
+
+
+def _fused_online_attention(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    positions: Tensor,
+    scale: float,
+    blocks_per_tile: int,
+) -> Tensor:
+    """`_online_attention` with each tile attended by PyTorch's fused CPU kernel.
+
+    Reads the positions on the host (free on the CPU) to skip the tiles no query sees
+    and the masks of tiles every query sees whole: a decode step of equal lengths
+    builds no mask at all, and one that fits in a tile needs no log-sum-exp either.
+    """
+    kv, _, bs, _ = key_pool.shape
+    h, t_q = query.shape[1], query.shape[2]
+    dtype = query.dtype
+    wide = compute_dtype(dtype)
+    q = _group_queries(query.to(wide), kv)  # (kv, b, g * t_q, e)
+    first, used = _reach(positions, block_tables.shape[1], bs)
+    # The position of each query row, (b, g * t_q); needed only where a tile is masked.
+    rows = positions.repeat(1, h // kv) if used * bs - 1 > first else positions
+    merged = None
+    for start, (k, v) in _tiles(block_tables, used, blocks_per_tile, key_pool, value_pool):
+        k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
+        end = start + k.shape[2]
+        seen = None
+        if end - 1 > first:  # some query does not see every key of the tile
+            key_positions = torch.arange(start, end, device=query.device)  # (T,)
+            seen = _visible(key_positions, rows)[None]  # (1, b, g * t_q, T)
+        if used <= blocks_per_tile:  # one tile, which holds key 0: no merging
+            out = attend("torch", q, k, v, attn_mask=seen, scale=scale)  # (kv, b, g*t_q, e_v)
+            return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+        mask = None
+        if seen is not None:  # the kernel takes an additive mask of the query's dtype
+            mask = masks.allowed_to_additive_impl(seen, wide)  # (1, b, g * t_q, T)
+        tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+        tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
+        if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
+            tile_lse = tile_lse.masked_fill((rows < start)[None], float("-inf"))
+        merged = _fold(merged, tile_out, tile_lse)
+    assert merged is not None  # block_tables has at least one column (checked)
+    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+
+
+def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax-weighted values of one tile and the log-sum-exp of its scores.
+
+    A row that sees no key of the tile gets output 0 and log-sum-exp -inf, which
+    `merge_partials` then weighs by exp(-inf) = 0.
+    """
+    lse = scores.logsumexp(dim=-1)  # (..., t_q)
+    # Subtract a finite number where a row is all -inf, or -inf - -inf gives NaN.
+    finite = lse.masked_fill(torch.isneginf(lse), 0.0)
+    weights = torch.exp(scores - finite[..., None])  # (..., t_q, T), 0 where hidden
+    return weights @ values, lse  # (..., t_q, e_v), (..., t_q)
+
+
+def _check_index_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
+    if not is_integer_dtype(x.dtype):
+        raise TypeError(f"{name} must be an integer tensor {layout}, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(
+            f"{name} must have {ndim} dimension{'s' * (ndim != 1)} {layout}, got "
+            f"{name}.shape={tuple(x.shape)}"
+        )
+    return x
+
+
+def check_paged(
+    query: object,
+    key_pool: object,
+    value_pool: object,
+    block_tables: object,
+    lengths: object,
+    query_lengths: object,
+    scale: object,
+    method: object,
+    backend: object,
+    *,
+    own: bool = False,
+) -> None:
+    """The checks of a paged attention call (the last ones read values).
+
+    The callers cast the tensors as autocast does first, so they are checked as the
+    kernel will see them (and the kernel then finds them cast); of the options, `blocks_per_tile`
+    is paged_attention's alone and checked there. `own=True`: the tables and lengths
+    come from a `PagedKVCache`, right by construction; their values are not read
+    (query_lengths' still are).
+    """
+    check_scale("scale", scale)
+    check_choice("method", method, _METHODS)
+    if not takes_mask(check_backend(backend)):  # the backends' own rule
+        raise ValueError(
+            f"backend={backend!r} masks only by position, but paged attention masks by "
+            "block table and length; use backend='torch' or 'scratch'"
+        )
+    q = check_tensor("query", query)
+    k = check_tensor("key_pool", key_pool)
+    v = check_tensor("value_pool", value_pool)
+    check_rank("query", q, (4,), "(b, num_heads, t_q, head_dim)")
+    check_rank("key_pool", k, (4,), "(num_kv_heads, num_blocks, block_size, head_dim)")
+    check_rank("value_pool", v, (4,), "(num_kv_heads, num_blocks, block_size, v_head_dim)")
+    check_same_dtype_device("query", q, key_pool=k, value_pool=v)
+    check_features("key_pool", k, q.shape[-1], "query", "head_dim")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"key_pool and value_pool must agree in (num_kv_heads, num_blocks, block_size), "
+            f"got key_pool.shape={tuple(k.shape)} and value_pool.shape={tuple(v.shape)}"
+        )
+    if q.shape[1] % k.shape[0]:
+        raise ValueError(
+            f"query's num_heads={q.shape[1]} must be a multiple of key_pool's "
+            f"num_kv_heads={k.shape[0]} (query.shape={tuple(q.shape)}, "
+            f"key_pool.shape={tuple(k.shape)})"
+        )
+    b = q.shape[0]
+    tables = _check_index_tensor("block_tables", block_tables, 2, "(b, max_blocks)")
+    n = _check_index_tensor("lengths", lengths, 1, "(b,)")
+    given = {"block_tables": tables, "lengths": n}
+    if query_lengths is not None:
+        given["query_lengths"] = _check_index_tensor("query_lengths", query_lengths, 1, "(b,)")
+    for name, x in given.items():
+        if x.shape[0] != b:
+            raise ValueError(
+                f"{name} has {x.shape[0]} rows but query has b={b} sequences "
+                f"({name}.shape={tuple(x.shape)}, query.shape={tuple(q.shape)})"
+            )
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but query is on {q.device}")
+    if tables.shape[1] == 0:
+        raise ValueError("block_tables must have at least one column (max_blocks >= 1)")
+    if not value_checks_enabled() or b == 0:
+        return
+    # Reads values: a host sync on an accelerator, skipped while compiling.
+    capacity = tables.shape[1] * k.shape[2]
+    if not own and (int(n.min()) < 0 or int(n.max()) > capacity):
+        raise ValueError(
+            f"lengths must be in [0, max_blocks * block_size = {capacity}], got {n.tolist()}"
+        )
+    if not own and (int(tables.min()) < 0 or int(tables.max()) >= k.shape[1]):
+        raise ValueError(
+            f"block_tables must hold block ids in [0, num_blocks={k.shape[1]}), got ids "
+            f"from {int(tables.min())} to {int(tables.max())}"
+        )
+    if query_lengths is not None:
+        m = given["query_lengths"]
+        if int(m.min()) < 0 or bool((m > q.shape[2]).any()) or bool((m > n).any()):
+            raise ValueError(
+                f"query_lengths must be in [0, min(t_q={q.shape[2]}, lengths)], got "
+                f"{m.tolist()} with lengths {n.tolist()}"
+            )
+    elif bool((n < q.shape[2]).any()):
+        raise ValueError(
+            f"every sequence must hold its t_q={q.shape[2]} queries' tokens, got lengths "
+            f"{n.tolist()}; append them to the cache first, or pass query_lengths"
+        )

@@ -1,0 +1,224 @@
+r"""Sparse attention's selection, as pure functions: each query's top-k keys.
+
+DeepSeek-V3.2 (DeepSeek-AI, 2025, https://arxiv.org/abs/2512.02556) lets each query
+attend to only `topk` past tokens, those with the highest scores $I_{t,s}$ of a small
+*lightning indexer*. [`topk_indices`][attnlab.functional.sparse.topk_indices] picks the
+keys per query (never a future one), [`selection_mask`][attnlab.functional.sparse.selection_mask]
+turns them into a boolean mask, and [`indexer_loss`][attnlab.functional.sparse.indexer_loss]
+is the KL objective that teaches the indexer to imitate the main attention. The indexer
+and the sparse layer are in [`attnlab.layers.sparse`][attnlab.layers.sparse].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.rules._validation import (
+    check_positive_int,
+    check_rank,
+    check_tensor,
+    is_integer_dtype,
+    is_validation_enabled,
+    value_checks_enabled,
+)
+from attnlab.rules.masks import band_impl
+
+__all__ = [
+    "indexer_loss",
+    "selection_mask",
+    "topk_indices",
+]
+
+
+def hide_future(scores: Tensor) -> Tensor:
+    """`scores` `(..., t, s)` with -inf at each query's future keys.
+
+    The `t` queries are the last `t` of the `s` positions (bottom-right alignment), so
+    query `i` may see keys `0 .. i + s - t`: the causal mask of `masks`.
+    """
+    t, s = scores.shape[-2], scores.shape[-1]
+    allowed = band_impl(t, s, "bottom-right", None, scores.device)  # (t, s)
+    return scores.masked_fill(~allowed, float("-inf"))
+
+
+def _check_scores(scores: object) -> Tensor:
+    scores = check_tensor("scores", scores)
+    check_rank("scores", scores, (2, 3), "(t, s) or (b, t, s)")
+    t, s = scores.shape[-2], scores.shape[-1]
+    if t > s:
+        raise ValueError(
+            f"scores must have at least as many keys as queries (the queries are the last "
+            f"t of the s tokens), got t={t} > s={s} (scores.shape={tuple(scores.shape)})"
+        )
+    return scores
+
+
+def topk_indices(scores: Tensor, k: int) -> Tensor:
+    """The `k` keys of highest score for each query, never a future one.
+
+    The queries are the last `t` of the `s` tokens (bottom-right aligned, as with a
+    cache), so query `i` may pick among keys `0 .. i + s - t`. A query with fewer than
+    `k` such keys gets all of them, and the remaining slots hold -1. Keys whose score is
+    -inf (e.g. padding) are never picked either.
+
+    Args:
+        scores: Indexer scores `(b, t, s)` or `(t, s)`, e.g. from
+            [`LightningIndexer`][attnlab.layers.sparse.LightningIndexer].
+        k: Keys per query, a positive int (`index_topk`); may exceed `s`.
+
+    Returns:
+        Key indices `(b, t, min(k, s))` (or `(t, min(k, s))`), int64, in decreasing order
+        of score; -1 marks an empty slot.
+
+    Raises:
+        TypeError: If `scores` is not a floating-point tensor or `k` not an int.
+        ValueError: If `k` is not positive, `scores` is not 2-d or 3-d or has more
+            queries than keys.
+
+    Examples:
+        >>> scores = torch.tensor([[[5.0, 9.0, 1.0], [3.0, 2.0, 7.0], [4.0, 8.0, 6.0]]])
+        >>> topk_indices(scores, 2)
+        tensor([[[ 0, -1],
+                 [ 0,  1],
+                 [ 1,  2]]])
+    """
+    if is_validation_enabled():
+        check_positive_int("k", k)
+        _check_scores(scores)
+    return topk_indices_impl(scores, k)
+
+
+def topk_indices_impl(scores: Tensor, k: int) -> Tensor:
+    """[`topk_indices`][attnlab.functional.sparse.topk_indices] without the checks (attnlab's own
+    calls)."""
+    masked = hide_future(scores)
+    values, indices = masked.topk(min(k, scores.shape[-1]), dim=-1)  # (b, t, k)
+    # topk fills a short row with hidden keys (score -inf): mark those slots empty.
+    return indices.masked_fill(values == float("-inf"), -1)
+
+
+def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
+    """A boolean mask `(b, t, num_keys)` (or `(t, num_keys)`), True at the selected keys.
+
+    Args:
+        indices: Key indices `(b, t, k)` or `(t, k)` from
+            [`topk_indices`][attnlab.functional.sparse.topk_indices]; -1 marks an empty slot.
+        num_keys: Keys `s` of the mask.
+
+    Returns:
+        The allowed-convention bool mask (True = attend).
+
+    Raises:
+        TypeError: If `indices` is not an integer tensor or `num_keys` not an int.
+        ValueError: If `indices` is not 2-d or 3-d or holds an index outside
+            `-1 .. num_keys - 1`.
+
+    Examples:
+        >>> selection_mask(torch.tensor([[[0, -1], [1, 0]]]), 3)
+        tensor([[[ True, False, False],
+                 [ True,  True, False]]])
+    """
+    if is_validation_enabled():
+        _check_indices(indices, num_keys)
+    return selection_mask_impl(indices, num_keys)
+
+
+def _check_indices(indices: object, num_keys: object) -> None:
+    check_positive_int("num_keys", num_keys)
+    assert isinstance(num_keys, int)
+    if not isinstance(indices, Tensor) or not is_integer_dtype(indices.dtype):
+        raise TypeError(f"indices must be an integer tensor, got {indices!r:.60}")
+    check_rank("indices", indices, (2, 3), "(t, k) or (b, t, k)")
+    if (
+        value_checks_enabled()
+        and indices.numel()
+        and (int(indices.min()) < -1 or int(indices.max()) >= num_keys)
+    ):  # reads the values: a host sync, skipped while compiling or exporting
+        raise ValueError(
+            f"indices must lie in -1 .. num_keys - 1 = {num_keys - 1}, got values in "
+            f"{int(indices.min())} .. {int(indices.max())}"
+        )
+
+
+def selection_mask_impl(indices: Tensor, num_keys: int) -> Tensor:
+    """[`selection_mask`][attnlab.functional.sparse.selection_mask] without the checks."""
+    # An extra column takes the empty slots (-1), then is dropped: scattering into the
+    # real columns would let an empty slot overwrite a selected key.
+    slots = torch.where(indices < 0, num_keys, indices).long()
+    mask = torch.zeros(
+        *indices.shape[:-1], num_keys + 1, dtype=torch.bool, device=indices.device
+    )  # (..., t, s + 1)
+    return mask.scatter(-1, slots, True)[..., :num_keys]  # (b, t, s)
+
+
+def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None) -> Tensor:
+    r"""DeepSeek-V3.2's training objective for the indexer: KL from the main attention.
+
+    The target of query $t$ is the main attention's distribution summed over its heads
+    and renormalised, $p_{t,:}$; the indexer's is $\operatorname{softmax}(I_{t,:})$. The
+    loss is $D_{KL}(p_{t,:} \,\|\, \operatorname{softmax}(I_{t,:}))$, averaged over the
+    queries and the batch (the report sums over tokens: a constant factor). The weights
+    are detached: the loss trains the indexer only. In the report's dense warm-up both
+    distributions run over all past keys (`indices=None`); in its sparse stage over each
+    query's selected keys only (`indices` from
+    [`topk_indices`][attnlab.functional.sparse.topk_indices]).
+
+    Args:
+        scores: Indexer scores `(b, t, s)` or `(t, s)`, -inf at hidden keys.
+        weights: The main attention's weights `(b, num_heads, t, s)` (or
+            `(num_heads, t, s)`), e.g. from
+            [`DeepSeekSparseAttention.attention_weights`][attnlab.layers.sparse.DeepSeekSparseAttention.attention_weights].
+        indices: Selected keys `(b, t, k)` or `(t, k)` (-1: empty slot), or None for all
+            keys.
+
+    Returns:
+        The loss, a scalar tensor.
+
+    Raises:
+        TypeError: If `scores` or `weights` is not a floating-point tensor.
+        ValueError: If `weights` does not have one axis (the heads) more than `scores`,
+            or does not fit it, or `indices` does not fit `scores` (or holds an index
+            outside `-1 .. s - 1`).
+
+    Examples:
+        >>> scores = torch.tensor([[[0.0, -float("inf")], [0.0, 0.0]]])
+        >>> weights = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])  # one head
+        >>> float(indexer_loss(scores, weights))  # the indexer already agrees
+        0.0
+    """
+    if is_validation_enabled():
+        _check_loss_inputs(scores, weights, indices)
+    target = weights.detach().sum(-3).to(scores.dtype)  # (..., t, s)
+    s = scores.shape[-1]
+    if indices is not None:
+        keep = selection_mask_impl(indices, s)  # (..., t, s)
+        target = target * keep
+        scores = scores.masked_fill(~keep, float("-inf"))
+    target = target / target.sum(-1, keepdim=True)
+    log_q = torch.log_softmax(scores, dim=-1)  # (..., t, s)
+    # Keys the target gives nothing add nothing (0 log 0 = 0), even where log_q is -inf.
+    terms = torch.where(target > 0, target * (target.log() - log_q), 0.0)
+    return terms.sum(-1).mean()
+
+
+def _check_loss_inputs(scores: object, weights: object, indices: object) -> None:
+    scores = _check_scores(scores)
+    weights = check_tensor("weights", weights)
+    batch = tuple(scores.shape[:-2])
+    shape_fits = weights.shape[:-3] == batch and weights.shape[-2:] == scores.shape[-2:]
+    if weights.ndim != scores.ndim + 1 or not shape_fits:
+        t, s = scores.shape[-2:]
+        raise ValueError(
+            f"weights must have shape {'(b, ' if batch else '('}num_heads, t, s) = "
+            f"({f'b={batch[0]}, ' if batch else ''}num_heads, t={t}, s={s}) to fit scores, "
+            f"got weights.shape={tuple(weights.shape)}"
+        )
+    if indices is not None:
+        _check_indices(indices, scores.shape[-1])
+        assert isinstance(indices, Tensor)
+        if tuple(indices.shape[:-1]) != tuple(scores.shape[:-1]):
+            raise ValueError(
+                f"indices must have the batch and query axes of scores {tuple(scores.shape[:-1])}, "
+                f"got indices.shape={tuple(indices.shape)}"
+            )

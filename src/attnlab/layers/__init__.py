@@ -1,0 +1,9 @@
+"""Layers: modules that own weights and call the kernels.
+
+[`multihead`][attnlab.layers.multihead] (`MultiHeadAttention`), [`gqa`][attnlab.layers.gqa]
+(`GroupedQueryAttention`), [`mla`][attnlab.layers.mla] (latent attention),
+[`sparse`][attnlab.layers.sparse] (DeepSeek sparse attention),
+[`linear`][attnlab.layers.linear] (linear attention and Gated DeltaNet),
+[`gated`][attnlab.layers.gated] (output-gated attention), [`norms`][attnlab.layers.norms]
+and [`mlp`][attnlab.layers.mlp].
+"""

@@ -1,0 +1,727 @@
+r"""Grouped-query attention with RoPE, a sliding window and a KV cache: a modern LLM's layer.
+
+Grouped-query attention (GQA; Ainslie et al., 2023, https://arxiv.org/abs/2305.13245)
+keeps `num_heads` query heads but only `num_kv_heads` key/value heads; each key/value head
+serves a group of `num_heads / num_kv_heads` consecutive query heads. Multi-head attention
+is the case `num_kv_heads = num_heads`, multi-query attention (MQA; Shazeer, 2019,
+https://arxiv.org/abs/1911.02150) the case `num_kv_heads = 1`. Query head $h$ reads
+key/value head $g(h) = \lfloor h / (\text{num\_heads} / \text{num\_kv\_heads}) \rfloor$:
+
+$$
+O_h = \operatorname{softmax}\left(\frac{Q_h K_{g(h)}^\top}{\sqrt{d_h}} + M\right)
+V_{g(h)},
+\qquad \operatorname{GQA}(X) = \operatorname{concat}_h(O_h)\, W_o
+$$
+
+with rotary position embeddings applied to $Q$ and $K$ ([`attnlab.rules.rope`][attnlab.rules.rope])
+and $M$ a causal or sliding-window mask. The layer is the attention of Llama, Mistral and
+Qwen2. The options of the models of 2024-2025 ride along: QK-norm (an
+[`RMSNorm`][attnlab.layers.norms.RMSNorm] of queries and keys before RoPE, per head as in Qwen3
+and Gemma 3 or over the whole projection as in OLMo 2; Dehghani et al., 2023,
+https://arxiv.org/abs/2302.05442), a custom score scale (Gemma's `query_pre_attn_scalar`),
+logit softcapping (Gemma 2) and learned attention sinks (gpt-oss).
+[`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf] copies the
+weights of their Hugging Face implementations, and the tests check that the outputs,
+gradients and cached decoding agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, overload
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.caches.kv import AttendingCache, KVCache, check_cache
+from attnlab.functional.backends import (
+    Backend,
+    BackendProperty,
+    attend,
+    attention_weights,
+    check_backend_call,
+)
+from attnlab.layers.norms import QK_NORMS, QKNorm, RMSNorm
+from attnlab.rules._validation import (
+    check_attn_mask,
+    check_bool,
+    check_choice,
+    check_multiple,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+    check_scale,
+    check_softcap,
+    check_tokens,
+    is_validation_enabled,
+)
+from attnlab.rules.masks import check_causal_window, check_window
+from attnlab.rules.rope import (
+    RopeLayout,
+    check_base,
+    check_head_dim,
+    check_layout,
+    check_rope_dims,
+    check_rope_inputs,
+    default_positions,
+    rope_cos_sin,
+    rotate,
+)
+from attnlab.rules.rope_scaling import RopeScaling, hf_rope
+
+__all__ = ["GroupedQueryAttention", "check_attention_inputs"]
+
+
+def check_attention_inputs(
+    x: object,
+    *,
+    d_model: int,
+    owner: str,
+    like: Tensor,
+    rope_dims: int,
+    positions: object = None,
+    position_embeddings: object = None,
+    cache: object = None,
+    attn_mask: object = None,
+    num_heads: int = 1,
+    is_causal: object = True,
+    window: int | None = None,
+) -> Tensor:
+    """Check the arguments that every attention layer of a decoder takes; return `x`.
+
+    The one sequence of checks of
+    [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention],
+    [`MultiHeadLatentAttention`][attnlab.layers.mla.MultiHeadLatentAttention] and
+    [`DeepSeekSparseAttention`][attnlab.layers.sparse.DeepSeekSparseAttention]: the tokens `x`
+    (`(b, t, d_model)` or `(t, d_model)`, on the dtype and device of `like`), the cache
+    (an attnlab [`KVCache`][attnlab.caches.kv.KVCache] or None; its append is its own
+    check), RoPE's positions or tables (`rope`'s rules, `rope_dims` rotated features),
+    `attn_mask` against `(b, num_heads, t, cached + t)` and `is_causal` against `window`.
+
+    Raises:
+        TypeError: As the checks named above.
+        ValueError: As the checks named above.
+    """
+    x = check_tokens("x", x, features=d_model, param="d_model", owner=owner, like=like)
+    b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
+    checked = check_cache(cache)
+    past = 0 if checked is None else checked.seen
+    check_rope_inputs(positions, position_embeddings, x, rope_dims)
+    target = (b, num_heads, t, past + t)  # (b, h, t_q, t_k)
+    check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
+    check_causal_window(is_causal, window)
+    return x
+
+
+_HF_CLASSES = (
+    "LlamaAttention",
+    "MistralAttention",
+    "Qwen2Attention",
+    "StableLmAttention",
+    "SmolLM3Attention",
+    "Qwen3Attention",
+    "Olmo2Attention",
+    "Gemma2Attention",
+    "Gemma3Attention",
+    "GptOssAttention",
+)
+
+
+class GroupedQueryAttention(nn.Module):
+    r"""Causal grouped-query self-attention with optional RoPE, sliding window and KV cache.
+
+    The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
+    `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
+    and `o_proj` maps the concatenated heads back to `d_model`. The attention runs on
+    PyTorch's `scaled_dot_product_attention` (`backend="torch"`), attnlab's
+    [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
+    (`backend="scratch"`) or [`flash_attention`][attnlab.functional.flash.flash_attention]
+    (`backend="flash"`, no `attn_mask` and no dropout), the first two with
+    `enable_gqa=True`, so the key/value heads are never copied per query head.
+
+    Every query sees itself and the tokens before it (`forward(..., is_causal=False)`
+    lifts that); with `window`, only its last `window` tokens (itself included), as in
+    Mistral. Causality holds in absolute positions: with a
+    [`KVCache`][attnlab.caches.kv.KVCache], `forward` appends the new tokens' keys and
+    values to the cache and attends from the new queries to all cached tokens, the causal
+    mask bottom-right aligned ([`masks.decode_mask`][attnlab.rules.masks.decode_mask]: none at
+    all for one new token), and cached decoding gives the outputs of one forward pass
+    over the whole sequence.
+
+    Args:
+        d_model: Features per token, in and out.
+        num_heads: Query heads.
+        num_kv_heads: Key/value heads; a divisor of `num_heads`. Default `num_heads`
+            (multi-head attention); 1 is multi-query attention.
+        head_dim: Features per head; default `d_model // num_heads` (then `d_model` must
+            be a multiple of `num_heads`). Even if `rope` is True.
+        bias: Whether `q_proj`, `k_proj` and `v_proj` have a bias (Qwen2: True).
+        out_bias: Whether `o_proj` has a bias; default `bias` (Llama's `attention_bias`
+            sets all four, Qwen2 has none on `o_proj`).
+        rope: Rotate queries and keys by their positions
+            ([`apply_rope`][attnlab.rules.rope.apply_rope]);
+            False for a NoPE layer (SmolLM3 leaves every fourth layer unrotated).
+        rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config); above 1.
+        rope_layout: `"half"` (Llama / Hugging Face) or `"interleaved"`.
+        rope_scaling: A context-extension rule for RoPE's frequencies
+            ([`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling]: Llama 3.1's `"llama3"`,
+            `"linear"`, `"dynamic"`, `"yarn"`), or None for plain RoPE.
+        rope_dims: How many features of each query and key head are rotated, the first
+            ones (partial RoPE: `head_dim * partial_rotary_factor` in GPT-NeoX, StableLM
+            or Phi); the rest pass unrotated. Default `head_dim`; even.
+        window: Sliding-window size (keys per query, itself included), or None.
+        scale: The factor of the scores $q \cdot k$; default $1 / \sqrt{\text{head\_dim}}$
+            (Gemma: `query_pre_attn_scalar ** -0.5`).
+        qk_norm: QK-norm: an [`RMSNorm`][attnlab.layers.norms.RMSNorm] of the queries and the
+            keys before RoPE, learned weights `q_norm` and `k_norm`. `"head"` normalises
+            each head's `head_dim` features (weights of shape `(head_dim,)`, shared by
+            the heads; Qwen3, Gemma 3), `"projection"` the whole projection before the
+            split into heads (weights `(num_heads * head_dim,)` and
+            `(num_kv_heads * head_dim,)`; OLMo 2); None for none.
+        qk_norm_eps: The epsilon of those norms (`rms_norm_eps` of the config).
+        qk_norm_unit_offset: The norms scale by `1 + weight` (Gemma 3) instead of
+            `weight`.
+        softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
+            $c \tanh(x / c)$ with $c$ = `softcap` before the mask; a positive float, or
+            None. PyTorch's SDPA cannot do it: needs `backend="scratch"` or `"flash"`.
+        sinks: Learned attention sinks (gpt-oss): a parameter `sinks` of shape
+            `(num_heads,)`, one logit per query head that joins every row's softmax
+            with no value (initialised to zeros), on every backend.
+
+    Shapes:
+        x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
+
+    Raises:
+        TypeError: If a size is not an int, a flag not a bool, or `dropout`, `scale`,
+            `softcap` or `qk_norm_eps` not a number.
+        ValueError: If a size is not positive, `num_heads` is not a multiple of
+            `num_kv_heads`, `d_model` is not a multiple of `num_heads` without
+            `head_dim`, `head_dim` is odd with `rope`, `rope_dims` is odd or above
+            `head_dim`, `rope_base` is not above 1, `scale` is not finite, `softcap` or
+            `qk_norm_eps` is not positive, `qk_norm` is not `"head"`, `"projection"`
+            or None, `dropout`, `rope_layout` or `backend` is out of range, or
+            `backend="torch"` comes with a `softcap`.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> gqa = GroupedQueryAttention(d_model=48, num_heads=6, num_kv_heads=2).eval()
+        >>> x = torch.randn(3, 10, 48)
+        >>> full = gqa(x)
+        >>> from attnlab.caches.kv import StaticKVCache
+        >>> cache = StaticKVCache(3, max_length=16, num_kv_heads=2, head_dim=8)
+        >>> prefill = gqa(x[:, :7], cache=cache)  # the prompt
+        >>> steps = [gqa(x[:, i : i + 1], cache=cache) for i in range(7, 10)]  # decode
+        >>> torch.allclose(torch.cat([prefill, *steps], dim=1), full, atol=1e-6)
+        True
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        *,
+        head_dim: int | None = None,
+        bias: bool = False,
+        out_bias: bool | None = None,
+        rope: bool = True,
+        rope_base: float = 10000.0,
+        rope_layout: RopeLayout = "half",
+        rope_scaling: RopeScaling | None = None,
+        rope_dims: int | None = None,
+        window: int | None = None,
+        scale: float | None = None,
+        qk_norm: QKNorm | None = None,
+        qk_norm_eps: float = 1e-6,
+        qk_norm_unit_offset: bool = False,
+        softcap: float | None = None,
+        sinks: bool = False,
+        dropout: float = 0.0,
+        backend: Backend = "torch",
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.num_kv_heads = (
+            num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        )
+        why = " (each key/value head serves a group of query heads)"
+        check_multiple("num_heads", num_heads, "num_kv_heads", self.num_kv_heads, why=why)
+        if head_dim is None:
+            head_dim = check_multiple(
+                "d_model",
+                d_model,
+                "num_heads",
+                num_heads,
+                why=" when head_dim is not given",
+                hint="; or pass head_dim",
+            )
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.bias = check_bool("bias", bias)
+        self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
+        self.rope = check_bool("rope", rope)
+        self.rope_base = check_base(rope_base, "rope_base")
+        self.rope_layout = check_layout(rope_layout, "rope_layout")
+        if rope_scaling is not None and not isinstance(rope_scaling, RopeScaling):
+            raise TypeError(
+                f"rope_scaling must be a RopeScaling or None, got {type(rope_scaling).__name__}"
+            )
+        self.rope_scaling = rope_scaling
+        if rope_dims is not None:
+            check_rope_dims(rope_dims, self.head_dim)
+        elif self.rope:
+            check_head_dim(self.head_dim)
+        self.rope_dims = self.head_dim if rope_dims is None else rope_dims
+        self.window = check_window(window, None)
+        self.scale = check_scale("scale", scale)
+        if qk_norm is not None:
+            check_choice("qk_norm", qk_norm, QK_NORMS)
+        self.qk_norm = qk_norm
+        eps = check_positive_float("qk_norm_eps", qk_norm_eps)
+        unit_offset = check_bool("qk_norm_unit_offset", qk_norm_unit_offset)
+        self.softcap = check_softcap("softcap", softcap)
+        self.dropout = check_probability("dropout", dropout)
+        self.backend = backend
+        check_backend_call(backend, attn_mask=None, dropout_p=0.0, softcap=self.softcap)
+        self.sinks: nn.Parameter | None = None
+        if check_bool("sinks", sinks):
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+        q_features = self.num_heads * self.head_dim
+        kv_features = self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, q_features, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
+        self.o_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if self.qk_norm is not None:
+            per_head = self.qk_norm == "head"
+            q_dim, k_dim = (self.head_dim, self.head_dim) if per_head else (q_features, kv_features)
+            self.q_norm = RMSNorm(q_dim, eps, unit_offset=unit_offset)
+            self.k_norm = RMSNorm(k_dim, eps, unit_offset=unit_offset)
+
+    backend = BackendProperty()
+    """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head, `num_heads // num_kv_heads`."""
+        return self.num_heads // self.num_kv_heads
+
+    def extra_repr(self) -> str:
+        rope = (
+            f"rope_base={self.rope_base}, rope_layout={self.rope_layout!r}"
+            + ("" if self.rope_scaling is None else f", rope_scaling={self.rope_scaling}")
+            + ("" if self.rope_dims == self.head_dim else f", rope_dims={self.rope_dims}")
+            if self.rope
+            else "rope=False"
+        )
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {rope}, "
+            f"window={self.window}, bias={self.bias}, out_bias={self.out_bias}, "
+            + ("" if self.scale is None else f"scale={self.scale}, ")
+            + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm!r}, ")
+            + ("" if self.softcap is None else f"softcap={self.softcap}, ")
+            + ("" if self.sinks is None else "sinks=True, ")
+            + f"dropout={self.dropout}, backend={self.backend!r}"
+        )
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_inputs(
+        self,
+        x: object,
+        positions: object,
+        position_embeddings: object,
+        cache: object,
+        attn_mask: object,
+        is_causal: object,
+    ) -> None:
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there).
+
+        The cache checks its own append (in `update`, once per forward); RoPE's rules are
+        `rope`'s.
+        """
+        if position_embeddings is not None and not self.rope:
+            raise ValueError("position_embeddings needs a module built with rope=True")
+        check_attention_inputs(
+            x,
+            d_model=self.d_model,
+            owner=type(self).__name__,
+            like=self.q_proj.weight,
+            rope_dims=self.rope_dims,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+            num_heads=self.num_heads,
+            is_causal=is_causal,
+            window=self.window,
+        )
+        if self.sinks is not None and tuple(self.sinks.shape) != (self.num_heads,):
+            raise ValueError(  # a user may have assigned another tensor to module.sinks
+                f"sinks must hold one logit per query head, shape ({self.num_heads},), got "
+                f"sinks.shape={tuple(self.sinks.shape)}"
+            )
+
+    # -- computation ---------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+    ) -> Tensor:
+        """Attend from each token of `x` to itself and the tokens before it (and the cache's).
+
+        Checks run once, here: the arguments (`x`, positions, the mask) before any work,
+        the cache's append inside its `update`.
+
+        Args:
+            x: Tokens, `(b, t, d_model)` or `(t, d_model)`.
+            positions: Integer position of each token for RoPE, `(t,)`, `(1, t)` or
+                `(b, t)`; default `cache.seen + arange(t)` (or `arange(t)` without a
+                cache). Positions only rotate queries and keys: which keys a query sees
+                follows the order of the tokens in the cache, so any non-negative
+                positions keep causality and are accepted, as in Hugging Face's layers
+                (prefilling an empty cache at positions 100 to 104, say). Checking that
+                none is negative reads them (a host sync, skipped while compiling).
+            position_embeddings: RoPE's `(cos, sin)` tables computed once for all layers
+                of a model, instead of `positions`: from
+                [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin] (`(..., t, head_dim // 2)`)
+                or Hugging Face's rotary embedding (`(b, t, head_dim)`).
+            cache: A [`KVCache`][attnlab.caches.kv.KVCache] that holds the earlier
+                tokens' keys and values; the new ones are appended to it.
+            attn_mask: An extra mask, combined with the causal one: bool (True = attend;
+                e.g. [`masks.key_padding`][attnlab.rules.masks.key_padding]) or float (added to
+                the scores), broadcastable to `(b, num_heads, t, cache.seen + t)`.
+            is_causal: Hide from each query the keys after it in absolute positions (the
+                mask is bottom-right aligned after a cache). False attends to every key
+                (e.g. an encoder), which a module with a `window` refuses.
+
+        Returns:
+            `(b, t, d_model)` or `(t, d_model)`, like `x`.
+
+        Raises:
+            TypeError: If `x` is not a floating-point tensor, `positions` not an integer
+                tensor, `cache` not a `KVCache`, `attn_mask` of a wrong dtype or
+                `is_causal` not a bool.
+            ValueError: If the rank, feature size, dtype or device of `x` does not fit
+                the module; `positions` has a wrong shape or a negative value, or comes
+                with `position_embeddings` (or those do not fit); the cache cannot take
+                the new keys and values (batch size, heads, head size, dtype, device, or
+                a full static cache); the mask does not broadcast; `is_causal=False` with
+                a window; `sinks` was replaced by a tensor not of shape `(num_heads,)`;
+                `backend="flash"` gets a mask or dropout; or `backend="torch"` is set on
+                a module with a `softcap`.
+        """
+        if is_validation_enabled():
+            self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
+        return self.forward_impl(
+            x,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+        )
+
+    @overload
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | AttendingCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: Literal[False] = False,
+    ) -> Tensor: ...
+
+    @overload
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | AttendingCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: Literal[True],
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | AttendingCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """[`forward`][attnlab.layers.gqa.GroupedQueryAttention.forward] without its checks.
+
+        For a model that validated its input at its own boundary
+        ([`attnlab.models.decoder.Decoder`][attnlab.models.decoder.Decoder]): each layer runs this
+        instead of
+        checking the same tokens again. A call the backend cannot serve (flash with a
+        mask or dropout) is still refused, and the cache still checks its append.
+
+        With `need_weights`, returns `(out, weights)`, the attention weights
+        `(b, num_heads, t, t_k)` (without dropout: call it in eval mode) computed from
+        scratch from the same queries and keys, whatever the backend; `t_k` is the
+        number of keys attended to (a window drops older cached keys).
+
+        `cache` may also be an [`AttendingCache`][attnlab.caches.kv.AttendingCache] (a
+        paged cache of many sequences), which stores the rotated keys and values and
+        attends itself; then `positions` (or `position_embeddings`) must place the
+        tokens, and there is no `attn_mask`, window, dropout or `need_weights`.
+        """
+        # Before the projections and the cache's append: a call flash cannot serve leaves
+        # the cache as it was.
+        dropout_p = self.dropout if self.training else 0.0
+        check_backend_call(
+            self.backend, attn_mask=attn_mask, dropout_p=dropout_p, softcap=self.softcap
+        )
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = x.unsqueeze(0)  # (1, t, d_model)
+        b, t, _ = x.shape
+        h, h_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k = self.q_proj(x), self.k_proj(x)  # (b, t, h * head_dim), (b, t, h_kv * head_dim)
+        q, k = self._qk_normed(q, k, "projection")  # OLMo 2: over all heads' features
+        q = q.view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
+        k = k.view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+        v = self.v_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+        q, k = self._qk_normed(q, k, "head")  # Qwen3, Gemma 3: each head on its own
+
+        if self.rope:
+            if position_embeddings is None:
+                if positions is None:
+                    if isinstance(cache, AttendingCache):
+                        raise ValueError(
+                            f"positions must be given with a {type(cache).__name__}: its "
+                            "sequences have different lengths"
+                        )
+                    past = 0 if cache is None else cache.seen
+                    positions = default_positions(past, t, x.device)  # (t,)
+                # One table for queries and keys, computed once per forward.
+                position_embeddings = rope_cos_sin(
+                    positions, self.rope_dims, base=self.rope_base, scaling=self.rope_scaling
+                )
+            q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
+            k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
+        window = self.window if is_causal else None
+        if isinstance(cache, AttendingCache):  # e.g. paged: it stores and attends itself
+            if (
+                attn_mask is not None
+                or self.window is not None
+                or dropout_p
+                or need_weights
+                or self.scale is not None
+                or self.softcap is not None
+                or self.sinks is not None
+            ):
+                raise ValueError(
+                    f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
+                    "window, dropout, need_weights, scale, softcap or sinks"
+                )
+            heads = cache.attend(q, k, v)  # (b, h, t, head_dim)
+        else:
+            if cache is not None:
+                k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
+            t_k = k.shape[2]
+            if window is not None and t_k > t + window - 1:
+                # Keys older than the window of the first query are hidden from every
+                # query: drop them, so that a decode step costs O(window), not O(context).
+                drop = t_k - (t + window - 1)
+                k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
+            if attn_mask is not None and attn_mask.shape[-1] > k.shape[2]:
+                # The mask spans every token seen (as checked); the keys are the last of
+                # them: the window dropped the oldest, or a RollingKVCache forgot them.
+                attn_mask = attn_mask[..., -k.shape[2] :]
+            # The new queries are the last t of the t_k keys: the causal mask is
+            # bottom-right.
+            heads = attend(
+                self.backend,
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=self.scale,
+                window=window,
+                enable_gqa=True,
+                align="bottom-right",
+                softcap=self.softcap,
+                sinks=self.sinks,
+            )  # (b, h, t, head_dim)
+        concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
+        out: Tensor = self.o_proj(concat)  # (b, t, d_model)
+        out = out[0] if unbatched else out
+        if not need_weights:
+            return out
+        weights = attention_weights(
+            q,
+            k,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            scale=self.scale,
+            window=window,
+            enable_gqa=True,
+            align="bottom-right",
+            softcap=self.softcap,
+            sinks=self.sinks,
+        )  # (b, h, t, t_k)
+        return out, weights[0] if unbatched else weights
+
+    def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:
+        """QK-norm of `q` and `k` if this module normalises at `where`; else them unchanged."""
+        if self.qk_norm != where or self.q_norm is None or self.k_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
+
+    def _rotate(self, x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+        """RoPE on the first `rope_dims` features of each head; the rest pass (partial RoPE)."""
+        cos, sin = cos_sin
+        if self.rope_dims == self.head_dim:
+            return rotate(x, cos, sin, layout=self.rope_layout)
+        turned, kept = x[..., : self.rope_dims], x[..., self.rope_dims :]  # (..., t, d_rot)
+        return torch.cat((rotate(turned, cos, sin, layout=self.rope_layout), kept), dim=-1)
+
+    # -- interoperability with Hugging Face transformers ---------------------------------
+
+    @classmethod
+    def from_hf(cls, module: nn.Module, *, backend: Backend = "torch") -> GroupedQueryAttention:
+        """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
+
+        Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
+        `StableLmAttention` (partial RoPE, without its `qk_layernorm`),
+        `SmolLM3Attention` (NoPE layers), `Qwen3Attention` and `Gemma3Attention`
+        (QK-norm per head), `Olmo2Attention` (QK-norm over the projections),
+        `Gemma2Attention` (logit softcapping), `GptOssAttention` (learned sinks), and
+        subclasses. The weights map one to one, as `nn.Linear` weights of shape
+        `(out_features, in_features)`, with no permutation (all use the `"half"` RoPE
+        layout):
+
+        | Hugging Face | attnlab | weight shape |
+        |---|---|---|
+        | `q_proj` | `q_proj` | `(num_heads * head_dim, d_model)` |
+        | `k_proj` | `k_proj` | `(num_kv_heads * head_dim, d_model)` |
+        | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
+        | `o_proj` | `o_proj` | `(d_model, num_heads * head_dim)` |
+        | `q_norm`, `k_norm` | `q_norm`, `k_norm` | `(head_dim,)`; OLMo 2: the projections' |
+        | `sinks` | `sinks` | `(num_heads,)` |
+
+        Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
+        `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
+        (`config.attention_bias`); Mistral has none.
+
+        From the config and the layer: `hidden_size` (`d_model`), `num_attention_heads`,
+        `num_key_value_heads`, the layer's `head_dim`, its `scaling` (as `scale` where it
+        is not `head_dim ** -0.5`: Gemma's `query_pre_attn_scalar ** -0.5`),
+        `rope_parameters["rope_theta"]` (`rope_theta` in older versions; Gemma 3's
+        `rope_parameters` hold one entry per layer type, read for this layer's
+        `layer_type`), `attention_dropout`, and the sliding window: the layer's
+        `sliding_window` (Qwen2, Qwen3, SmolLM3, Gemma 3 set it only on layers whose
+        `layer_types` entry is `"sliding_attention"`), else Mistral's
+        `config.sliding_window`; QK-norm from the layer's `q_norm` and `k_norm` (their
+        epsilon, and Gemma's `1 + weight` as `qk_norm_unit_offset`); partial RoPE
+        (`module.rotary_ndims`, StableLM's `head_dim * partial_rotary_factor`) as
+        `rope_dims`; Gemma 2's `attn_logit_softcapping` as `softcap`; gpt-oss's `sinks`;
+        SmolLM3's NoPE layers (`module.use_rope` False, from
+        `config.no_rope_layers`) as `rope=False`; and RoPE's context extension
+        ([`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]: `"linear"`,
+        `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2). Gemma 3's layer keeps
+        `attn_logit_softcapping` but does not apply it, so neither does the port.
+
+        Args:
+            module: The Hugging Face attention layer.
+            backend: Backend of the new module; a softcapped layer (Gemma 2) needs
+                `"scratch"` or `"flash"`.
+
+        Returns:
+            A new module on the same device and dtype, in the same training mode.
+
+        Raises:
+            TypeError: If `module` is not one of the supported classes.
+            ValueError: If it uses a RoPE type `RopeScaling` does not implement (e.g.
+                `"longrope"`), or its scaling misses a key, or it normalises its queries
+                and keys by LayerNorm (StableLM's `qk_layernorm`), or it attends both ways
+                (`use_bidirectional_attention`), or `backend="torch"` is asked for a
+                softcapped layer.
+        """
+        names = {c.__name__ for c in type(module).__mro__}
+        if not names & set(_HF_CLASSES):
+            raise TypeError(
+                f"module must be a transformers {', '.join(_HF_CLASSES)}, got "
+                f"{type(module).__name__}"
+            )
+        hf: Any = module
+        config: Any = hf.config
+        if getattr(hf, "qk_layernorm", False):
+            raise ValueError(
+                f"module normalises queries and keys (qk_layernorm=True); "
+                f"GroupedQueryAttention.from_hf does not port that from {type(module).__name__}"
+            )
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError(
+                f"module attends both ways (config.use_bidirectional_attention=True); "
+                f"GroupedQueryAttention is causal: call forward(..., is_causal=False) on a "
+                f"port of the causal {type(module).__name__}"
+            )
+        # Gemma 3 has one RoPE per layer type (local layers 1e4, global 1e6 and scaling).
+        rope_base, scaling = hf_rope(config, getattr(hf, "layer_type", None))
+        head_dim = int(hf.head_dim)
+        rope_dims = int(getattr(hf, "rotary_ndims", head_dim))
+        if hasattr(hf, "sliding_window"):  # per layer: None on full-attention layers
+            window = hf.sliding_window
+        else:
+            window = getattr(config, "sliding_window", None)
+        scale = float(getattr(hf, "scaling", head_dim**-0.5))
+        qk_norm: QKNorm | None = None
+        norm_eps, unit_offset = 1e-6, False
+        q_norm: Any = getattr(hf, "q_norm", None)
+        if q_norm is not None:
+            qk_norm = "head" if q_norm.weight.numel() == head_dim else "projection"
+            norm_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6)))
+            unit_offset = "Gemma3Attention" in names  # Gemma's RMSNorm scales by 1 + weight
+        weight = hf.q_proj.weight
+        new = cls(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim=head_dim,
+            bias=hf.q_proj.bias is not None,
+            out_bias=hf.o_proj.bias is not None,
+            rope=bool(getattr(hf, "use_rope", True)),
+            rope_base=rope_base,
+            rope_layout="half",
+            rope_scaling=scaling,
+            rope_dims=rope_dims,
+            window=window,
+            scale=None if scale == head_dim**-0.5 else scale,
+            qk_norm=qk_norm,
+            qk_norm_eps=norm_eps,
+            qk_norm_unit_offset=unit_offset,
+            # Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
+            softcap=getattr(hf, "attn_logit_softcapping", None)
+            if "Gemma2Attention" in names
+            else None,
+            sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
+            dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+            backend=backend,
+        ).to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            for name, ours_p in new.named_parameters():
+                ours_p.copy_(module.get_parameter(name))
+        return new.train(module.training)

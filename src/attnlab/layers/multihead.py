@@ -1,0 +1,663 @@
+r"""Production multi-head attention, equal to PyTorch's `nn.MultiheadAttention`.
+
+Multi-head attention (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762) projects the
+tokens once per role for all heads together, splits the projections into `num_heads`
+heads of `head_dim = d_out / num_heads` features, runs scaled dot-product attention in
+every head at once, and mixes the concatenated heads with an output projection:
+
+$$
+\operatorname{MHA}(X, C) = \operatorname{concat}_h\left(
+\operatorname{softmax}\left(\frac{Q_h K_h^\top}{\sqrt{d_h}}\right) V_h\right) W_o + b_o,
+\quad Q = X W_q + b_q,\ K = C W_k + b_k,\ V = C W_v + b_v
+$$
+"""
+
+from __future__ import annotations
+
+from typing import Literal, overload
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.functional import sdpa as F
+from attnlab.functional.backends import (
+    Backend,
+    BackendProperty,
+    attend,
+    attention_weights,
+    check_backend_call,
+    materialize,
+)
+from attnlab.rules import masks
+from attnlab.rules._validation import (
+    check_attn_mask,
+    check_bool,
+    check_multiple,
+    check_positive_int,
+    check_probability,
+    check_same_batch,
+    check_tokens,
+    is_validation_enabled,
+    mask_float_dtypes,
+)
+
+__all__ = [
+    "MultiHeadAttention",
+]
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Batch-first multi-head self- and cross-attention with fused projections.
+
+    Each of `W_query`, `W_key`, `W_value` is one `nn.Linear` that projects for all heads at
+    once (the article's [`MultiHeadAttentionWrapper`][attnlab.MultiHeadAttentionWrapper]
+    keeps one small matrix per head instead); `out_proj` mixes the heads. Queries come from
+    `x`; keys and values from `context` if given (cross-attention), else from `x`; values
+    from a separate `value` tensor where they differ from the keys' tokens (`d_value`, the
+    `vdim` of `nn.MultiheadAttention`).
+
+    The attention itself runs on PyTorch's fused `scaled_dot_product_attention` by default
+    (`backend="torch"`), on attnlab's from-scratch
+    [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
+    (`backend="scratch"`), or on attnlab's
+    [`flash_attention`][attnlab.functional.flash.flash_attention] (`backend="flash"`, which takes no
+    `attn_mask`, no `key_padding_mask` and no dropout); all give the same outputs. Switch
+    at any time by assigning `module.backend`.
+
+    [`from_torch`][attnlab.MultiHeadAttention.from_torch] and
+    [`to_torch`][attnlab.MultiHeadAttention.to_torch] copy the weights from and to
+    `nn.MultiheadAttention`; the two modules then compute the same function. `forward`
+    also takes that module's `key_padding_mask` (True = padding, PyTorch's convention),
+    `need_weights` and `average_attn_weights`, with one difference: it returns the output
+    alone unless `need_weights=True` is passed, then `(output, weights)`.
+
+    Args:
+        d_in: Features per token of `x`.
+        d_out: Features of the output, split over the heads; a multiple of `num_heads`.
+        num_heads: Number of heads.
+        d_context: Features per token of `context` (the keys' tokens); defaults to `d_in`.
+        d_value: Features per token of `value` (the values' tokens); defaults to
+            `d_context`.
+        dropout: Probability of dropping an attention weight, in training mode only.
+        bias: Whether the four projections have a bias.
+        backend: `"torch"` (PyTorch's fused kernel), `"scratch"` (attnlab's) or
+            `"flash"` (attnlab's FlashAttention).
+
+    Shapes:
+        x: `(b, t, d_in)` or unbatched `(t, d_in)`. context: `(b, s, d_context)` or
+        `(s, d_context)`, batched like `x`. value: `(b, s, d_value)` or `(s, d_value)`.
+        Output: `(b, t, d_out)` or `(t, d_out)`.
+
+    Raises:
+        TypeError: If a size is not an int, `dropout` not a number or `bias` not a bool.
+        ValueError: If a size is not positive, `d_out` is not a multiple of `num_heads`,
+            `dropout` is not in [0, 1) or `backend` is unknown.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> x, context = torch.randn(3, 4, 6), torch.randn(3, 7, 5)
+        >>> self_attn = MultiHeadAttention(d_in=6, d_out=8, num_heads=2)
+        >>> self_attn(x, is_causal=True).shape
+        torch.Size([3, 4, 8])
+        >>> cross_attn = MultiHeadAttention(d_in=6, d_out=8, num_heads=2, d_context=5)
+        >>> cross_attn(x, context).shape
+        torch.Size([3, 4, 8])
+        >>> cross_attn.attention_weights(x, context).shape  # (b, num_heads, t, s)
+        torch.Size([3, 2, 4, 7])
+        >>> padding = torch.tensor([[False] * 7, [False] * 5 + [True] * 2, [False] * 7])
+        >>> out, weights = cross_attn(x, context, key_padding_mask=padding, need_weights=True)
+        >>> weights.shape  # averaged over heads: (b, t, s)
+        torch.Size([3, 4, 7])
+        >>> bool((weights[1, :, 5:] == 0).all())  # no weight on the padding
+        True
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        num_heads: int,
+        *,
+        d_context: int | None = None,
+        d_value: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: Backend = "torch",
+    ) -> None:
+        super().__init__()
+        self.d_in = check_positive_int("d_in", d_in)
+        self.d_out = check_positive_int("d_out", d_out)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.d_context = d_in if d_context is None else check_positive_int("d_context", d_context)
+        self.d_value = self.d_context if d_value is None else check_positive_int("d_value", d_value)
+        self.head_dim = check_multiple("d_out", d_out, "num_heads", num_heads)
+        self.dropout = check_probability("dropout", dropout)
+        self.bias = check_bool("bias", bias)
+        self.backend = backend
+        self.W_query = nn.Linear(self.d_in, d_out, bias=bias)
+        self.W_key = nn.Linear(self.d_context, d_out, bias=bias)
+        self.W_value = nn.Linear(self.d_value, d_out, bias=bias)
+        self.out_proj = nn.Linear(d_out, d_out, bias=bias)
+
+    backend = BackendProperty()
+    """`"torch"`, `"scratch"` or `"flash"`: which scaled dot-product attention `forward` runs."""
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
+            f"d_context={self.d_context}, "
+            + (f"d_value={self.d_value}, " if self.d_value != self.d_context else "")
+            + f"dropout={self.dropout}, bias={self.bias}, "
+            f"backend={self.backend!r}"
+        )
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_inputs(
+        self,
+        x: object,
+        context: object,
+        attn_mask: object,
+        is_causal: object,
+        value: object = None,
+        key_padding_mask: object = None,
+        *,
+        needs_values: bool = True,
+        window: object = None,
+    ) -> None:
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
+        owner, like = type(self).__name__, self.W_query.weight
+        x = check_tokens("x", x, features=self.d_in, param="d_in", owner=owner, like=like)
+        if context is None:
+            if self.d_context != self.d_in:
+                roles = "keys" if value is not None else "keys and values"
+                raise ValueError(
+                    f"context is required: this module's {roles} have "
+                    f"d_context={self.d_context} features but x has d_in={self.d_in}"
+                )
+            context = x
+        else:
+            context = check_tokens(
+                "context",
+                context,
+                features=self.d_context,
+                param="d_context",
+                owner=owner,
+                like=like,
+            )
+            check_same_batch("context", x, context)
+        if value is None:
+            if needs_values and self.d_value != self.d_context:
+                raise ValueError(
+                    f"value is required: this module's values have d_value={self.d_value} "
+                    f"features but its keys have d_context={self.d_context}"
+                )
+        else:
+            value = check_tokens(
+                "value", value, features=self.d_value, param="d_value", owner=owner, like=like
+            )
+            check_same_batch("value", x, value)
+            if value.shape[-2] != context.shape[-2]:
+                keys = "context" if context is not x else "x (the keys' tokens)"
+                raise ValueError(
+                    f"value must have as many tokens as {keys}, got value.shape="
+                    f"{tuple(value.shape)} and {keys.split()[0]}.shape={tuple(context.shape)}"
+                )
+        b, s = (x.shape[0] if x.ndim == 3 else 1), context.shape[-2]
+        target = (b, self.num_heads, x.shape[-2], s)  # (b, h, t, s)
+        check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
+        masks.check_causal_mask(attn_mask, is_causal)
+        masks.check_window(window, attn_mask)
+        self._check_key_padding_mask(key_padding_mask, x, b, s)
+
+    @staticmethod
+    def _check_key_padding_mask(mask: object, x: Tensor, b: int, s: int) -> None:
+        if mask is None:
+            return
+        if not isinstance(mask, Tensor):
+            raise TypeError(
+                f"key_padding_mask must be a torch.Tensor or None, got {type(mask).__name__}"
+            )
+        if mask.dtype != torch.bool and mask.dtype not in mask_float_dtypes(x):
+            raise TypeError(
+                "key_padding_mask must be a bool tensor (True = padding, as in "
+                "nn.MultiheadAttention) or a float tensor to add to the scores, got "
+                f"{mask.dtype}"
+            )
+        expected = (b, s) if x.ndim == 3 else (s,)
+        if tuple(mask.shape) != expected:
+            layout = "(b, s)" if x.ndim == 3 else "(s,) for unbatched x"
+            raise ValueError(
+                f"key_padding_mask must have shape {layout} = {expected}, one entry per key "
+                f"token of each sequence, got {tuple(mask.shape)}"
+            )
+        if mask.device != x.device:
+            raise ValueError(f"key_padding_mask is on {mask.device} but x is on {x.device}")
+
+    @staticmethod
+    def _batched(
+        x: Tensor, context: Tensor | None, value: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """`(b, t, d_in)`, `(b, s, d_context)`, `(b, s, d_value)`, and whether x was unbatched."""
+        context = x if context is None else context
+        value = context if value is None else value
+        unbatched = x.ndim == 2
+        if unbatched:  # (1, t, d_in), (1, s, d_context), (1, s, d_value)
+            x, context, value = x.unsqueeze(0), context.unsqueeze(0), value.unsqueeze(0)
+        return x, context, value, unbatched
+
+    # -- computation ---------------------------------------------------------------------
+
+    @staticmethod
+    def _mask(
+        attn_mask: Tensor | None, key_padding_mask: Tensor | None, unbatched: bool
+    ) -> Tensor | None:
+        """`attn_mask` with the key padding merged in; causality is `attend`'s."""
+        if key_padding_mask is None:
+            return attn_mask
+        if unbatched:
+            key_padding_mask = key_padding_mask.unsqueeze(0)  # (1, s)
+        if key_padding_mask.dtype == torch.bool:  # True = padding, nn.MultiheadAttention's
+            key_padding_mask = ~key_padding_mask  # allowed convention (checked in forward)
+        padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
+        merged = masks.combine_impl(materialize(attn_mask, padding.device), padding)
+        return merged  # (b, h|1, t, s)
+
+    def _split(self, linear: nn.Linear, tokens: Tensor) -> Tensor:
+        """Project `(b, n, d)` tokens for all heads with one matmul, then split the heads."""
+        b, n, _ = tokens.shape
+        projected: Tensor = linear(tokens)  # (b, n, d_out)
+        return projected.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, hd)
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: Literal[False] = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: Literal[True],
+        average_attn_weights: bool = True,
+    ) -> tuple[Tensor, Tensor]: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor | tuple[Tensor, Tensor]: ...
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        r"""Attend from the tokens of `x` to those of `context` (or of `x` itself).
+
+        The call `m(x, context, value, key_padding_mask=..., need_weights=True)` mirrors
+        `nn.MultiheadAttention`'s `m(query, key, value, ...)`, except for two conventions:
+        a bool `attn_mask` here is True where a query **may** attend (PyTorch's module:
+        where it may not), and the result is a tuple only with `need_weights=True`.
+
+        Args:
+            x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
+            context: Key tokens (and value tokens unless `value` is given),
+                `(b, s, d_context)` or `(s, d_context)`; None for self-attention.
+            value: Value tokens, `(b, s, d_value)` or `(s, d_value)`, where they differ from
+                the keys' tokens; None takes the values from the keys' tokens.
+            attn_mask: Bool mask (True = attend) or float mask added to the scores,
+                broadcastable to `(b, num_heads, t, s)`; e.g. `(t, s)` for all sequences,
+                `(b, 1, 1, s)` from [`masks.key_padding`][attnlab.rules.masks.key_padding], or
+                PyTorch's `causal_upper_left(t, s)` / `causal_lower_right(t, s)`.
+            is_causal: Hide key $j$ from query $i$ when $j > i$, in absolute positions:
+                query $i$ and key $i$ are the same token (top-left aligned when
+                `t != s`, as PyTorch's `is_causal`).
+            window: Sliding-window attention: also hide key $j$ when $j \le i - w$, so
+                each query sees its last `window` keys, itself included. Implies
+                `is_causal`; not together with `attn_mask`.
+            key_padding_mask: Keys to ignore in each sequence, `(b, s)` or `(s,)`: a bool
+                mask that is **True at padding** (the convention of
+                `nn.MultiheadAttention`), or a float mask added to the scores. Combines
+                with `attn_mask` or `is_causal`.
+            need_weights: Also return the attention weights this very call used (dropout
+                included, in training mode). They are computed by
+                [`attention_weights`][attnlab.functional.sdpa.attention_weights] whatever the
+                backend, as PyTorch's module leaves its fused kernel to return them.
+            average_attn_weights: With `need_weights`, average the weights over the heads.
+
+        Returns:
+            Context vectors mixed by `out_proj`, `(b, t, d_out)` or `(t, d_out)`; with
+            `need_weights=True` the tuple `(output, weights)`, the weights of shape
+            `(b, t, s)` averaged over heads, or `(b, num_heads, t, s)` with
+            `average_attn_weights=False` (without `b` for unbatched input).
+
+        Raises:
+            TypeError: If an input is not a floating-point tensor, a mask has a wrong
+                dtype or a flag is not a bool.
+            ValueError: If the rank, feature size, dtype or device of `x`, `context` or
+                `value` does not fit the module, their batch sizes or the numbers of key
+                and value tokens differ, `context` (or `value`) is missing while
+                `d_context != d_in` (or `d_value != d_context`), `attn_mask` does not
+                broadcast to `(b, num_heads, t, s)`, `key_padding_mask` is not `(b, s)`,
+                a mask is on another device, both `attn_mask` and `is_causal` (or
+                `window`) are given, `window` is not positive, or `backend="flash"` is
+                asked for a mask or for dropout (training mode with `dropout > 0`).
+        """
+        if is_validation_enabled():
+            self._check_inputs(
+                x, context, attn_mask, is_causal, value, key_padding_mask, window=window
+            )
+            check_bool("need_weights", need_weights)
+            check_bool("average_attn_weights", average_attn_weights)
+        return self.forward_impl(
+            x,
+            context,
+            value,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            window=window,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            average_attn_weights=average_attn_weights,
+        )
+
+    def forward_impl(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """[`forward`][attnlab.MultiHeadAttention.forward] without its checks.
+
+        For callers that validated at their own boundary, such as a model whose blocks
+        are MultiHeadAttention layers: its forward checks the tokens once, and each layer
+        then runs this instead of checking its input again. A call the backend cannot
+        serve (flash with a mask or dropout) is still refused.
+        """
+        dropout_p = self.dropout if self.training else 0.0
+        x, context, value, unbatched = self._batched(x, context, value)
+        mask = self._mask(attn_mask, key_padding_mask, unbatched)
+        if not need_weights:  # before the projections: a request flash cannot serve
+            check_backend_call(self.backend, attn_mask=mask, dropout_p=dropout_p)
+        q = self._split(self.W_query, x)  # (b, h, t, head_dim)
+        k = self._split(self.W_key, context)  # (b, h, s, head_dim)
+        v = self._split(self.W_value, value)  # (b, h, s, head_dim)
+        weights = None
+        if need_weights:
+            # The weights first, then the output from these very weights (same dropout).
+            weights = attention_weights(
+                q, k, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, window=window
+            )  # (b, h, t, s)
+            heads = F.context_vectors_impl(weights, v)  # (b, h, t, head_dim)
+        else:
+            heads = attend(
+                self.backend,
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                window=window,
+            )  # (b, h, t, head_dim)
+        b, _, t, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(b, t, self.d_out)  # (b, t, d_out)
+        out: Tensor = self.out_proj(concat)  # (b, t, d_out)
+        if weights is None:
+            return out[0] if unbatched else out
+        if average_attn_weights:
+            weights = weights.mean(dim=1)  # (b, t, s)
+        return (out[0], weights[0]) if unbatched else (out, weights)
+
+    def attention_weights(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Per-head attention weights, for pictures and inspection (never with dropout).
+
+        They are the weights `forward` uses in evaluation mode, computed by
+        [`attnlab.functional.sdpa.attention_weights`][attnlab.functional.sdpa.attention_weights]
+        whatever the backend (PyTorch's fused kernel does not return them). For the
+        weights of one training step, dropout included, call `forward` with
+        `need_weights=True`.
+
+        Args:
+            x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
+            context: Key tokens, `(b, s, d_context)` or `(s, d_context)`; None for
+                self-attention. (The weights do not depend on the values.)
+            attn_mask: As in `forward`.
+            is_causal: As in `forward`.
+            window: As in `forward`.
+            key_padding_mask: As in `forward` (True = padding).
+
+        Returns:
+            Weights `(b, num_heads, t, s)` or `(num_heads, t, s)`; each row sums to 1 except
+            fully masked rows, which are 0.
+
+        Raises:
+            TypeError: As `forward`.
+            ValueError: As `forward`.
+        """
+        if is_validation_enabled():
+            self._check_inputs(
+                x,
+                context,
+                attn_mask,
+                is_causal,
+                None,
+                key_padding_mask,
+                needs_values=False,
+                window=window,
+            )
+        return self.attention_weights_impl(
+            x,
+            context,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            window=window,
+            key_padding_mask=key_padding_mask,
+        )
+
+    def attention_weights_impl(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """[`attention_weights`][attnlab.MultiHeadAttention.attention_weights] without
+        the checks, for callers that checked their inputs at their own boundary (a model
+        that draws every layer's weights, say)."""
+        x, context, _, unbatched = self._batched(x, context, None)
+        mask = self._mask(attn_mask, key_padding_mask, unbatched)
+        q = self._split(self.W_query, x)  # (b, h, t, head_dim)
+        k = self._split(self.W_key, context)  # (b, h, s, head_dim)
+        weights = attention_weights(q, k, attn_mask=mask, is_causal=is_causal, window=window)
+        return weights[0] if unbatched else weights  # (b, h, t, s)
+
+    # -- interoperability with PyTorch ---------------------------------------------------
+
+    @classmethod
+    def from_torch(
+        cls, module: nn.MultiheadAttention, *, backend: Backend = "torch"
+    ) -> MultiHeadAttention:
+        """A `MultiHeadAttention` with the weights of PyTorch's `nn.MultiheadAttention`.
+
+        PyTorch keeps the three input projections packed in one `in_proj_weight` when
+        `kdim == vdim == embed_dim`, and as `q_proj_weight`, `k_proj_weight`,
+        `v_proj_weight` otherwise; both layouts are copied exactly (as are the biases, the
+        output projection, `dropout` and the training mode). The result has
+        `d_in = d_out = embed_dim`, `d_context = kdim` and `d_value = vdim`; call it as
+        `mha(query, key, value)` where PyTorch's module takes `(query, key, value)`.
+
+        Mind the masks: `nn.MultiheadAttention` hides a key where its bool `attn_mask` is
+        True, this module where it is False;
+        [`masks.allowed_to_blocked`][attnlab.rules.masks.allowed_to_blocked] converts. The
+        `key_padding_mask` has PyTorch's convention in both (True = padding).
+
+        Args:
+            module: The module to copy. Its `batch_first` does not matter (it changes the
+                input layout, not the weights).
+            backend: Backend of the new module.
+
+        Returns:
+            A new module on the same device and dtype, sharing no storage with `module`.
+
+        Raises:
+            TypeError: If `module` is not an `nn.MultiheadAttention`.
+            ValueError: If it uses features this module does not have: `add_bias_kv` or
+                `add_zero_attn`.
+
+        Examples:
+            >>> torch_mha = nn.MultiheadAttention(embed_dim=8, num_heads=2, batch_first=True)
+            >>> mha = MultiHeadAttention.from_torch(torch_mha).eval()
+            >>> x = torch.randn(3, 5, 8)
+            >>> torch.allclose(mha(x), torch_mha.eval()(x, x, x)[0], atol=1e-6)
+            True
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError(
+                "module uses add_bias_kv or add_zero_attn, which MultiHeadAttention does not "
+                "implement"
+            )
+        weight = module.out_proj.weight
+        new = cls(
+            module.embed_dim,
+            module.embed_dim,
+            module.num_heads,
+            d_context=module.kdim,
+            d_value=module.vdim,
+            dropout=module.dropout,
+            bias=module.in_proj_bias is not None,
+            backend=backend,
+        ).to(device=weight.device, dtype=weight.dtype)
+        if module.kdim == module.vdim == module.embed_dim:  # packed: rows are [W_q; W_k; W_v]
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        with torch.no_grad():
+            new.W_query.weight.copy_(w_q)
+            new.W_key.weight.copy_(w_k)
+            new.W_value.weight.copy_(w_v)
+            new.out_proj.weight.copy_(module.out_proj.weight)
+            if module.in_proj_bias is not None:
+                b_q, b_k, b_v = module.in_proj_bias.chunk(3)
+                for linear, b in ((new.W_query, b_q), (new.W_key, b_k), (new.W_value, b_v)):
+                    assert linear.bias is not None
+                    linear.bias.copy_(b)
+                assert new.out_proj.bias is not None
+                new.out_proj.bias.copy_(module.out_proj.bias)
+        return new.train(module.training)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """A batch-first `nn.MultiheadAttention` with this module's weights.
+
+        The inverse of [`from_torch`][attnlab.MultiHeadAttention.from_torch]: PyTorch's
+        module gets packed `in_proj_weight` when `d_context == d_value == d_out`, separate
+        `q/k/v_proj_weight` otherwise (`kdim = d_context`, `vdim = d_value`). Call it as
+        `m(x, context, context)` (or `m(x, context, value)`) and convert bool attention
+        masks with [`masks.allowed_to_blocked`][attnlab.rules.masks.allowed_to_blocked].
+
+        Returns:
+            A new `nn.MultiheadAttention` (`batch_first=True`, same device, dtype, dropout
+            and training mode).
+
+        Raises:
+            ValueError: If `d_in != d_out`: PyTorch's module has one `embed_dim` for both.
+
+        Examples:
+            >>> mha = MultiHeadAttention(d_in=8, d_out=8, num_heads=4, d_context=6).eval()
+            >>> torch_mha = mha.to_torch()
+            >>> torch_mha.k_proj_weight.shape
+            torch.Size([8, 6])
+            >>> x, c = torch.randn(2, 3, 8), torch.randn(2, 5, 6)
+            >>> torch.allclose(mha(x, c), torch_mha(x, c, c)[0], atol=1e-6)
+            True
+        """
+        if self.d_in != self.d_out:
+            raise ValueError(
+                f"nn.MultiheadAttention has a single embed_dim for input and output, but this "
+                f"module has d_in={self.d_in} and d_out={self.d_out}"
+            )
+        weight = self.W_query.weight
+        module = nn.MultiheadAttention(
+            self.d_out,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.bias,
+            kdim=self.d_context,
+            vdim=self.d_value,
+            batch_first=True,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            weights = (self.W_query.weight, self.W_key.weight, self.W_value.weight)
+            if self.d_context == self.d_value == self.d_out:  # packed into in_proj_weight
+                module.in_proj_weight.copy_(torch.cat(weights))  # (3 * d_out, d_out)
+            else:
+                module.q_proj_weight.copy_(weights[0])
+                module.k_proj_weight.copy_(weights[1])
+                module.v_proj_weight.copy_(weights[2])
+            module.out_proj.weight.copy_(self.out_proj.weight)
+            if self.bias:
+                biases = [lin.bias for lin in (self.W_query, self.W_key, self.W_value)]
+                assert module.in_proj_bias is not None
+                module.in_proj_bias.copy_(torch.cat([b for b in biases if b is not None]))
+                module.out_proj.bias.copy_(self.out_proj.bias)
+        return module.train(self.training)

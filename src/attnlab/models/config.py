@@ -1,0 +1,430 @@
+r"""What a [`Decoder`][attnlab.models.decoder.Decoder] is made of: its configuration.
+
+One frozen dataclass holds every size and every variant of the decoders attnlab runs
+(Llama, Mistral, Qwen2, SmolLM2, Gemma 2 and 3, Qwen3-Next); `from_hf` reads it from a
+`transformers` config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from attnlab.layers.mlp import MoEConfig
+from attnlab.layers.norms import QK_NORMS, QKNorm
+from attnlab.rules._validation import (
+    check_bool,
+    check_multiple,
+    check_positive_float,
+    check_positive_int,
+    check_softcap,
+)
+from attnlab.rules.rope import check_base, check_rope_dims
+from attnlab.rules.rope_scaling import RopeScaling, hf_rope
+
+__all__ = ["LAYER_KINDS", "DecoderConfig", "LinearAttentionConfig"]
+
+CacheKind = Literal["static", "dynamic"]
+Family = Literal["llama", "gemma", "qwen3_next"]
+LayerKind = Literal["full", "sliding", "linear"]
+_FAMILIES: tuple[Family, ...] = ("llama", "gemma", "qwen3_next")
+LAYER_KINDS: tuple[LayerKind, ...] = ("full", "sliding", "linear")
+"""What a block of a [`Decoder`][attnlab.models.decoder.Decoder] mixes its tokens with: full
+causal attention, sliding-window attention, or a linear-attention
+[`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet]."""
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Sizes of the [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet] layers of a hybrid
+    [`Decoder`][attnlab.models.decoder.Decoder] (Qwen3-Next's `linear_*` settings).
+
+    Attributes:
+        num_k_heads: Query/key heads (`linear_num_key_heads`).
+        num_v_heads: Value heads, a multiple of `num_k_heads` (`linear_num_value_heads`).
+        head_k_dim: Features per query/key head (`linear_key_head_dim`).
+        head_v_dim: Features per value head (`linear_value_head_dim`).
+        kernel_size: Taps of the short causal convolution (`linear_conv_kernel_dim`).
+        chunk_size: Tokens per chunk of the delta rule in prefill.
+    """
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    kernel_size: int = 4
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("kernel_size", self.kernel_size)
+        check_positive_int("chunk_size", self.chunk_size)
+        check_multiple("num_v_heads", self.num_v_heads, "num_k_heads", self.num_k_heads)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Sizes and settings of a [`Decoder`][attnlab.models.decoder.Decoder].
+
+    Attributes:
+        vocab_size: Distinct tokens.
+        d_model: Features per token in the residual stream (`hidden_size`).
+        num_layers: Blocks.
+        num_heads: Query heads per layer.
+        num_kv_heads: Key/value heads per layer, a divisor of `num_heads`.
+        head_dim: Features per head.
+        hidden_dim: Width of the SwiGLU MLP (`intermediate_size`).
+        rope_base: RoPE's base $\\theta$ (`rope_theta`).
+        rope_scaling: RoPE's context extension
+            ([`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling], e.g. Llama 3.1's `"llama3"`),
+            or None.
+        norm_eps: The epsilon of every RMSNorm.
+        max_positions: Longest sequence the model handles (`max_position_embeddings`).
+        tie_embeddings: Whether the unembedding is the embedding matrix.
+        qkv_bias: Bias on the query, key and value projections (Qwen2).
+        out_bias: Bias on the attention's output projection.
+        mlp_bias: Bias on the MLP's projections.
+        windows: Per layer, its sliding-window size or None (full causal attention);
+            None: every layer full.
+        local_rope_base: RoPE's base in the sliding-window layers, with
+            `local_rope_scaling` (Gemma 3: $10^4$ and none, its global layers $10^6$ and
+            linear scaling); None: they rotate as the global layers do.
+        local_rope_scaling: The sliding-window layers' context extension, with
+            `local_rope_base`.
+        query_pre_attn_scalar: Scores are scaled by its $-1/2$ power instead of
+            `head_dim`'s (Gemma); None: `head_dim`.
+        qk_norm: QK-norm in every layer (`"head"`: Qwen3, Gemma 3; `"projection"`:
+            OLMo 2), with `norm_eps`; None for none.
+        attn_softcap: Logit softcapping of every layer's scores, $c \\tanh(x / c)$
+            (Gemma 2: 50); the layers then run attnlab's own kernel
+            (`backend="scratch"`: PyTorch's has no softcap).
+        final_softcap: The same cap on the output logits (Gemma 2: 30).
+        family: `"llama"`; `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
+            the embedding times $\\sqrt{d_\\text{model}}$, a tanh-GELU gate and four
+            norms per block; `"qwen3_next"`: Llama's block with norms scaling by
+            `1 + weight` (QK-norm's too).
+        layer_kinds: Per layer, `"full"`, `"sliding"` (needs its entry in `windows`) or
+            `"linear"` (a [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet] of sizes
+            `linear`); None: `"sliding"` where `windows` gives a window, else `"full"`.
+        linear: The sizes of the linear-attention layers; needed if any layer is
+            `"linear"`.
+        attn_output_gate: The attention layers gate their heads by a sigmoid before the
+            output projection ([`GatedAttention`][attnlab.layers.gated.GatedAttention],
+            Qwen3-Next).
+        rope_dims: Features of each head that RoPE rotates (partial RoPE, Qwen3-Next's
+            `partial_rotary_factor`); None: all `head_dim`.
+        moe: The sizes of a mixture-of-experts MLP ([`SparseMoE`][attnlab.layers.mlp.SparseMoE]);
+            None: every MLP a SwiGLU of `hidden_dim`.
+        moe_layers: Per layer, whether its MLP is the mixture of experts (the others
+            are SwiGLUs of `hidden_dim`); None with `moe`: every layer.
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    max_positions: int = 2048
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    windows: tuple[int | None, ...] | None = None
+    rope_scaling: RopeScaling | None = None
+    local_rope_base: float | None = None
+    local_rope_scaling: RopeScaling | None = None
+    query_pre_attn_scalar: float | None = None
+    qk_norm: QKNorm | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    family: Family = "llama"
+    layer_kinds: tuple[LayerKind, ...] | None = None
+    linear: LinearAttentionConfig | None = None
+    attn_output_gate: bool = False
+    rope_dims: int | None = None
+    moe: MoEConfig | None = None
+    moe_layers: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_dim",
+            "max_positions",
+        ):
+            check_positive_int(name, getattr(self, name))
+        for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
+            check_bool(name, getattr(self, name))
+        check_base(self.rope_base, "rope_base")
+        for name in ("rope_scaling", "local_rope_scaling"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, RopeScaling):
+                raise TypeError(f"{name} must be a RopeScaling or None, got {type(value).__name__}")
+        if self.local_rope_base is not None:
+            check_base(self.local_rope_base, "local_rope_base")
+        elif self.local_rope_scaling is not None:
+            raise ValueError(
+                "local_rope_scaling needs local_rope_base (else local layers "
+                "rotate as the global ones do)"
+            )
+        if self.query_pre_attn_scalar is not None:
+            check_positive_float("query_pre_attn_scalar", self.query_pre_attn_scalar)
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
+        check_softcap("attn_softcap", self.attn_softcap)
+        check_softcap("final_softcap", self.final_softcap)
+        if self.family not in _FAMILIES:
+            raise ValueError(f"family must be one of {_FAMILIES}, got {self.family!r}")
+        check_positive_float("norm_eps", self.norm_eps)
+        if self.windows is not None and len(self.windows) != self.num_layers:
+            raise ValueError(
+                f"windows must give one entry per layer, got {len(self.windows)} for "
+                f"num_layers={self.num_layers}"
+            )
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        """The per-layer kinds, the linear layers' sizes, partial RoPE and the MoE."""
+        check_bool("attn_output_gate", self.attn_output_gate)
+        kinds = self.layer_kinds
+        if kinds is not None:
+            if len(kinds) != self.num_layers:
+                raise ValueError(
+                    f"layer_kinds must give one entry per layer, got {len(kinds)} for "
+                    f"num_layers={self.num_layers}"
+                )
+            for i, kind in enumerate(kinds):
+                if kind not in LAYER_KINDS:
+                    raise ValueError(f"layer_kinds[{i}] must be one of {LAYER_KINDS}, got {kind!r}")
+                if (kind == "sliding") != (self.window(i) is not None):
+                    raise ValueError(
+                        f"layer_kinds[{i}]={kind!r} but windows[{i}]={self.window(i)}: a "
+                        "'sliding' layer needs a window and only a sliding layer has one"
+                    )
+        if self.linear is not None and not isinstance(self.linear, LinearAttentionConfig):
+            raise TypeError(
+                f"linear must be a LinearAttentionConfig or None, got {type(self.linear).__name__}"
+            )
+        if self.linear is None and kinds is not None and "linear" in kinds:
+            raise ValueError("layer_kinds has 'linear' layers: give their sizes in linear=")
+        if self.rope_dims is not None:
+            check_rope_dims(self.rope_dims, self.head_dim)
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise TypeError(f"moe must be a MoEConfig or None, got {type(self.moe).__name__}")
+        if self.moe_layers is not None:
+            if self.moe is None:
+                raise ValueError("moe_layers needs moe= (the experts' sizes)")
+            if len(self.moe_layers) != self.num_layers:
+                raise ValueError(
+                    f"moe_layers must give one entry per layer, got {len(self.moe_layers)} "
+                    f"for num_layers={self.num_layers}"
+                )
+
+    def kind(self, layer: int) -> LayerKind:
+        """What block `layer` mixes tokens with: `"full"`, `"sliding"` or `"linear"`."""
+        if self.layer_kinds is not None:
+            return self.layer_kinds[layer]
+        return "full" if self.window(layer) is None else "sliding"
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether block `layer`'s MLP is the mixture of experts."""
+        return self.moe is not None and (self.moe_layers is None or self.moe_layers[layer])
+
+    def window(self, layer: int) -> int | None:
+        """The sliding-window size of block `layer`, or None for full causal attention."""
+        return None if self.windows is None else self.windows[layer]
+
+    def rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """RoPE's base and context extension in block `layer` (local or global)."""
+        if self.window(layer) is not None and self.local_rope_base is not None:
+            return self.local_rope_base, self.local_rope_scaling
+        return self.rope_base, self.rope_scaling
+
+    @property
+    def scale(self) -> float | None:
+        """The factor of the attention scores, or None for `head_dim ** -0.5`."""
+        qpas = self.query_pre_attn_scalar
+        return None if qpas is None else float(qpas) ** -0.5
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict, e.g. for a JSON record."""
+        return asdict(self)
+
+    @classmethod
+    def from_hf(cls, config: Any) -> DecoderConfig:
+        """The settings of a Hugging Face Llama, Mistral, Qwen2, Gemma 2, Gemma 3 or
+        Qwen3-Next config.
+
+        Gemma 3's `rope_parameters` hold one entry per layer type: `"full_attention"`
+        gives `rope_base` and `rope_scaling`, `"sliding_attention"` `local_rope_base`
+        and `local_rope_scaling`; `layer_types` gives `windows`.
+
+        RoPE's context extension comes from
+        [`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]. With `"dynamic"`,
+        `max_position_embeddings` is the context of pre-training that the rule stretches,
+        so `max_positions` is `factor` times it (the length the rule is meant for);
+        the other rules' configs already give the extended length.
+
+        Raises:
+            ValueError: If the config uses a RoPE type `RopeScaling` does not implement
+                (e.g. `"longrope"`) or an activation other than SiLU.
+        """
+        model_type = config.model_type
+        if model_type in ("gemma2", "gemma3_text"):
+            return cls._from_gemma(config)
+        if model_type == "qwen3_next":
+            return cls._from_qwen3_next(config)
+        rope_base, scaling = hf_rope(config)
+        max_positions = int(config.max_position_embeddings)
+        if scaling is not None and scaling.is_dynamic:
+            max_positions = int(max_positions * scaling.factor)
+        if config.hidden_act != "silu":
+            raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        qwen2 = model_type == "qwen2"
+        windows: tuple[int | None, ...] | None = None
+        if qwen2 and getattr(config, "use_sliding_window", False):
+            windows = tuple(
+                config.sliding_window if kind == "sliding_attention" else None
+                for kind in config.layer_types
+            )
+        elif model_type == "mistral" and getattr(config, "sliding_window", None):
+            windows = (int(config.sliding_window),) * config.num_hidden_layers
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=int(head_dim),
+            hidden_dim=config.intermediate_size,
+            rope_base=rope_base,
+            norm_eps=float(config.rms_norm_eps),
+            max_positions=max_positions,
+            tie_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=True if qwen2 else attention_bias,
+            out_bias=False if qwen2 else attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            windows=windows,
+            rope_scaling=scaling,
+        )
+
+    @classmethod
+    def _from_gemma(cls, config: Any) -> DecoderConfig:
+        """Gemma 2 and Gemma 3 (text): the same block; Gemma 3 adds QK-norm and a RoPE
+        per layer type, Gemma 2 caps its scores (Gemma 3 keeps the setting unused)."""
+        if config.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(
+                f"config.hidden_activation must be 'gelu_pytorch_tanh', got "
+                f"{config.hidden_activation!r}"
+            )
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError(
+                "config.use_bidirectional_attention=True: Decoder is causal and does not port it"
+            )
+        kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
+        if not set(config.layer_types) <= set(kinds):
+            raise ValueError(
+                f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}"
+            )
+        gemma3 = config.model_type == "gemma3_text"
+        local_base: float | None = None
+        local_scaling: RopeScaling | None = None
+        base, scaling = hf_rope(config, "full_attention")
+        if gemma3:  # one RoPE per layer type
+            local_base, local_scaling = hf_rope(config, "sliding_attention")
+        bias = bool(config.attention_bias)
+        return cls(
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=int(config.head_dim),
+            hidden_dim=config.intermediate_size,
+            rope_base=base,
+            rope_scaling=scaling,
+            local_rope_base=local_base,
+            local_rope_scaling=local_scaling,
+            norm_eps=float(config.rms_norm_eps),
+            max_positions=int(config.max_position_embeddings),
+            tie_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=bias,
+            out_bias=bias,
+            windows=tuple(kinds[kind] for kind in config.layer_types),
+            query_pre_attn_scalar=float(config.query_pre_attn_scalar),
+            qk_norm="head" if gemma3 else None,
+            attn_softcap=None if gemma3 else config.attn_logit_softcapping,
+            final_softcap=config.final_logit_softcapping,
+            family="gemma",
+        )
+
+    @classmethod
+    def _from_qwen3_next(cls, config: Any) -> DecoderConfig:
+        """Qwen3-Next: Gated DeltaNet and gated full-attention layers (`layer_types`),
+        partial RoPE, QK-norm, `1 + weight` norms, a mixture of experts with a shared
+        expert in the layers `decoder_sparse_step` and `mlp_only_layers` pick."""
+        if config.hidden_act != "silu":
+            raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+        names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
+        if not set(config.layer_types) <= set(names):
+            raise ValueError(
+                f"config.layer_types must name {sorted(names)}, got {config.layer_types}"
+            )
+        params = config.rope_parameters  # also holds partial_rotary_factor
+        rope_base, scaling = hf_rope(config)
+        head_dim = int(config.head_dim)
+        n = config.num_hidden_layers
+        moe, moe_layers = None, None
+        if config.num_experts > 0:
+            moe = MoEConfig(
+                num_experts=config.num_experts,
+                top_k=config.num_experts_per_tok,
+                expert_dim=config.moe_intermediate_size,
+                shared_dim=config.shared_expert_intermediate_size,
+                norm_topk_prob=bool(config.norm_topk_prob),
+            )
+            step, dense = config.decoder_sparse_step, set(config.mlp_only_layers)
+            moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
+        bias = bool(config.attention_bias)
+        return cls(
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            num_layers=n,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            hidden_dim=config.intermediate_size,
+            rope_base=rope_base,
+            rope_scaling=scaling,
+            norm_eps=float(config.rms_norm_eps),
+            max_positions=int(config.max_position_embeddings),
+            tie_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=bias,
+            out_bias=bias,
+            qk_norm="head",
+            family="qwen3_next",
+            layer_kinds=tuple(names[kind] for kind in config.layer_types),
+            linear=LinearAttentionConfig(
+                num_k_heads=config.linear_num_key_heads,
+                num_v_heads=config.linear_num_value_heads,
+                head_k_dim=config.linear_key_head_dim,
+                head_v_dim=config.linear_value_head_dim,
+                kernel_size=config.linear_conv_kernel_dim,
+            ),
+            attn_output_gate=True,
+            rope_dims=int(head_dim * params.get("partial_rotary_factor", 1.0)),
+            moe=moe,
+            moe_layers=moe_layers,
+        )

@@ -1,0 +1,849 @@
+r"""A Llama-family decoder built from attnlab's attention: the model file of a real LLM.
+
+Llama (Touvron et al., 2023, https://arxiv.org/abs/2302.13971), Mistral, Qwen2 and
+SmolLM2 share one architecture. Each of `num_layers` pre-norm residual blocks runs
+
+$$
+h = x + \operatorname{GQA}(\operatorname{RMSNorm}(x)), \qquad
+y = h + W_{\text{down}}\big(\operatorname{silu}(W_{\text{gate}} \bar h) \odot
+W_{\text{up}} \bar h\big), \quad \bar h = \operatorname{RMSNorm}(h),
+$$
+
+between a token embedding and a final RMSNorm followed by the unembedding (often tied to
+the embedding). The attention is [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention]
+with RoPE; the norms are `torch.nn.RMSNorm` and the projections plain `nn.Linear`, named
+as in Hugging Face's `LlamaForCausalLM`, so
+[`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf]
+copies its state dict key for key.
+
+As in `transformers`, the RoPE tables and the mask are built once per forward and passed
+to every layer, and the input is checked once, at the model's boundary; the layers run
+their unchecked [`forward_impl`][attnlab.layers.gqa.GroupedQueryAttention.forward_impl].
+[`Decoder.generate`][attnlab.models.decoder.Decoder.generate] decodes greedily or by sampling from a
+static or dynamic [`KVCache`][attnlab.caches.kv.KVCache] per layer, for one prompt or a
+left-padded batch; [`Decoder.stream`][attnlab.models.decoder.Decoder.stream] yields the tokens as
+they come. Real weights: [`attnlab.models.pretrained`][attnlab.models.pretrained].
+
+The same file runs Gemma 3's text decoder (Gemma Team, 2025,
+https://arxiv.org/abs/2503.19786) with `family="gemma"`: its RMSNorms scale by
+$1 + w$, the embedding is multiplied by $\sqrt{d_\text{model}}$, the MLP's gate is a tanh
+GELU, and each block normalises the outputs of its attention and its MLP too, four norms
+in all:
+
+$$
+h = x + \operatorname{RMSNorm}(\operatorname{GQA}(\operatorname{RMSNorm}(x))), \qquad
+y = h + \operatorname{RMSNorm}(\operatorname{MLP}(\operatorname{RMSNorm}(h))).
+$$
+
+Its attention normalises each query and key head (QK-norm) and scales the scores by
+`query_pre_attn_scalar`$^{-1/2}$; five sliding-window layers with RoPE base $10^4$
+alternate with one global layer with base $10^6$, and each sliding layer decodes from a
+[`RollingKVCache`][attnlab.caches.kv.RollingKVCache] that keeps only its window. Gemma 2
+(https://arxiv.org/abs/2408.00118) has the same block without QK-norm, local and global
+layers one to one, and caps its scores and logits by $c \tanh(x / c)$.
+
+A hybrid stack picks each block's token mixer (`layer_kinds`): full attention, a
+sliding window, or linear attention, a [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet]
+that decodes from a fixed-size [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState]
+instead of a KV cache. Qwen3-Next (Qwen Team, 2025) interleaves three Gated DeltaNet
+blocks with one full-attention block whose heads are gated by a sigmoid
+([`GatedAttention`][attnlab.layers.gated.GatedAttention]), rotates a quarter of each head, and
+replaces the MLP by a mixture of experts with a shared expert
+([`SparseMoE`][attnlab.layers.mlp.SparseMoE]); `Decoder.from_hf` ports its
+`Qwen3NextForCausalLM`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, cast
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.caches.kv import (
+    AttendingCache,
+    DynamicKVCache,
+    KVCache,
+    RollingKVCache,
+    StaticKVCache,
+)
+from attnlab.layers.gated import GatedAttention
+from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
+from attnlab.layers.mlp import SparseMoE, SwiGLU
+from attnlab.layers.norms import RMSNorm
+from attnlab.models import interop
+from attnlab.models.config import CacheKind, DecoderConfig
+from attnlab.models.generate import Sampler, is_any_of, pad_token
+from attnlab.rules._validation import (
+    check_attn_mask,
+    check_bool,
+    check_int_sequence,
+    check_padding_mask,
+    check_positive_int,
+    check_token_id_set,
+    check_token_ids,
+    is_integer_dtype,
+    is_validation_enabled,
+)
+from attnlab.rules.masks import combine_impl, padding_attention_mask_impl
+from attnlab.rules.rope import check_positions, default_positions, rope_cos_sin
+from attnlab.rules.rope_scaling import RopeScaling
+
+__all__ = ["Decoder", "DecoderBlock"]
+
+LayerState = KVCache | GatedDeltaNetState
+LayerCache = KVCache | AttendingCache | GatedDeltaNetState
+
+
+class DecoderBlock(nn.Module):
+    """One pre-norm block: attention, then the MLP, each added to the residual stream.
+
+    In the Gemma family the outputs of the attention and of the MLP are normalised too
+    before they are added (`post_attention_layernorm`, `post_feedforward_layernorm`;
+    `pre_feedforward_layernorm` is the MLP's input norm), as in `Gemma3DecoderLayer`.
+
+    A `"linear"` block (`config.kind(layer)`) mixes its tokens with a
+    [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet], `linear_attn`, instead of the
+    attention `self_attn` (None there), and carries a
+    [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState] instead of a KV cache, as
+    `Qwen3NextDecoderLayer`; with `config.attn_output_gate` the attention is a
+    [`GatedAttention`][attnlab.layers.gated.GatedAttention], and a mixture-of-experts layer's MLP
+    a [`SparseMoE`][attnlab.layers.mlp.SparseMoE].
+
+    `forward` does not check its input: it runs inside a
+    [`Decoder`][attnlab.models.decoder.Decoder], which checked the tokens at its boundary.
+    """
+
+    def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
+        super().__init__()
+        gemma = config.family == "gemma"
+        unit_offset = config.family != "llama"
+        self.kind = config.kind(layer)
+        self.input_layernorm = _norm(config)
+        self.self_attn: GroupedQueryAttention | GatedAttention | None = None
+        self.linear_attn: GatedDeltaNet | None = None
+        if self.kind == "linear":
+            lin = config.linear
+            assert lin is not None  # checked by the config
+            self.linear_attn = GatedDeltaNet(
+                config.d_model,
+                num_k_heads=lin.num_k_heads,
+                num_v_heads=lin.num_v_heads,
+                head_k_dim=lin.head_k_dim,
+                head_v_dim=lin.head_v_dim,
+                kernel_size=lin.kernel_size,
+                chunk_size=lin.chunk_size,
+                norm_eps=float(config.norm_eps),
+            )
+        else:
+            base, scaling = config.rope(layer)
+            attention = GroupedQueryAttention(
+                config.d_model,
+                config.num_heads,
+                config.num_kv_heads,
+                head_dim=config.head_dim,
+                bias=config.qkv_bias,
+                out_bias=config.out_bias,
+                rope_base=base,
+                rope_scaling=scaling,
+                rope_dims=config.rope_dims,
+                window=config.window(layer),
+                scale=config.scale,
+                qk_norm=config.qk_norm,
+                qk_norm_eps=float(config.norm_eps),
+                qk_norm_unit_offset=unit_offset,
+                softcap=config.attn_softcap,
+                backend="torch" if config.attn_softcap is None else "scratch",
+            )
+            self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention
+        self.post_attention_layernorm = _norm(config)
+        self.pre_feedforward_layernorm = _norm(config) if gemma else None
+        self.post_feedforward_layernorm = _norm(config) if gemma else None
+        activation: Literal["silu", "gelu_tanh"] = "gelu_tanh" if gemma else "silu"
+        self.mlp: SwiGLU | SparseMoE
+        if config.is_moe(layer):
+            assert config.moe is not None
+            self.mlp = SparseMoE(config.d_model, config.moe)
+        else:
+            self.mlp = SwiGLU(
+                config.d_model, config.hidden_dim, bias=config.mlp_bias, activation=activation
+            )
+
+    def _residual(self, x: Tensor, attn: Tensor) -> Tensor:
+        """Add the attention's output, then the MLP's, to the residual stream."""
+        pre, post = self.pre_feedforward_layernorm, self.post_feedforward_layernorm
+        if pre is None or post is None:
+            h = x + attn  # (b, t, d_model)
+            mlp = self.mlp(self.post_attention_layernorm(h))
+        else:  # Gemma: the outputs are normalised before they are added
+            h = x + self.post_attention_layernorm(attn)  # (b, t, d_model)
+            mlp = post(self.mlp(pre(h)))
+        out: Tensor = h + mlp
+        return out
+
+    def forward(
+        self,
+        x: Tensor,
+        position_embeddings: tuple[Tensor, Tensor],
+        cache: LayerCache | None = None,
+        attn_mask: Tensor | None = None,
+        padding: Tensor | None = None,
+    ) -> Tensor:
+        """The block on `x` `(b, t, d_model)`; `attn_mask` is the attention layers' mask,
+        `padding` `(b, t)` (or None) the new tokens' padding mask for a linear layer."""
+        if self.linear_attn is not None:
+            state = cast("GatedDeltaNetState | None", cache)
+            mixed = self.linear_attn.forward_impl(
+                self.input_layernorm(x), state, padding_mask=padding
+            )
+            return self._residual(x, mixed)
+        assert self.self_attn is not None
+        # The model's mask covers every token seen; GQA keeps the columns of the keys it
+        # attends to (the last ones, when a rolling cache forgot the oldest).
+        attn = self.self_attn.forward_impl(
+            self.input_layernorm(x),
+            position_embeddings=position_embeddings,
+            cache=cast("KVCache | AttendingCache | None", cache),
+            attn_mask=attn_mask,
+        )
+        return self._residual(x, attn)
+
+    def forward_with_weights(
+        self,
+        x: Tensor,
+        position_embeddings: tuple[Tensor, Tensor],
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` (without a cache) and the attention weights `(b, heads, t, t)`."""
+        if self.self_attn is None:
+            raise ValueError("a linear-attention block has no attention weights")
+        attn, weights = self.self_attn.forward_impl(
+            self.input_layernorm(x),
+            position_embeddings=position_embeddings,
+            attn_mask=attn_mask,
+            need_weights=True,
+        )
+        return self._residual(x, attn), weights
+
+
+class Decoder(nn.Module):
+    r"""A decoder-only language model of the Llama family, on attnlab's attention.
+
+    Parameters are named as in `LlamaForCausalLM` without its `model.` prefix:
+    `embed_tokens`, `layers.{i}.input_layernorm`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
+    `layers.{i}.post_attention_layernorm`, `layers.{i}.mlp.{gate,up,down}_proj`, `norm`
+    and `lm_head` (the embedding's own weight when `tie_embeddings`). The Gemma family
+    adds `layers.{i}.pre_feedforward_layernorm` and `post_feedforward_layernorm`, and
+    QK-norm `layers.{i}.self_attn.{q,k}_norm`, as in `Gemma3ForCausalLM`.
+
+    Args:
+        config: The sizes and settings.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> config = DecoderConfig(vocab_size=50, d_model=24, num_layers=2, num_heads=4,
+        ...                        num_kv_heads=2, head_dim=6, hidden_dim=40)
+        >>> model = Decoder(config).eval()
+        >>> ids = torch.tensor([[3, 14, 15, 9]])
+        >>> model(ids).shape  # a score for every next token, after every token
+        torch.Size([1, 4, 50])
+        >>> out = model.generate(ids, 5)  # greedy, with a static KV cache
+        >>> out.shape, torch.equal(out, model.generate(ids, 5, cache="dynamic"))
+        (torch.Size([1, 9]), True)
+    """
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        if not isinstance(config, DecoderConfig):
+            raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(DecoderBlock(config, i) for i in range(config.num_layers))
+        self.norm = _norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # Every matrix is stored transposed in memory (same shape, strides (1, rows)):
+        # decoding multiplies one token's row by each matrix, and on the CPU the
+        # product with an (in, out)-contiguous matrix is the faster kernel (measured on
+        # SmolLM2-135M: 1.3x for the projections and the unembedding, the same results).
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.weight = _column_major(module.weight)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"layers={c.num_layers}, d_model={c.d_model}, heads={c.num_heads}, "
+            f"kv_heads={c.num_kv_heads}, vocab={c.vocab_size}"
+        )
+
+    # -- caches --------------------------------------------------------------------------
+
+    def make_cache(
+        self,
+        batch_size: int = 1,
+        max_length: int | None = None,
+        *,
+        kind: CacheKind = "static",
+        rolling: bool = True,
+    ) -> list[Any]:
+        """One empty KV cache per layer, on the model's device and in its dtype.
+
+        A sliding-window layer gets a [`RollingKVCache`][attnlab.caches.kv.RollingKVCache]
+        (it keeps only the last `window - 1` tokens, whatever `kind`), unless `rolling`
+        is False; a linear-attention layer its fixed-size
+        [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState] (for `batch_size`
+        sequences, whatever `kind`); every other layer gets a cache of `kind`.
+
+        Args:
+            batch_size: Sequences decoded together (a static cache's batch size).
+            max_length: Tokens a static cache holds; default `config.max_positions`.
+            kind: `"static"` (preallocated, written in place) or `"dynamic"` (grows).
+            rolling: Whether sliding-window layers get a rolling cache (False: the same
+                kind as the others, holding every token).
+
+        Returns:
+            A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`:
+            a `KVCache` per attention layer, a `GatedDeltaNetState` per linear one (typed
+            `list[Any]` so that code written for attention-only models keeps its
+            `KVCache` methods).
+        """
+        check_bool("rolling", rolling)
+        if kind not in ("static", "dynamic"):
+            raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
+        c = self.config
+        length = c.max_positions if max_length is None else max_length
+        if kind == "static":  # a dynamic or rolling cache sizes itself
+            check_positive_int("max_length", length)
+        if kind == "static" and length > c.max_positions:
+            raise ValueError(
+                f"max_length={length} is past the model's max_positions={c.max_positions}"
+            )
+        weight = self.embed_tokens.weight
+
+        def one(layer: int) -> LayerState:
+            linear = cast(DecoderBlock, self.layers[layer]).linear_attn
+            if linear is not None:
+                return linear.new_state(batch_size)
+            window = c.window(layer)
+            if rolling and window is not None:
+                return RollingKVCache(window)
+            if kind == "dynamic":
+                return DynamicKVCache()
+            return StaticKVCache(
+                batch_size,
+                length,
+                c.num_kv_heads,
+                c.head_dim,
+                dtype=weight.dtype,
+                device=weight.device,
+            )
+
+        return [one(i) for i in range(c.num_layers)]
+
+    # -- input checks --------------------------------------------------------------------
+
+    def _check_ids(self, ids: object) -> Tensor:
+        ids = check_token_ids("ids", ids, self.config.vocab_size)  # the range reads values
+        if ids.shape[-1] == 0:
+            raise ValueError(
+                f"ids is empty (ids.shape={tuple(ids.shape)}): give at least one token"
+            )
+        device = self.embed_tokens.weight.device
+        if ids.device != device:
+            raise ValueError(f"ids is on {ids.device} but the model is on {device}")
+        return ids
+
+    def _check_cache(self, cache: object, batch: int) -> int:
+        """Check a per-layer cache list; return the tokens its layers have seen (the next
+        position; a rolling cache holds fewer)."""
+        if cache is None:
+            return 0
+        n = self.config.num_layers
+        if not isinstance(cache, Sequence) or len(cache) != n:
+            got = len(cache) if isinstance(cache, Sequence) else type(cache).__name__
+            raise TypeError(
+                f"cache must be a list of {n} KVCache objects (one per layer, from "
+                f"make_cache), got {got}"
+            )
+        seen = set()
+        for i, c in enumerate(cache):
+            if self.config.kind(i) == "linear":
+                if not isinstance(c, GatedDeltaNetState):
+                    raise TypeError(
+                        f"cache[{i}] must be a GatedDeltaNetState (layer {i} is linear "
+                        f"attention), got {type(c).__name__}; use make_cache"
+                    )
+                linear = cast(DecoderBlock, self.layers[i]).linear_attn
+                assert linear is not None
+                linear.check_state(c, batch)
+                seen.add(c.seen)
+                continue
+            if not isinstance(c, KVCache):
+                raise TypeError(f"cache must hold KVCache objects, got {type(c).__name__}")
+            window = self.config.window(i)
+            if isinstance(c, RollingKVCache) and (window is None or window > c.window):
+                raise ValueError(
+                    f"cache[{i}] is a RollingKVCache(window={c.window}) but layer {i} sees "
+                    f"{'every token' if window is None else f'{window} tokens'}: it would "
+                    "lose keys the layer attends to"
+                )
+            seen.add(c.seen)
+            layout = c.layout
+            if layout is not None and layout.batch_size != batch:
+                raise ValueError(f"cache holds {layout.batch_size} sequences but ids has {batch}")
+        if len(seen) != 1:
+            raise ValueError(
+                f"the layers' caches have seen different numbers of tokens {sorted(seen)}"
+            )
+        return seen.pop()
+
+    def _check_logits_at(self, logits_at: object, ids: Tensor) -> None:
+        b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
+        if not isinstance(logits_at, Tensor) or not is_integer_dtype(logits_at.dtype):
+            raise TypeError(f"logits_at must be an integer tensor, got {logits_at!r}")
+        if tuple(logits_at.shape) != (b,):
+            raise ValueError(
+                f"logits_at must have shape (b,) = ({b},), one index per row, got "
+                f"{tuple(logits_at.shape)}"
+            )
+        check_int_sequence("logits_at", logits_at, low=0, high=t, within=f"the t={t} tokens ")
+
+    def _check_attending(
+        self, cache: Sequence[object], positions: object, padding_mask: object, attn_mask: object
+    ) -> None:
+        n = self.config.num_layers
+        if len(cache) != n or not all(isinstance(c, AttendingCache) for c in cache):
+            raise TypeError(f"cache must be {n} AttendingCache objects (one per layer)")
+        if positions is None:
+            raise ValueError("positions must be given with an AttendingCache (paged) cache")
+        if padding_mask is not None or attn_mask is not None:
+            raise ValueError(
+                "an AttendingCache (paged) cache decides what each query sees: pass no "
+                "padding_mask or attn_mask"
+            )
+
+    def _check_padding(self, mask: object, batch: int, total: int) -> Tensor:
+        weight = self.embed_tokens.weight
+        return check_padding_mask(mask, batch, total, like=weight, what="(b, cached + t)")
+
+    # -- the forward pass ----------------------------------------------------------------
+
+    def _prepare(
+        self,
+        ids: Tensor,
+        cache: Sequence[LayerCache] | None,
+        positions: Tensor | None,
+        padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        validate: bool,
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None, Tensor | None]:
+        """Embed; build the RoPE tables (one per kind of layer), the attention mask and
+        the new tokens' padding mask `(b, t)` for the linear layers, once."""
+        c = self.config
+        b, t = ids.shape
+        if cache and any(isinstance(layer, AttendingCache) for layer in cache):
+            # A paged cache of sequences of different lengths: the caller places every
+            # token, and the cache decides what each query sees.
+            x = self._embed(ids)  # (b, t, d_model)
+            if validate:
+                self._check_attending(cache, positions, padding_mask, attn_mask)
+                check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
+            assert positions is not None
+            return x, self._rope_tables(positions), None, None
+        kv = cast("Sequence[LayerState] | None", cache)
+        past = self._check_cache(kv, b) if validate else (kv[0].seen if kv else 0)
+        if validate and past + t > c.max_positions:
+            raise ValueError(
+                f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
+                f"the model's max_positions={c.max_positions}"
+            )
+        x = self._embed(ids)  # (b, t, d_model)
+        mask = new_padding = None
+        if padding_mask is not None:
+            pad = self._check_padding(padding_mask, b, past + t) if validate else padding_mask
+            pad = pad.bool()
+            if t > 1:  # one new token is never padding (it ends every row)
+                new_padding = pad[:, past:]  # (b, t)
+            if positions is None:  # count only real tokens, as transformers does
+                positions = (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+            if t > 1 or not bool(pad.all()):
+                # Keys at padding are hidden; a padded query sees itself, so that no row
+                # is all masked (softmax of nothing is NaN, which would reach the values).
+                mask = padding_attention_mask_impl(pad, t)[:, None]  # (b, 1, t, T)
+        if attn_mask is not None:
+            if validate:
+                target = (b, c.num_heads, t, past + t)
+                check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
+            mask = combine_impl(mask, attn_mask)
+        if positions is None:
+            positions = default_positions(past, t, ids.device)  # (t,)
+        elif validate:
+            check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
+        return x, self._rope_tables(positions), mask, new_padding
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        x: Tensor = self.embed_tokens(ids)  # (b, t, d_model)
+        if self.config.family == "gemma":
+            # Gemma scales the embedding by sqrt(d_model), rounded to the weights' dtype.
+            x = x * x.new_tensor(self.config.d_model**0.5)
+        return x
+
+    def _rope_tables(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
+        c = self.config
+        tables: dict[tuple[float, RopeScaling | None], tuple[Tensor, Tensor]] = {}
+        per_layer = []
+        for i in range(c.num_layers):
+            key = c.rope(i)
+            if key not in tables:
+                base, scaling = key
+                dims = c.head_dim if c.rope_dims is None else c.rope_dims
+                cos_sin = rope_cos_sin(positions, dims, base=base, scaling=scaling)
+                tables[key] = cos_sin  # (..., t, dims // 2) each
+            per_layer.append(tables[key])
+        return per_layer
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: Sequence[LayerCache] | None = None,
+        positions: Tensor | None = None,
+        padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        last_only: bool = False,
+        logits_at: Tensor | None = None,
+    ) -> Tensor:
+        """The logits of the next token after each token of `ids`.
+
+        Args:
+            ids: Token ids, `(b, t)` or `(t,)`, integers in `[0, vocab_size)`.
+            cache: From [`make_cache`][attnlab.models.decoder.Decoder.make_cache]: the earlier
+                tokens' keys and values, one cache per layer; the new ones are appended.
+                Or one [`AttendingCache`][attnlab.caches.kv.AttendingCache] per layer (a
+                paged cache of sequences of different lengths), with `positions`.
+            positions: Positions of the tokens, `(t,)` or `(b, t)`; default: after the
+                cached tokens, counting only real tokens where there is padding.
+            padding_mask: `(b, cached + t)`, 1 (True) at real tokens and 0 at padding,
+                padding on the left (Hugging Face's `attention_mask`).
+            attn_mask: An extra mask for every layer, bool (True = attend) or float,
+                broadcastable to `(b, num_heads, t, cached + t)`; combined with the
+                causal mask and the padding.
+            last_only: Return only the last token's logits, `(b, 1, vocab_size)` (what
+                decoding needs: the unembedding is a large matrix).
+            logits_at: `(b,)` integer tensor: return only the logits after token
+                `logits_at[i]` of row `i`, `(b, 1, vocab_size)` (rows of different real
+                lengths, right-padded, as a serving engine batches them).
+
+        Returns:
+            Logits `(b, t, vocab_size)` (or `(t, vocab_size)` for unbatched `ids`).
+
+        Raises:
+            TypeError: If `ids` is not an integer tensor, `cache` not a list of one
+                `KVCache` per layer, or `padding_mask` is not a bool or integer tensor.
+            ValueError: If `ids` is empty, has a token id outside the vocabulary or more
+                positions than the model has; the caches do not fit; `padding_mask` has
+                the wrong shape, pads on the right or has a row without tokens.
+        """
+        if is_validation_enabled():
+            ids = self._check_ids(ids)
+            check_bool("last_only", last_only)
+            if logits_at is not None:
+                self._check_logits_at(logits_at, ids)
+        unbatched = ids.ndim == 1
+        ids2 = ids[None] if unbatched else ids  # (b, t)
+        logits = self._logits(
+            ids2,
+            cache,
+            positions,
+            padding_mask,
+            attn_mask,
+            last_only,
+            logits_at,
+            validate=is_validation_enabled(),
+        )
+        return logits[0] if unbatched else logits
+
+    def _logits(
+        self,
+        ids: Tensor,
+        cache: Sequence[LayerCache] | None,
+        positions: Tensor | None,
+        padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        last_only: bool,
+        logits_at: Tensor | None,
+        *,
+        validate: bool,
+    ) -> Tensor:
+        """`forward` on batched `(b, t)` ids that were checked; the rest checked if `validate`."""
+        x, tables, mask, padding = self._prepare(
+            ids, cache, positions, padding_mask, attn_mask, validate
+        )
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else cache[i]
+            x = layer(x, tables[i], layer_cache, mask, padding)  # (b, t, d_model)
+        if logits_at is not None:
+            rows = torch.arange(x.shape[0], device=x.device)  # (b,)
+            x = x[rows, logits_at][:, None]  # (b, 1, d_model)
+        elif last_only:
+            x = x[:, -1:]  # (b, 1, d_model)
+        # (b, t, vocab_size); (b, 1, vocab_size) with logits_at or last_only
+        logits: Tensor = self.lm_head(self.norm(x))
+        cap = self.config.final_softcap
+        if cap is not None:  # Gemma 2: the logits squashed into (-cap, cap)
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def attention_maps(
+        self,
+        ids: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> list[Tensor]:
+        """The attention weights of every layer on `ids`, `(b, num_heads, t, t)` each.
+
+        Computed from scratch beside the normal forward (the fused kernels do not return
+        them), without a cache, under `torch.no_grad()`; dropout is not applied.
+
+        Args:
+            ids: Token ids, `(b, t)` or `(t,)` (then each map is `(num_heads, t, t)`).
+            padding_mask: As in `forward`.
+            attn_mask: As in `forward`.
+
+        Returns:
+            One tensor per layer; row `i` of head `h` is how token `i` spreads its
+            attention over the tokens up to it (each row sums to 1).
+        """
+        if is_validation_enabled():
+            ids = self._check_ids(ids)
+        unbatched = ids.ndim == 1
+        ids2 = ids[None] if unbatched else ids
+        maps = []
+        with torch.no_grad():
+            validate = is_validation_enabled()
+            if "linear" in map(self.config.kind, range(self.config.num_layers)):
+                raise ValueError("a model with linear-attention layers has no attention maps")
+            x, tables, mask, _ = self._prepare(ids2, None, None, padding_mask, attn_mask, validate)
+            for layer, table in zip(self.layers, tables, strict=True):
+                assert isinstance(layer, DecoderBlock)
+                x, weights = layer.forward_with_weights(x, table, mask)
+                maps.append(weights[0] if unbatched else weights)
+        return maps
+
+    # -- generation ----------------------------------------------------------------------
+
+    def stream(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        *,
+        padding_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        cache: CacheKind | Sequence[LayerState] = "static",
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """Generate tokens one at a time: yield each step's new token ids, `(b,)`.
+
+        Same arguments as [`generate`][attnlab.models.decoder.Decoder.generate] (less `on_token`);
+        the checks run when the iteration starts. Stops after `max_new_tokens` steps, or
+        once every sequence has produced an end token.
+        """
+        if is_validation_enabled():
+            ids = self._check_ids(ids)
+        ids2 = ids[None] if ids.ndim == 1 else ids  # (b, t)
+        b, t = ids2.shape
+        steps = check_positive_int("max_new_tokens", max_new_tokens)
+        sample = Sampler(temperature, top_k, top_p, generator)
+        eos = check_token_id_set("eos_token_id", eos_token_id, self.config.vocab_size)
+        pad = pad_token(pad_token_id, eos, self.config.vocab_size)
+        caches = self._generation_cache(cache, b, t, steps)
+        past = caches[0].seen
+        if padding_mask is None:
+            mask = None
+        else:
+            total = past + t
+            mask = (
+                self._check_padding(padding_mask, b, total)
+                if is_validation_enabled()
+                else padding_mask.bool()
+            )
+        if past + t + steps > self.config.max_positions:
+            raise ValueError(
+                f"ids has {t} tokens (after {past} cached) and max_new_tokens={steps}: "
+                f"{past + t + steps} positions, past the model's "
+                f"max_positions={self.config.max_positions}"
+            )
+        unfinished = torch.ones(b, dtype=torch.bool, device=ids2.device)
+        new, step = ids2, 0
+        while True:
+            # Inference mode (no autograd bookkeeping at all: ~5% faster per token than
+            # no_grad here) around each step only, never across a yield: the caller's code
+            # between two tokens runs in its own mode.
+            with torch.inference_mode():
+                # Checked once, above: the steps skip the per-forward checks (the id
+                # range and the padding mask are host syncs).
+                logits = self._logits(new, caches, None, mask, None, True, None, validate=False)
+                token = sample(logits[:, -1])  # (b,)
+                if eos:
+                    token = torch.where(unfinished, token, torch.full_like(token, pad))
+                    unfinished &= ~is_any_of(token, eos)
+            yield token.clone()  # a normal tensor, usable anywhere
+            step += 1
+            if step == steps or (eos and not bool(unfinished.any())):
+                return
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)  # (b, total + 1)
+            new = token[:, None]  # (b, 1)
+
+    def generate(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        *,
+        padding_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        cache: CacheKind | Sequence[LayerState] = "static",
+        generator: torch.Generator | None = None,
+        on_token: Callable[[Tensor], object] | None = None,
+    ) -> Tensor:
+        """Continue `ids` by up to `max_new_tokens` tokens, decoding from a KV cache.
+
+        Greedy by default (`temperature=0`: the most likely token, as `transformers`'
+        `generate(do_sample=False)`); with `temperature > 0`, sampled from the softmax of
+        the logits divided by `temperature`, restricted to the `top_k` most likely tokens
+        and then to the smallest set whose probability reaches `top_p` (the order of
+        `transformers`' logits warpers). A batch of prompts of different lengths is
+        padded on the left, with `padding_mask`; once a sequence produces an end token,
+        it gets `pad_token_id` until all are done (then decoding stops).
+
+        Each step runs under `torch.inference_mode()`. A cache passed in therefore holds
+        inference tensors afterwards: fine for more decoding or a forward under
+        `torch.no_grad()`, not for a forward that autograd records.
+
+        Args:
+            ids: Prompt token ids, `(b, t)` or `(t,)`.
+            max_new_tokens: Most tokens to add.
+            padding_mask: `(b, t)` (plus cached tokens), 1 at tokens, 0 at left padding.
+            temperature: 0 for greedy decoding, else the softmax temperature.
+            top_k: Sample only among the `top_k` most likely tokens.
+            top_p: Sample only among the most likely tokens whose probabilities sum to at
+                least `top_p` (nucleus sampling), in `(0, 1]`.
+            eos_token_id: The token id (or ids) that ends a sequence.
+            pad_token_id: What a finished sequence gets; default the first end token.
+            cache: `"static"` (preallocated for prompt plus new tokens), `"dynamic"`
+                (grows), or a list from [`make_cache`][attnlab.models.decoder.Decoder.make_cache]
+                (which may hold earlier tokens that `ids` continue).
+            generator: The random generator for sampling.
+            on_token: Called with each step's new tokens `(b,)` as they are produced.
+
+        Returns:
+            `ids` followed by the new tokens, `(b, t + n)` (or `(t + n,)`), `n` at most
+            `max_new_tokens`.
+
+        Raises:
+            TypeError: As `forward`, or if a sampling setting has the wrong type.
+            ValueError: As `forward`; if `max_new_tokens` is not positive, the prompt
+                plus `max_new_tokens` is longer than the model's positions or than a
+                given static cache, or a sampling setting is out of range.
+        """
+        tokens = []
+        for token in self.stream(
+            ids,
+            max_new_tokens,
+            padding_mask=padding_mask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            cache=cache,
+            generator=generator,
+        ):
+            if on_token is not None:
+                on_token(token)
+            tokens.append(token)
+        new = torch.stack(tokens, dim=-1)  # (b, n)
+        return torch.cat([ids, new[0] if ids.ndim == 1 else new], dim=-1)
+
+    def _generation_cache(
+        self, cache: object, batch: int, t: int, steps: int
+    ) -> Sequence[LayerState]:
+        if isinstance(cache, str):
+            if cache not in ("static", "dynamic"):
+                raise ValueError(
+                    f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
+                )
+            # The last new token is never fed back: t + steps - 1 tokens are cached.
+            length = min(t + steps - 1, self.config.max_positions)
+            return self.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
+        past = self._check_cache(cache, batch)
+        assert isinstance(cache, Sequence)
+        for c in cache:
+            if isinstance(c, StaticKVCache) and past + t + steps - 1 > c.max_length:
+                raise ValueError(
+                    f"the static cache holds max_length={c.max_length} tokens but "
+                    f"{past} cached + {t} in ids + max_new_tokens={steps} - 1 must fit; "
+                    "make it with a larger max_length"
+                )
+        return cache
+
+    # -- interoperability with Hugging Face transformers ---------------------------------
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> Decoder:
+        """A `Decoder` with the weights and settings of a Hugging Face causal LM.
+
+        Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
+        `Qwen2ForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM` (text only) and
+        `Qwen3NextForCausalLM` (and subclasses): the
+        state dict maps key for key, less the
+        `model.` prefix ([`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf]
+        reads the settings). The attention layers are the ones
+        [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf]
+        would build. Qwen3-Next's fused projections are split: each head's rows of
+        `q_proj` hold its query, then its output gate (`self_attn.attention.q_proj` and
+        `self_attn.gate_proj` here), and the Gated DeltaNet layers' weights are the ones
+        [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf] copies.
+
+        Args:
+            model: The Hugging Face model.
+
+        Returns:
+            A new `Decoder` on the same device and dtype, in the same training mode.
+
+        Raises:
+            TypeError: If `model` is not one of the supported classes.
+            ValueError: As [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf].
+        """
+        return interop.decoder_from_hf(cls, model)
+
+
+def _norm(config: DecoderConfig) -> nn.Module:
+    """The RMSNorm of the family: `weight` (Llama) or `1 + weight` (Gemma, Qwen3-Next)."""
+    if config.family != "llama":  # Gemma, Qwen3-Next
+        return RMSNorm(config.d_model, float(config.norm_eps), unit_offset=True)
+    return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+
+
+def _column_major(weight: Tensor) -> nn.Parameter:
+    """The same matrix, stored transposed: `(out, in)` with strides `(1, out)`.
+
+    `load_state_dict`, `to_empty` and `.to(dtype)` keep the strides, so a loaded model
+    keeps the layout.
+    """
+    data = weight.detach().t().contiguous().t()  # (out, in), column-major
+    return nn.Parameter(data, requires_grad=weight.requires_grad)

@@ -1,0 +1,67 @@
+"""Choosing tokens for [`Decoder.generate`][attnlab.models.decoder.Decoder.generate].
+
+Greedy or sampled (temperature, top-k, top-p) next tokens, the padding token of a
+finished row, and the end-of-sequence test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attnlab.rules._validation import (
+    check_nonnegative_float,
+    check_positive_int,
+    check_share,
+    check_token_id_set,
+)
+
+__all__ = ["Sampler", "is_any_of", "pad_token"]
+
+
+class Sampler:
+    """Pick the next token from logits `(b, vocab)`: greedy, or by (top-k, top-p) sampling."""
+
+    def __init__(
+        self,
+        temperature: object,
+        top_k: object,
+        top_p: object,
+        generator: object,
+    ) -> None:
+        self.temperature = check_nonnegative_float("temperature", temperature)  # 0: greedy
+        self.top_k = None if top_k is None else check_positive_int("top_k", top_k)
+        self.top_p = None if top_p is None else check_share("top_p", top_p)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        self.generator = generator
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if self.temperature == 0:
+            return logits.argmax(dim=-1)  # (b,)
+        scores = logits.float() / self.temperature
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            kth = scores.topk(self.top_k, dim=-1).values[..., -1:]  # (b, 1)
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1:
+            ordered, order = scores.sort(dim=-1)  # ascending
+            # Drop the least likely tokens while what they hold together is <= 1 - top_p;
+            # the most likely token always stays.
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1 - self.top_p
+            drop[..., -1] = False
+            scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        probs = scores.softmax(dim=-1)  # (b, vocab)
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0]  # (b,)
+
+
+def pad_token(pad_token_id: object, eos: tuple[int, ...], vocab: int) -> int:
+    """The token a finished row repeats: `pad_token_id`, else the first end token, else 0."""
+    pad = check_token_id_set("pad_token_id", pad_token_id, vocab)
+    return pad[0] if pad else eos[0] if eos else 0
+
+
+def is_any_of(token: Tensor, ids: Sequence[int]) -> Tensor:
+    """Whether each entry of `token` is one of `ids` (the end-of-sequence test)."""
+    return torch.isin(token, torch.tensor(ids, device=token.device))

@@ -1,0 +1,691 @@
+r"""A paged KV cache: fixed-size blocks, block tables, prefix sharing and copy-on-write.
+
+A server decodes many sequences at once, of lengths it does not know in advance. A
+contiguous cache per sequence must reserve the longest length up front, and most of
+that memory holds nothing. PagedAttention (Kwon et al., 2023,
+https://arxiv.org/abs/2309.06180, the idea behind vLLM) cuts the cache into *blocks* of
+`block_size` tokens taken from one shared pool: a sequence holds only the blocks it
+has filled, listed in its *block table*. Three things follow from the indirection:
+
+- memory is wasted only in the last, partly filled block of each sequence;
+- a block may appear in several tables: a sequence forked for parallel sampling shares
+  all of its parent's blocks, and requests that begin with the same prompt share the
+  blocks of that prefix (*prefix caching*), with reference counts saying when a block is
+  free again;
+- a shared block must not change under the other sequences, so a write into one first
+  copies it (*copy-on-write*). Only the last, partly filled block is ever written, so at
+  most one block is copied per fork.
+
+The pieces, smallest first: [`BlockAllocator`][attnlab.serving.cache.BlockAllocator] (a
+free list and reference counts), [`block_hashes`][attnlab.serving.cache.block_hashes] (the
+prefix identity of each full block) and [`PagedKVCache`][attnlab.serving.cache.PagedKVCache]
+(the pools, the tables, fork, free and prefix caching). Attention through the tables is
+the kernel [`paged_attention`][attnlab.functional.paged.paged_attention].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnlab.caches.kv import resolve_v_head_dim
+from attnlab.functional.backends import Backend
+from attnlab.functional.paged import check_paged, paged_attention_impl
+from attnlab.rules._precision import autocast_inputs
+from attnlab.rules._validation import (
+    check_bool,
+    check_device,
+    check_float_dtype,
+    check_int_sequence,
+    check_nonnegative_int,
+    check_positive_int,
+    check_rank,
+    check_tensor,
+    is_validation_enabled,
+)
+
+__all__ = [
+    "BlockAllocator",
+    "Method",
+    "OutOfBlocksError",
+    "PagedKVCache",
+    "block_hashes",
+]
+
+Method = Literal["gather", "online"]
+"""How [`paged_attention`][attnlab.functional.paged.paged_attention] reads the blocks."""
+
+_METHODS: tuple[Method, ...] = ("gather", "online")
+
+
+class OutOfBlocksError(RuntimeError):
+    """More blocks were asked for than are free; nothing was allocated or written.
+
+    An engine catches it to preempt a sequence (free it and recompute it later) or to
+    wait. `requested` and `free` say how many blocks were asked for and how many were
+    free.
+    """
+
+    def __init__(self, requested: int, free: int) -> None:
+        super().__init__(
+            f"out of KV cache blocks: {requested} requested but only {free} free; free a "
+            "sequence (or preempt one) first, or build the cache with more blocks"
+        )
+        self.requested = requested
+        self.free = free
+
+
+def _check_id(name: str, value: object, count: int, what: str) -> int:
+    """Return `value` if it is an int in [0, count); raise naming the argument otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if not 0 <= value < count:
+        raise ValueError(f"{name} must be in [0, {count}) (the {what}), got {value}")
+    return value
+
+
+class BlockAllocator:
+    """A pool of `num_blocks` block ids: a free list and a reference count per block.
+
+    A block is *free* at reference count 0 and *used* above it. `allocate` takes free
+    blocks (count 1), `incref` adds a holder to a used block, and `free` removes one; a
+    block whose last holder leaves returns to the free list. The free list is kept in the
+    order blocks were freed and `allocate` takes the longest-free block first, so a block
+    that was just freed keeps its contents as long as possible: a prefix cache can still
+    find it and [`take`][attnlab.serving.cache.BlockAllocator.take] it back.
+
+    Args:
+        num_blocks: How many blocks the pool has.
+
+    Raises:
+        TypeError: If `num_blocks` is not an int.
+        ValueError: If it is not positive.
+
+    Examples:
+        >>> pool = BlockAllocator(4)
+        >>> pool.allocate(3)
+        [0, 1, 2]
+        >>> pool.incref(1)  # a second sequence shares block 1
+        >>> pool.free(1), pool.free(1)  # its holders leave: free once no one holds it
+        (False, True)
+        >>> pool.num_free_blocks, pool.refcount(0)
+        (2, 1)
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = check_positive_int("num_blocks", num_blocks)
+        self._refcounts = [0] * num_blocks
+        # An OrderedDict is a free list with O(1) removal of any block (take).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no one holds."""
+        return len(self._free)
+
+    def refcount(self, block_id: int) -> int:
+        """How many holders (sequence table entries) block `block_id` has; 0 when free."""
+        return self._refcounts[_check_id("block_id", block_id, self.num_blocks, "block ids")]
+
+    def allocate(self, n: int = 1) -> list[int]:
+        """Take `n` free blocks, each with reference count 1.
+
+        Raises:
+            OutOfBlocksError: If fewer than `n` blocks are free (nothing is taken).
+        """
+        n = check_nonnegative_int("n", n)
+        if n > len(self._free):
+            raise OutOfBlocksError(n, len(self._free))
+        taken = [self._free.popitem(last=False)[0] for _ in range(n)]
+        for block in taken:
+            self._refcounts[block] = 1
+        return taken
+
+    def take(self, block_id: int) -> None:
+        """Take the particular free block `block_id` (a prefix-cache hit no one holds)."""
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        if self._refcounts[block]:
+            raise ValueError(f"block_id {block} is in use; incref it to share it")
+        del self._free[block]
+        self._refcounts[block] = 1
+
+    def incref(self, block_id: int) -> None:
+        """Add a holder to the used block `block_id`."""
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        if not self._refcounts[block]:
+            raise ValueError(f"block_id {block} is free: allocate or take it, not incref")
+        self._refcounts[block] += 1
+
+    def free(self, block_id: int) -> bool:
+        """Remove a holder of block `block_id`; return whether the block is now free.
+
+        Raises:
+            ValueError: If the block is already free (freed twice) or the id is unknown.
+        """
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        if not self._refcounts[block]:
+            raise ValueError(f"block_id {block} is already free (freed twice?)")
+        self._refcounts[block] -= 1
+        if self._refcounts[block]:
+            return False
+        self._free[block] = None  # last in line to be reallocated
+        return True
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
+    r"""The prefix hash of each full block of `token_ids`: its tokens and all before them.
+
+    Block $i$ holds tokens $i \cdot$ `block_size` to $(i + 1) \cdot$ `block_size` $- 1$;
+    its hash is SHA-256 of the hash of block $i - 1$ followed by its own tokens, so two
+    blocks have the same hash exactly when their tokens and every token before them
+    agree (what attention's keys and values at those positions depend on). A last,
+    partly filled block has no hash: it will still change.
+
+    Args:
+        token_ids: Token ids of a sequence, ints.
+        block_size: Tokens per block.
+
+    Returns:
+        One hex digest per full block, `len(token_ids) // block_size` of them.
+
+    Raises:
+        TypeError: If a token id or `block_size` is not an int.
+        ValueError: If `block_size` is not positive.
+
+    Examples:
+        >>> a = block_hashes([1, 2, 3, 4, 5], block_size=2)
+        >>> len(a), a == block_hashes([1, 2, 3, 4], 2)
+        (2, True)
+        >>> b = block_hashes([9, 2, 3, 4], 2)  # same second block, other prefix
+        >>> a[1] == b[1]
+        False
+    """
+    block_size = check_positive_int("block_size", block_size)
+    return _block_hashes(_token_list(token_ids), block_size)
+
+
+def _block_hashes(tokens: list[int], block_size: int) -> list[str]:
+    """[`block_hashes`][attnlab.serving.cache.block_hashes] of checked arguments."""
+    hashes: list[str] = []
+    parent = b""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        chunk = tokens[start : start + block_size]
+        digest = hashlib.sha256(parent)
+        digest.update(b"".join(t.to_bytes(8, "little", signed=True) for t in chunk))
+        parent = digest.digest()
+        hashes.append(digest.hexdigest())
+    return hashes
+
+
+def _token_list(token_ids: object) -> list[int]:
+    """`token_ids` checked (any ints, as the hash encodes them signed) and as a list."""
+    ids = check_int_sequence("token_ids", token_ids, low=None)
+    return ids.tolist() if isinstance(ids, Tensor) else ids
+
+
+@dataclasses.dataclass
+class _Sequence:
+    """What the cache knows of one sequence."""
+
+    table: list[int]  # block ids, in token order
+    filled: list[int]  # tokens written, per layer
+    hashes: list[str]  # prefix hashes of the prompt's full blocks
+    registered: int  # leading blocks already matched or offered to the prefix cache
+
+
+class PagedKVCache:
+    r"""Keys and values of many sequences in one pool of blocks, for every layer.
+
+    One object holds the pools of all `num_layers` layers, and one block table per
+    sequence serves them all, as in vLLM and `transformers`' `PagedAttentionCache`: every
+    layer stores the same tokens at the same positions, so block $i$ of a sequence is
+    block $i$ of its table in each layer's pool. Allocation, reference counts, forks and
+    prefix lookups then happen once per token, not once per layer, and the memory of a
+    block is `num_layers` slices that come and go together. Each layer still counts its
+    own written tokens, since a model writes layer by layer:
+    [`append`][attnlab.serving.cache.PagedKVCache.append] to layer $l$ writes after what layer $l$
+    holds, and the first layer that needs a new block allocates it for all.
+
+    Prefix caching: [`add_sequence`][attnlab.serving.cache.PagedKVCache.add_sequence] takes the
+    prompt's token ids and returns how many of them are already cached. A full block of
+    a prompt is registered under its [`block_hashes`][attnlab.serving.cache.block_hashes] entry
+    once every layer has written it; a later prompt with the same leading blocks starts
+    with those blocks in its table (reference counts shared), so an engine computes only
+    the rest. At least one prompt token is always left to compute, so that the model
+    produces logits for the next token. A block whose last holder is freed is free (it
+    counts in [`num_free_blocks`][attnlab.serving.cache.PagedKVCache.num_free_blocks]) but keeps
+    its contents and its hash until the allocator hands it out again, longest-free
+    first, so a prompt that returns soon still finds it. Only prompt tokens are hashed,
+    not generated ones.
+
+    Copy-on-write: [`fork`][attnlab.serving.cache.PagedKVCache.fork] gives a new sequence the
+    same table; the first write into a block that another sequence also holds copies it
+    (in every layer) to a fresh block first. Every out-of-blocks condition raises
+    [`OutOfBlocksError`][attnlab.serving.cache.OutOfBlocksError] before anything is written or
+    allocated.
+
+    Pools: `key_pools` of shape `(num_layers, num_kv_heads, num_blocks, block_size,
+    head_dim)` and `value_pools` with `v_head_dim` features, zeros at first (padding
+    positions are read, then masked, by attention: zeros keep them finite). Heads come
+    before blocks, as in PyTorch's `PagedAttention` (whose cache `(1, num_kv_heads,
+    num_blocks * block_size, head_dim)` is one layer's pool, reshaped): gathering a
+    sequence's blocks along dimension 1 then yields keys in the `(num_kv_heads, ...,
+    tokens, head_dim)` order attention multiplies in, with no transpose to copy.
+    Sequence ids are ints handed out in order and never reused.
+
+    Args:
+        num_layers: Attention layers.
+        num_blocks: Blocks in the pool (each of `block_size` tokens, in every layer).
+        block_size: Tokens per block.
+        num_kv_heads: Key/value heads per layer.
+        head_dim: Features per key.
+        v_head_dim: Features per value; defaults to `head_dim`.
+        dtype: Element type of the pools.
+        device: Where the pools live (default: the CPU).
+        prefix_caching: Whether `add_sequence` looks up and registers prompt blocks.
+
+    Raises:
+        TypeError: If a size is not an int, `dtype` is not a `torch.dtype` or `device`
+            is not a device.
+        ValueError: If a size is not positive.
+
+    Examples:
+        >>> cache = PagedKVCache(num_layers=1, num_blocks=8, block_size=4, num_kv_heads=2,
+        ...                      head_dim=3)
+        >>> seq, cached = cache.add_sequence([5, 6, 7, 8, 9])
+        >>> k, v = torch.randn(2, 5, 3), torch.randn(2, 5, 3)  # (num_kv_heads, t, head_dim)
+        >>> cache.append(seq, 0, k, v)
+        >>> cache.block_table(seq), cache.num_free_blocks
+        ([0, 1], 6)
+        >>> other, cached = cache.add_sequence([5, 6, 7, 8, 1, 2])
+        >>> cached, cache.block_table(other)  # the first block is shared
+        (4, [0])
+        >>> q = torch.randn(2, 4, 1, 3)  # (b, num_heads, t_q, head_dim): GQA, 2 per kv head
+        >>> cache.attend(0, q[:1], [seq]).shape
+        torch.Size([1, 4, 1, 3])
+        >>> cache.free(seq); cache.free(other); cache.num_free_blocks
+        8
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        prefix_caching: bool = True,
+    ) -> None:
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.block_size = check_positive_int("block_size", block_size)
+        self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
+        check_float_dtype("dtype", dtype)
+        check_device("device", device)
+        self.prefix_caching = check_bool("prefix_caching", prefix_caching)
+        self.allocator = BlockAllocator(num_blocks)
+        shape = (num_layers, num_kv_heads, num_blocks, block_size)
+        self.key_pools = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
+        self.value_pools = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
+        self._sequences: dict[int, _Sequence] = {}
+        self._next_id = 0
+        self._block_of_hash: dict[str, int] = {}
+        self._hash_of_block: dict[int, str] = {}
+        # attend's last (seq_ids, tables tensor), valid while no table changed or freed:
+        # a decode step reads the same tables in every layer.
+        self._tables_version = 0
+        self._tables_memo: tuple[tuple[int, ...], int, Tensor] | None = None
+
+    # --- sizes --------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self.allocator.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that no sequence holds (a freed prefix block counts, cached or not)."""
+        return self.allocator.num_free_blocks
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value pools, all layers, used or not."""
+        return self.key_pools.nbytes + self.value_pools.nbytes
+
+    @property
+    def sequences(self) -> list[int]:
+        """Ids of the sequences held, in the order they were added."""
+        return list(self._sequences)
+
+    # --- sequences ----------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the whole cache can hold: `num_blocks * block_size`."""
+        return self.num_blocks * self.block_size
+
+    def add_sequence(self, token_ids: Sequence[int] | Tensor = ()) -> tuple[int, int]:
+        """Start a sequence; return its id and how many of its prompt tokens are cached.
+
+        With prefix caching on, the leading full blocks of `token_ids` that some
+        sequence wrote before (and whose blocks were not handed out since) join the new
+        sequence's table, and every layer counts them as written: the engine skips the
+        prefill of those tokens and appends keys and values from there on. At least one
+        token is left uncached. Nothing is allocated for the other tokens until they are
+        appended.
+
+        Args:
+            token_ids: The prompt's token ids (a sequence of ints or a 1-d integer
+                tensor); empty to start a sequence without prefix caching.
+
+        Returns:
+            `(seq_id, num_cached_tokens)`; `num_cached_tokens` is a multiple of
+            `block_size`.
+
+        Raises:
+            TypeError: If `token_ids` is not a sequence of ints.
+            ValueError: If the prompt is longer than the whole cache.
+        """
+        tokens = _token_list(token_ids)
+        capacity = self.capacity
+        if len(tokens) > capacity:
+            raise ValueError(
+                f"token_ids has {len(tokens)} tokens but the cache holds at most {capacity} "
+                f"(num_blocks={self.num_blocks} x block_size={self.block_size})"
+            )
+        return self.add_sequence_impl(tokens)
+
+    def add_sequence_impl(self, tokens: list[int]) -> tuple[int, int]:
+        """[`add_sequence`][attnlab.serving.cache.PagedKVCache.add_sequence] without its checks.
+
+        For a caller that checked the prompt already (the serving engine checks it once,
+        against the model's vocabulary, when the request comes in): `tokens` a list of
+        ints no longer than the cache.
+        """
+        hashes = _block_hashes(tokens, self.block_size) if self.prefix_caching else []
+        matched: list[int] = []
+        for digest in hashes[: max(0, len(tokens) - 1) // self.block_size]:
+            block = self._block_of_hash.get(digest)
+            if block is None:
+                break
+            matched.append(block)
+        for block in matched:
+            if self.allocator.refcount(block):
+                self.allocator.incref(block)
+            else:  # freed, contents kept: take it back from the free list
+                self.allocator.take(block)
+        cached = len(matched) * self.block_size
+        seq_id = self._next_id
+        self._next_id += 1
+        self._sequences[seq_id] = _Sequence(
+            table=matched, filled=[cached] * self.num_layers, hashes=hashes, registered=len(matched)
+        )
+        return seq_id, cached
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence that shares every block of `seq_id` (copy-on-write); its id.
+
+        Raises:
+            ValueError: If `seq_id` is unknown or was freed.
+        """
+        seq = self._get(seq_id)
+        for block in seq.table:
+            self.allocator.incref(block)
+        new_id = self._next_id
+        self._next_id += 1
+        self._sequences[new_id] = dataclasses.replace(
+            seq, table=list(seq.table), filled=list(seq.filled), hashes=list(seq.hashes)
+        )
+        return new_id
+
+    def free(self, seq_id: int) -> None:
+        """Drop sequence `seq_id`; its blocks that no one else holds become free.
+
+        Raises:
+            ValueError: If `seq_id` is unknown or was already freed.
+        """
+        seq = self._get(seq_id)
+        for block in seq.table:
+            self.allocator.free(block)
+        del self._sequences[seq_id]
+        self._tables_version += 1
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The block ids of sequence `seq_id`, in token order (a copy)."""
+        return list(self._get(seq_id).table)
+
+    def length(self, seq_id: int, layer: int | None = None) -> int:
+        """Tokens of `seq_id` written in `layer`, or in every layer if `layer` is None."""
+        seq = self._get(seq_id)
+        if layer is None:
+            return min(seq.filled)
+        return seq.filled[_check_id("layer", layer, self.num_layers, "layers")]
+
+    def block_hash(self, block_id: int) -> str | None:
+        """The prefix hash block `block_id` is cached under, or None."""
+        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
+        return self._hash_of_block.get(block)
+
+    def _get(self, seq_id: object) -> _Sequence:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+            raise TypeError(f"seq_id must be an int, got {seq_id!r} ({type(seq_id).__name__})")
+        seq = self._sequences.get(seq_id)
+        if seq is not None:
+            return seq
+        if 0 <= seq_id < self._next_id:
+            raise ValueError(f"seq_id {seq_id} was freed already (freed twice, or used after)")
+        raise ValueError(f"seq_id {seq_id} is not a sequence of this cache")
+
+    # --- writing ------------------------------------------------------------------
+
+    def append(self, seq_id: int, layer: int, key: Tensor, value: Tensor) -> None:
+        """Write the keys and values of `t` new tokens of `seq_id` into `layer`.
+
+        They go after the tokens `layer` holds. Blocks are allocated as needed, and a
+        block that another sequence shares is copied first (copy-on-write).
+
+        Args:
+            seq_id: The sequence.
+            layer: The layer, in `[0, num_layers)`.
+            key: Keys, shape `(num_kv_heads, t, head_dim)`, of the pools' dtype and device.
+            value: Values, shape `(num_kv_heads, t, v_head_dim)`.
+
+        Raises:
+            TypeError: If an id is not an int or `key`/`value` is not a float tensor.
+            ValueError: If an id is unknown, or `key`/`value` do not fit the pools (checked
+                while [validation][attnlab.set_validation] is on; the ids always).
+            OutOfBlocksError: If the blocks needed are not free (nothing is written).
+        """
+        seq = self._get(seq_id)
+        layer = _check_id("layer", layer, self.num_layers, "layers")
+        if is_validation_enabled():
+            self._check_kv(key, value)
+        start = seq.filled[layer]
+        end = start + key.shape[1]
+        if end == start:
+            return
+        self._make_room(seq, start, end)
+        if end == start + 1:  # a decode step: one slot, plain indexing
+            block, slot = seq.table[start // self.block_size], start % self.block_size
+            self.key_pools[layer, :, block, slot] = key[:, 0]  # (kv, head_dim)
+            self.value_pools[layer, :, block, slot] = value[:, 0]  # (kv, v_head_dim)
+            seq.filled[layer] = end
+            self._register_full_blocks(seq)
+            return
+        device = self.key_pools.device
+        positions = torch.arange(start, end, device=device)  # (t,)
+        table = torch.tensor(seq.table, dtype=torch.long, device=device)
+        blocks = table[positions // self.block_size]  # (t,) physical block of each token
+        slots = positions % self.block_size  # (t,) its place in the block
+        # Adjacent advanced indices stay in place: pool[:, blocks, slots] is (kv, t, hd).
+        self.key_pools[layer][:, blocks, slots] = key  # (kv, t, head_dim)
+        self.value_pools[layer][:, blocks, slots] = value  # (kv, t, v_head_dim)
+        seq.filled[layer] = end
+        self._register_full_blocks(seq)
+
+    def _check_kv(self, key: object, value: object) -> None:
+        k = check_tensor("key", key)
+        v = check_tensor("value", value)
+        check_rank("key", k, (3,), "(num_kv_heads, t, head_dim)")
+        check_rank("value", v, (3,), "(num_kv_heads, t, v_head_dim)")
+        want = {"key": (k, self.head_dim), "value": (v, self.v_head_dim)}
+        for name, (x, features) in want.items():
+            if x.shape[0] != self.num_kv_heads or x.shape[2] != features:
+                raise ValueError(
+                    f"{name} must have shape (num_kv_heads={self.num_kv_heads}, t, "
+                    f"{features}), got {name}.shape={tuple(x.shape)}"
+                )
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(
+                f"key and value must have the same number of tokens t, got "
+                f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
+            )
+        for name, x in (("key", k), ("value", v)):
+            if x.dtype != self.key_pools.dtype or x.device != self.key_pools.device:
+                raise ValueError(
+                    f"{name} is {x.dtype} on {x.device} but the cache holds "
+                    f"{self.key_pools.dtype} on {self.key_pools.device}"
+                )
+
+    def _make_room(self, seq: _Sequence, start: int, end: int) -> None:
+        """Make blocks for positions [start, end) of `seq` present and private."""
+        bs = self.block_size
+        first, last = start // bs, -(-end // bs)  # blocks touched: [first, last)
+        shared = [
+            i
+            for i in range(first, min(last, len(seq.table)))
+            if self.allocator.refcount(seq.table[i]) > 1
+        ]
+        new = max(0, last - len(seq.table))
+        if not shared and not new:
+            return
+        fresh = self._allocate(len(shared) + new)  # all or nothing: raises before a write
+        self._tables_version += 1
+        for i, copy in zip(shared, fresh[: len(shared)], strict=True):
+            old = seq.table[i]
+            # Copy-on-write, in every layer: the others keep the old block unchanged.
+            self.key_pools[:, :, copy] = self.key_pools[:, :, old]
+            self.value_pools[:, :, copy] = self.value_pools[:, :, old]
+            self.allocator.free(old)  # one holder fewer; the others still hold it
+            seq.table[i] = copy
+        seq.table.extend(fresh[len(shared) :])
+
+    def _allocate(self, n: int) -> list[int]:
+        """Allocate n blocks; a block handed out again loses its cached prefix hash."""
+        blocks = self.allocator.allocate(n)
+        for block in blocks:
+            digest = self._hash_of_block.pop(block, None)
+            if digest is not None:
+                del self._block_of_hash[digest]
+        return blocks
+
+    def _register_full_blocks(self, seq: _Sequence) -> None:
+        """Offer to the prefix cache the prompt blocks that every layer has filled."""
+        done = min(min(seq.filled) // self.block_size, len(seq.hashes))
+        for i in range(seq.registered, done):
+            digest, block = seq.hashes[i], seq.table[i]
+            # The first writer of a prefix is the one cached; a twin written at the same
+            # time keeps its block private.
+            if digest not in self._block_of_hash and block not in self._hash_of_block:
+                self._block_of_hash[digest] = block
+                self._hash_of_block[block] = digest
+        seq.registered = max(seq.registered, done)
+
+    # --- reading ------------------------------------------------------------------
+
+    def block_tables(self, seq_ids: Sequence[int]) -> Tensor:
+        """The tables of `seq_ids` as one `(b, max_blocks)` int64 tensor, padded with 0.
+
+        Padding entries point at block 0; attention masks them by the lengths.
+        """
+        tables = [self._get(s).table for s in seq_ids]
+        width = max([1, *(len(t) for t in tables)])
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(rows, dtype=torch.long, device=self.key_pools.device).reshape(
+            len(rows), width
+        )  # (b, max_blocks)
+
+    def lengths(self, seq_ids: Sequence[int], layer: int) -> Tensor:
+        """Tokens written in `layer` for each of `seq_ids`, a `(b,)` int64 tensor."""
+        layer = _check_id("layer", layer, self.num_layers, "layers")
+        counts = [self._get(s).filled[layer] for s in seq_ids]
+        return torch.tensor(counts, dtype=torch.long, device=self.key_pools.device)
+
+    def attend(
+        self,
+        layer: int,
+        query: Tensor,
+        seq_ids: Sequence[int],
+        *,
+        query_lengths: Tensor | None = None,
+        scale: float | None = None,
+        method: Method = "online",
+        backend: Backend = "torch",
+    ) -> Tensor:
+        """[`paged_attention`][attnlab.functional.paged.paged_attention] of `query` over `layer`.
+
+        Append the new tokens' keys and values to `layer` first: the queries are the
+        last `t_q` (or `query_lengths[i]`) tokens of each sequence.
+
+        Args:
+            layer: The layer whose pools to read.
+            query: Queries, `(b, num_heads, t_q, head_dim)`, row `i` for `seq_ids[i]`.
+            seq_ids: The `b` sequences.
+            query_lengths: As for `paged_attention`.
+            scale: As for `paged_attention`.
+            method: As for `paged_attention`.
+            backend: As for `paged_attention`.
+
+        Returns:
+            `(b, num_heads, t_q, v_head_dim)`.
+        """
+        lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
+        key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
+        tables = self._attend_tables(seq_ids)
+        if is_validation_enabled():  # the tables and lengths are the cache's own
+            query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+            check_paged(
+                query,
+                key_pool,
+                value_pool,
+                tables,
+                lengths,
+                query_lengths,
+                scale,
+                method,
+                backend,
+                own=True,
+            )
+        return paged_attention_impl(
+            query,
+            key_pool,
+            value_pool,
+            tables,
+            lengths,
+            query_lengths=query_lengths,
+            scale=scale,
+            method=method,
+            backend=backend,
+        )
+
+    def _attend_tables(self, seq_ids: Sequence[int]) -> Tensor:
+        """`block_tables(seq_ids)`, reused while no table changed (every layer asks)."""
+        key = tuple(seq_ids)
+        memo = self._tables_memo
+        if memo is not None and memo[0] == key and memo[1] == self._tables_version:
+            return memo[2]
+        tables = self.block_tables(seq_ids)
+        self._tables_memo = (key, self._tables_version, tables)
+        return tables
