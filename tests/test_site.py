@@ -336,7 +336,7 @@ def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> No
 
 
 def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
-    # The "Notebooks" section: mkdocs-jupyter renders each generated notebook as a page,
+    # The notebooks' pages (listed by notebooks/): mkdocs-jupyter renders each as a page,
     # with its stored outputs and figures, adapted to the site by docs/hooks/notebook.py.
     site_dir, log = site
     assert "Converting notebook (execute=True)" not in log  # executed once, by the hook
@@ -374,12 +374,34 @@ def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
         assert (page.parent / download[0]).is_file()
         assert f"/edit/main/docs/{_chapter_of(name)}" in text, name  # edits go to the chapter
     search = json.loads((site_dir / "search/search_index.json").read_text("utf-8"))
-    assert not [d for d in search["docs"] if d["location"].startswith("notebooks/")]
+    # (notebooks/ itself is the page that lists them, found by search like any page.)
+    assert not [d for d in search["docs"] if re.match(r"notebooks/[^#]", d["location"])]
     seven = (site_dir / "notebooks/07-self-attention-class/index.html").read_text("utf-8")
     notebook = seven[seven.index('class="jupyter-wrapper"') :]
     assert "<svg" in notebook  # a stored figure
     assert "0.5313" in notebook  # a stored output
     assert 'href="../../reference/' in notebook  # an API link, resolved
+
+
+def test_the_notebooks_page_lists_every_built_notebook(site: tuple[Path, str]) -> None:
+    # The navigation lists the chapters only; notebooks/ lists the notebooks, from the
+    # list the build made them from (docs/hooks/notebook.py).
+    site_dir, log = site
+    built = {p.parent.name for p in (site_dir / "notebooks").glob("*/index.html")}
+    assert len(built) == 29
+    index = (site_dir / "notebooks/index.html").read_text("utf-8")
+    content = index[index.index('<article class="md-content__inner') :]
+    pages = set(re.findall(r'<a href="([\w-]+)/">page</a>', content))
+    assert pages == built
+    downloads = re.findall(r'<a href="([^"]+\.ipynb)" download>', content)
+    assert len(downloads) == len(built)
+    assert all((site_dir / "notebooks" / d).is_file() for d in downloads)
+    assert 'href="../article/02-embedding/"' in content  # its chapter
+    home = (site_dir / "index.html").read_text("utf-8")
+    nav = home[home.index('class="md-nav md-nav--primary"') : home.index("md-sidebar--secondary")]
+    assert "notebooks/02-embedding/" not in nav  # no notebook in the left column
+    assert 'href="notebooks/"' in nav
+    assert "pages exist in the docs directory, but are not included" not in log
 
 
 def _chapter_of(notebook: str) -> str:
