@@ -404,6 +404,35 @@ def test_the_notebooks_page_lists_every_built_notebook(site: tuple[Path, str]) -
     assert "pages exist in the docs directory, but are not included" not in log
 
 
+PROTECTED = re.compile(  # code, figures, math, and headings (docs/hooks/abbreviations.py)
+    r"<pre\b.*?</pre>|<code\b.*?</code>|<svg\b.*?</svg>"
+    r'|<(span|div) class="arithmatex">.*?</\1>|<(h[1-6])\b.*?</\2>',
+    flags=re.S,
+)
+
+
+def test_no_abbreviation_shows_inside_code_or_math(site: tuple[Path, str]) -> None:
+    # docs/includes/abbreviations.md is appended to every page (pymdownx.snippets): the
+    # abbr extension marks each term in the text, never in code, math, a figure or a
+    # heading.
+    site_dir, _ = site
+    inside, pages_with_abbr = {}, set()
+    for page in _pages(site_dir):
+        text = page.read_text("utf-8")
+        if "<abbr" not in text:
+            continue
+        pages_with_abbr.add(str(page.relative_to(site_dir)))
+        found = [m[0][:80] for m in PROTECTED.finditer(text) if "<abbr" in m[0]]
+        if found:
+            inside[str(page.relative_to(site_dir))] = found[:3]
+    assert inside == {}
+    assert PROTECTED.search('<p>x <code>a <abbr title="t">KV</abbr></code></p>')  # it can fail
+    # The terms are marked in the text: the chapters' and the glossary's.
+    assert {"modern/gqa/index.html", "glossary/index.html"} <= pages_with_abbr
+    gqa = (site_dir / "modern/gqa/index.html").read_text("utf-8")
+    assert '<abbr title="grouped-query attention: ' in gqa
+
+
 def _chapter_of(notebook: str) -> str:
     """``beyond-masks`` -> ``beyond/masks.md``; ``07-x`` -> ``article/07-x.md``."""
     section, _, stem = notebook.partition("-")
