@@ -404,6 +404,42 @@ def test_the_notebooks_page_lists_every_built_notebook(site: tuple[Path, str]) -
     assert "pages exist in the docs directory, but are not included" not in log
 
 
+def test_home_page_draws_the_map_and_the_reading_paths(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    home = (site_dir / "index.html").read_text("utf-8")
+    assert "attnlab:site-map" not in home  # the markers were replaced
+    assert "attnlab:reading-paths" not in home
+    drawn = re.search(r'<div class="attn-map">(.*?)</div>', home, flags=re.S)
+    assert drawn is not None
+    assert re.findall(r'<svg class="(attn-map-\w+)"', drawn[1]) == [
+        "attn-map-wide",
+        "attn-map-narrow",
+    ]
+    links = re.findall(r'<a href="([^"]+)"', drawn[1])
+    assert len(links) == 2 * (12 + 7 + 13)  # each chapter (and part index) once per drawing
+    assert all((site_dir / link / "index.html").is_file() for link in links), links
+    paths = re.search(r'<ul class="attn-map-paths">(.*?)</ul>', home, flags=re.S)
+    assert paths is not None
+    assert paths[1].count("<li>") == 3
+    assert 'href="beyond/flash-attention/"' in paths[1]
+
+
+def test_before_this_lines_link_their_chapters(site: tuple[Path, str]) -> None:
+    from hooks import site_map
+
+    site_dir, _ = site
+    for entry in site_map.PREREQUISITES:
+        page = site_dir / entry.page.removesuffix(".md") / "index.html"
+        text = page.read_text("utf-8")
+        line = re.search(r"<p><strong>Before this:</strong> <a href=\"([^\"]+)\">", text)
+        assert line is not None, entry.page
+        target, _, anchor = line[1].partition("#")
+        built = (page.parent / target / "index.html").resolve()
+        assert built.is_file(), line[1]
+        if anchor:
+            assert f'id="{anchor}"' in built.read_text("utf-8"), line[1]
+
+
 PROTECTED = re.compile(  # code, figures, math, and headings (docs/hooks/abbreviations.py)
     r"<pre\b.*?</pre>|<code\b.*?</code>|<svg\b.*?</svg>"
     r'|<(span|div) class="arithmatex">.*?</\1>|<(h[1-6])\b.*?</\2>',
