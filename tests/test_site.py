@@ -336,7 +336,7 @@ def test_each_chapter_offers_its_executed_notebook(site: tuple[Path, str]) -> No
 
 
 def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
-    # The "Notebooks" section: mkdocs-jupyter renders each generated notebook as a page,
+    # The notebooks' pages (listed by notebooks/): mkdocs-jupyter renders each as a page,
     # with its stored outputs and figures, adapted to the site by docs/hooks/notebook.py.
     site_dir, log = site
     assert "Converting notebook (execute=True)" not in log  # executed once, by the hook
@@ -374,12 +374,99 @@ def test_notebook_pages_render_the_downloads(site: tuple[Path, str]) -> None:
         assert (page.parent / download[0]).is_file()
         assert f"/edit/main/docs/{_chapter_of(name)}" in text, name  # edits go to the chapter
     search = json.loads((site_dir / "search/search_index.json").read_text("utf-8"))
-    assert not [d for d in search["docs"] if d["location"].startswith("notebooks/")]
+    # (notebooks/ itself is the page that lists them, found by search like any page.)
+    assert not [d for d in search["docs"] if re.match(r"notebooks/[^#]", d["location"])]
     seven = (site_dir / "notebooks/07-self-attention-class/index.html").read_text("utf-8")
     notebook = seven[seven.index('class="jupyter-wrapper"') :]
     assert "<svg" in notebook  # a stored figure
     assert "0.5313" in notebook  # a stored output
     assert 'href="../../reference/' in notebook  # an API link, resolved
+
+
+def test_the_notebooks_page_lists_every_built_notebook(site: tuple[Path, str]) -> None:
+    # The navigation lists the chapters only; notebooks/ lists the notebooks, from the
+    # list the build made them from (docs/hooks/notebook.py).
+    site_dir, log = site
+    built = {p.parent.name for p in (site_dir / "notebooks").glob("*/index.html")}
+    assert len(built) == 29
+    index = (site_dir / "notebooks/index.html").read_text("utf-8")
+    content = index[index.index('<article class="md-content__inner') :]
+    pages = set(re.findall(r'<a href="([\w-]+)/">page</a>', content))
+    assert pages == built
+    downloads = re.findall(r'<a href="([^"]+\.ipynb)" download>', content)
+    assert len(downloads) == len(built)
+    assert all((site_dir / "notebooks" / d).is_file() for d in downloads)
+    assert 'href="../article/02-embedding/"' in content  # its chapter
+    home = (site_dir / "index.html").read_text("utf-8")
+    nav = home[home.index('class="md-nav md-nav--primary"') : home.index("md-sidebar--secondary")]
+    assert "notebooks/02-embedding/" not in nav  # no notebook in the left column
+    assert 'href="notebooks/"' in nav
+    assert "pages exist in the docs directory, but are not included" not in log
+
+
+def test_home_page_draws_the_map_and_the_reading_paths(site: tuple[Path, str]) -> None:
+    site_dir, _ = site
+    home = (site_dir / "index.html").read_text("utf-8")
+    assert "attnlab:site-map" not in home  # the markers were replaced
+    assert "attnlab:reading-paths" not in home
+    drawn = re.search(r'<div class="attn-map">(.*?)</div>', home, flags=re.S)
+    assert drawn is not None
+    assert re.findall(r'<svg class="(attn-map-\w+)"', drawn[1]) == [
+        "attn-map-wide",
+        "attn-map-narrow",
+    ]
+    links = re.findall(r'<a href="([^"]+)"', drawn[1])
+    assert len(links) == 2 * (12 + 7 + 13)  # each chapter (and part index) once per drawing
+    assert all((site_dir / link / "index.html").is_file() for link in links), links
+    paths = re.search(r'<ul class="attn-map-paths">(.*?)</ul>', home, flags=re.S)
+    assert paths is not None
+    assert paths[1].count("<li>") == 3
+    assert 'href="beyond/flash-attention/"' in paths[1]
+
+
+def test_before_this_lines_link_their_chapters(site: tuple[Path, str]) -> None:
+    from hooks import site_map
+
+    site_dir, _ = site
+    for entry in site_map.PREREQUISITES:
+        page = site_dir / entry.page.removesuffix(".md") / "index.html"
+        text = page.read_text("utf-8")
+        line = re.search(r"<p><strong>Before this:</strong> <a href=\"([^\"]+)\">", text)
+        assert line is not None, entry.page
+        target, _, anchor = line[1].partition("#")
+        built = (page.parent / target / "index.html").resolve()
+        assert built.is_file(), line[1]
+        if anchor:
+            assert f'id="{anchor}"' in built.read_text("utf-8"), line[1]
+
+
+PROTECTED = re.compile(  # code, figures, math, and headings (docs/hooks/abbreviations.py)
+    r"<pre\b.*?</pre>|<code\b.*?</code>|<svg\b.*?</svg>"
+    r'|<(span|div) class="arithmatex">.*?</\1>|<(h[1-6])\b.*?</\2>',
+    flags=re.S,
+)
+
+
+def test_no_abbreviation_shows_inside_code_or_math(site: tuple[Path, str]) -> None:
+    # docs/includes/abbreviations.md is appended to every page (pymdownx.snippets): the
+    # abbr extension marks each term in the text, never in code, math, a figure or a
+    # heading.
+    site_dir, _ = site
+    inside, pages_with_abbr = {}, set()
+    for page in _pages(site_dir):
+        text = page.read_text("utf-8")
+        if "<abbr" not in text:
+            continue
+        pages_with_abbr.add(str(page.relative_to(site_dir)))
+        found = [m[0][:80] for m in PROTECTED.finditer(text) if "<abbr" in m[0]]
+        if found:
+            inside[str(page.relative_to(site_dir))] = found[:3]
+    assert inside == {}
+    assert PROTECTED.search('<p>x <code>a <abbr title="t">KV</abbr></code></p>')  # it can fail
+    # The terms are marked in the text: the chapters' and the glossary's.
+    assert {"modern/gqa/index.html", "glossary/index.html"} <= pages_with_abbr
+    gqa = (site_dir / "modern/gqa/index.html").read_text("utf-8")
+    assert '<abbr title="grouped-query attention: ' in gqa
 
 
 def _chapter_of(notebook: str) -> str:

@@ -22,10 +22,13 @@ article, of beyond/ and of modern/ that has runnable code into
 The notebooks are added as files when MkDocs collects its files (``on_files``), into a
 temporary folder outside ``docs/``, and filled with their outputs just before their page
 is rendered (``on_pre_page``), after their chapter's page (the notebooks are the last
-files of the build). The mkdocs-jupyter plugin renders each as a page of the "Notebooks"
-section (``execute: false``) and copies it beside its page,
-``notebooks/<name>/<name>.ipynb``, where both the page and its chapter offer a
-"Download notebook" button. API cross-references are only known once every page is
+files of the build). The mkdocs-jupyter plugin renders each as a page (``execute:
+false``) and copies it beside its page, ``notebooks/<name>/<name>.ipynb``, where both
+the page and its chapter offer a "Download notebook" button. The notebook pages are not
+in the navigation, which lists the chapters only: one page, ``notebooks.md``, lists
+every notebook with its chapter, from the same list of chapters that makes the
+notebooks (``on_page_markdown``), so it names each notebook the build makes and no
+other. API cross-references are only known once every page is
 rendered, so the notebooks carry a placeholder for each, replaced in the finished pages
 (``on_post_page``) and in the downloads (``on_post_build``). The notebook pages share one
 stylesheet (``assets/stylesheets/jupyter.css``, linked by ``overrides/main.html``) instead
@@ -65,6 +68,8 @@ DOCS = Path(__file__).resolve().parent.parent
 ARTICLE = "article"
 SECTIONS = (ARTICLE, "beyond", "modern")  # the chapters of these get notebooks
 SITE_URL = "https://attnlab.github.io/attnlab/"
+INDEX_PAGE = "notebooks.md"  # the page that lists every notebook
+INDEX_MARKER = "<!-- attnlab:notebook-list -->"  # where on it the list goes
 REPO_URL = "https://github.com/attnlab/attnlab"
 
 AUTOREF = re.compile(r"\[(?P<text>[^\]]+)\]\[(?P<ident>[\w.]+)\]")  # [`X`][attnlab.X]
@@ -702,6 +707,69 @@ def on_files(files: Any, config: Any) -> Any:
         pages[src_uri] = chapter
     _build["pages"] = pages
     return files
+
+
+def _nav_parts(nav: list[Any]) -> dict[str, str]:
+    """Each page of the nav -> the title of the top-level section that holds it."""
+    parts: dict[str, str] = {}
+
+    def walk(items: list[Any], part: str) -> None:
+        for item in items:
+            if isinstance(item, str):
+                parts[item] = part
+            elif isinstance(item, dict):
+                for title, value in item.items():
+                    if isinstance(value, str):
+                        parts[value] = part or title
+                    else:
+                        walk(value, part or title)
+
+    walk(nav, "")
+    return parts
+
+
+def notebook_list(chapters: list[str], page_url: str, nav: list[Any], docs: Path = DOCS) -> str:
+    """The notebooks of ``chapters`` as Markdown: one table per part of the site, in the
+    order of the nav.
+
+    Each row links the chapter, its notebook's page and the download (raw HTML: the
+    file is written after the pages, so MkDocs cannot check a Markdown link to it).
+    """
+    from mkdocs.utils import get_relative_url
+
+    parts = _nav_parts(nav)
+    order = {page: k for k, page in enumerate(parts)}  # the nav's order, then the others
+    out: list[str] = []
+    part = None
+    for chapter in sorted(chapters, key=lambda c: (order.get(c, len(order)), c)):
+        if parts.get(chapter, "") != part:
+            part = parts.get(chapter, "")
+            out += [
+                "",
+                f"## {part or 'Other chapters'}",
+                "",
+                "| chapter | notebook: its page · the download |",
+                "|---|---|",
+            ]
+        download = get_relative_url(notebook_uri(chapter), page_url)
+        out.append(
+            f"| [{chapter_title(chapter, docs)}]({chapter}) "
+            f"| [page]({notebook_src_uri(chapter)}) · "
+            f'<a href="{download}" download>{notebook_name(chapter)}.ipynb</a> |'
+        )
+    return "\n".join(out).strip() + "\n"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Write the list of notebooks into their index page."""
+    if page.file.src_uri != INDEX_PAGE:
+        return markdown
+    if INDEX_MARKER not in markdown:
+        log.warning(f"{INDEX_PAGE} has no {INDEX_MARKER}: the list of notebooks has no place")
+        return markdown
+    chapters = list(_build.get("pages", {}).values())
+    listed = notebook_list(chapters, page.url, config["nav"] or [], Path(config["docs_dir"]))
+    return markdown.replace(INDEX_MARKER, listed)
 
 
 def on_pre_page(page: Any, config: Any, files: Any) -> Any:
