@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from attnlab.models.config import DecoderConfig
 from attnlab.models.decoder import Decoder
 from attnlab.tools.bench.serving import (
-    FIGURES,
     ServingSettings,
     WorkloadRequest,
     continuous_generate,
@@ -28,8 +27,8 @@ from attnlab.tools.bench.serving import (
     measure_throughput,
     mixed_workload,
     static_generate,
-    write_serving_plots,
 )
+from attnlab.tools.bench.serving_plots import FIGURES, write_serving_plots
 
 TINY = ServingSettings(
     contexts=(8, 24),

@@ -100,3 +100,10 @@ BASELINES = {
 }
 SUITES = ("kernels", "modules", "window", "decode", "kv_memory")
 """Every suite, in the order they run; `kv_memory` measures bytes, not time."""
+
+SERVING_GOALS = {
+    "decode": ("<=", 1.3),
+    "memory": ("<=", 1.05),
+    "throughput": (">=", 2.0),
+}
+"""The serving benchmark's goal (issue 15) for each ratio: (sense, target)."""
