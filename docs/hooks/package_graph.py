@@ -335,11 +335,17 @@ def _chapters(nav: list[Any]) -> list[str]:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if "<!-- package-graph -->" not in markdown:
         return markdown
-    root = Path(config["config_file_path"]).parent
-    package = Package(root / "src")
+    package = Package(Path(config["config_file_path"]).parent / "src")
     table = chapter_modules(package, Path(config["docs_dir"]), config["nav"])
-    return (
-        markdown.replace("<!-- package-graph -->", svg(package))
-        .replace("<!-- package-folders -->", folders_table(package))
-        .replace("<!-- chapter-modules -->", table)
+    return markdown.replace("<!-- package-folders -->", folders_table(package)).replace(
+        "<!-- chapter-modules -->", table
     )
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    # The drawing goes in after Markdown, so that no extension (abbreviations) marks up
+    # the text inside the SVG.
+    if "<!-- package-graph -->" not in html:
+        return html
+    package = Package(Path(config["config_file_path"]).parent / "src")
+    return html.replace("<!-- package-graph -->", svg(package))
