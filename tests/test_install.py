@@ -161,3 +161,31 @@ def test_python_and_torch_floors_agree() -> None:
     assert torch_floor is not None
     oldest = [job for job in matrix.get("include", []) if job.get("torch") != "latest"]
     assert oldest == [{"python": python, "torch": f"{torch_floor[1]}.0"}]
+
+
+def test_home_page_installs_parts_of_the_set_up() -> None:
+    # docs/index.md gives one command per part of the site. Each installs part of what
+    # .ci/install does: the package with extras of `dev`, packages those extras name, the
+    # same SmolLM2 wheel. (That each part runs its chapters was checked once by running
+    # them with every other package hidden; see issue 28's note.)
+    section = (ROOT / "docs" / "index.md").read_text(encoding="utf-8").split("## Install")[1]
+    fence = re.search(r"^```bash\n(.*?)^```$", section, flags=re.M | re.S)
+    assert fence is not None
+    parts = [_installs(line.split("  #")[0]) for line in fence[1].splitlines()]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    (dev,) = extras["dev"]
+    named = {re.split(r"[<>=\[ ]", req)[0] for reqs in extras.values() for req in reqs}
+    full = _installs(SCRIPT.read_text(encoding="utf-8"))
+    allowed = full | named | {"-e ."}
+    allowed |= {f"-e .[{','.join(sorted(x))}]" for x in _subsets(dev[len("attnlab[") : -1])}
+    assert [sorted(part - allowed) for part in parts] == [[]] * len(parts)
+    assert [min(part) for part in parts] == ["-e .", "-e .[plot]", "-e .[plot,real]"]
+    assert parts[-1] - {"-e .[plot,real]"} == full - {"-e .[dev]"}  # the SmolLM2 wheel
+
+
+def _subsets(names: str) -> list[list[str]]:
+    """Every non-empty subset of the comma-separated `names`."""
+    items = names.split(",")
+    return [[n for k, n in enumerate(items) if mask >> k & 1] for mask in range(1, 2 ** len(items))]
