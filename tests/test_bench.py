@@ -459,7 +459,7 @@ def _check_provenance(prov: dict[str, Any], command: str) -> None:
     assert prov["duration_s"] >= 0
     date = datetime.datetime.fromisoformat(prov["date"])
     assert date.utcoffset() == datetime.timedelta(0)
-    assert abs(datetime.datetime.now(datetime.timezone.utc) - date).total_seconds() < 600
+    assert abs(datetime.datetime.now(datetime.UTC) - date).total_seconds() < 600
 
 
 def test_every_recorder_writes_the_same_provenance(

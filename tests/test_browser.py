@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import torch
 
+from _browser import BROWSER, MISSING, headless  # tests/_browser.py, via pythonpath
 from attnlab.models.tiny import TinyTransformer, repeated_tokens
 from attnlab.tools.plotting import _predictions_html, interactive_heatmap, live_model_widget
 from attnlab.tools.train import load_run
@@ -47,13 +48,8 @@ LIVE_SCRIPT = ROOT / "docs" / "assets" / "javascripts" / "live-model.js"
 LIVE_HOOK = ROOT / "docs" / "hooks" / "live_model.py"
 MODEL_RUN = ROOT / "docs" / "assets" / "model"
 SITE = "site"  # the small site's folder, and its path on the test server
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-BROWSER = next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
-pytestmark = pytest.mark.skipif(
-    BROWSER is None,
-    reason="no Chromium on PATH (install it with: apt-get install -y chromium)",
-)
+pytestmark = pytest.mark.skipif(BROWSER is None, reason=MISSING)
 
 # Runs after the page's load event, so after the heatmap script has revealed its controls.
 DRIVER = """
@@ -113,23 +109,13 @@ def _page(tmp_path: Path, snippet: str) -> Path:
 
 
 def _dump_dom(page: Path, tmp_path: Path) -> str:
-    assert BROWSER is not None
-    command = [
-        BROWSER,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
+    command = headless(
+        tmp_path / "profile",
         "--window-size=1280,1000",
         "--virtual-time-budget=3000",
         "--dump-dom",
         page.as_uri(),
-    ]
+    )
     done = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout

@@ -23,9 +23,25 @@ def test_tiny_transformer_compiles_in_one_graph_with_validation_on() -> None:
     torch.testing.assert_close(compiled(tokens), model(tokens), rtol=0, atol=0)
 
 
+# The scratch and flash kernels ask whether autocast is on (attnlab.rules._precision): Dynamo
+# traces torch._C._is_autocast_available from torch 2.12 on and breaks the graph there
+# before (2.9 to 2.11, which pyproject.toml allows: checked with 2.9.0).
+AUTOCAST_TRACED = pytest.mark.skipif(
+    torch.torch_version.TorchVersion(torch.__version__) < "2.12",
+    reason="Dynamo traces torch._C._is_autocast_available from torch 2.12",
+)
+
+
 # Dynamo, tracing flash's autograd.Function, warns about its own use of the class.
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
-@pytest.mark.parametrize("backend", ["torch", "scratch", "flash"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "torch",
+        pytest.param("scratch", marks=AUTOCAST_TRACED),
+        pytest.param("flash", marks=AUTOCAST_TRACED),
+    ],
+)
 def test_multihead_compiles_in_one_graph_with_validation_on(backend: str) -> None:
     torch.manual_seed(0)
     mha = attnlab.MultiHeadAttention(8, 16, 4, d_context=6, backend=backend).eval()  # type: ignore[arg-type]

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from hooks import blocks  # docs/hooks/blocks.py, via pythonpath in pyproject.toml
 
+from _browser import BROWSER, MISSING, headless  # tests/_browser.py
+
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
 
@@ -259,6 +261,110 @@ def test_display_math_scrolls_inside_its_box(site: tuple[Path, str]) -> None:
     rule = re.search(r"\.katex-display\s*\{([^}]*)\}", css)
     assert rule is not None
     assert "overflow-x: auto" in rule[1]
+
+
+# The pages at a phone's width -------------------------------------------------------------
+#
+# One headless Chromium opens the built pages in frames 390 px wide (an iPhone's width;
+# the window itself cannot be that narrow), all in one driver page that reads the frames'
+# documents (from file://, which --allow-file-access-from-files lets it do). The driver's
+# load event waits for every frame's, so each page is measured as loaded: its math set by
+# KaTeX, its heatmaps revealed. A page scrolls sideways when its root is wider than the
+# frame; the driver then names the outermost elements that stick out (not those inside a
+# box that scrolls on its own).
+
+PHONE = 390
+PHONE_DRIVER = """<!doctype html><html><body>__FRAMES__<script>
+function name(el) {
+  return el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
+    (typeof el.className === "string" && el.className ? "." + el.className.trim()
+      .split(/\\s+/).join(".") : "");
+}
+function sticksOut(el, width) {
+  if (el.getBoundingClientRect().right <= width + 0.5) return false;
+  for (var up = el.parentElement; up && up.tagName !== "BODY"; up = up.parentElement) {
+    if (/auto|scroll|hidden|clip/.test(getComputedStyle(up).overflowX)) return false;
+    if (up.getBoundingClientRect().right > width + 0.5) return false;  // the outer one
+  }
+  return true;
+}
+function measure(doc) {
+  doc.documentElement.style.scrollbarWidth = "none";  // a phone's scrollbars overlay
+  var root = doc.documentElement, width = root.clientWidth, wide = [];
+  if (root.scrollWidth > width) {
+    doc.querySelectorAll("body *").forEach(function (el) {
+      if (wide.length < 3 && sticksOut(el, width)) {
+        wide.push(name(el) + " to " + Math.round(el.getBoundingClientRect().right) + " px");
+      }
+    });
+  }
+  return {width: width, scrollWidth: root.scrollWidth, wide: wide};
+}
+window.addEventListener("load", function () {
+  var result = {};
+  document.querySelectorAll("iframe").forEach(function (frame) {
+    result[frame.getAttribute("data-page")] = measure(frame.contentDocument);
+  });
+  var out = document.createElement("pre");
+  out.id = "result";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+});
+</script></body></html>
+"""
+
+
+def _phone_widths(site_dir: Path, pages: list[str], tmp_path: Path) -> dict[str, Any]:
+    """Each page's root width and scroll width in a frame `PHONE` px wide."""
+    frames = "".join(
+        f'<iframe src="{(site_dir / page).as_uri()}" data-page="{page}" width="{PHONE}"'
+        ' height="600"></iframe>'
+        for page in pages
+    )
+    driver = tmp_path / "driver.html"  # outside the site, whose other tests read it
+    driver.write_text(PHONE_DRIVER.replace("__FRAMES__", frames), encoding="utf-8")
+    command = headless(
+        tmp_path / "profile", "--allow-file-access-from-files", "--dump-dom", driver.as_uri()
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    found = re.search(r'<pre id="result">(.*?)</pre>', done.stdout, flags=re.S)
+    assert found, "the driver did not finish: " + done.stderr[-2000:]
+    measured: dict[str, Any] = json.loads(html.unescape(found[1]))
+    return measured
+
+
+def _phone_pages(site_dir: Path) -> list[str]:
+    """The pages issue 28 changed or added, found by where they live in the built site.
+
+    The home page and every other page at the top of the site (a glossary, the notebooks'
+    index, a section's own page), every page of the modern chapters, and the one chapter
+    beyond the article that issue 28 changed.
+    """
+    pages = [str(p.relative_to(site_dir)) for p in _pages(site_dir) if p.name == "index.html"]
+    return [
+        page
+        for page in pages
+        if page.count("/") <= 1
+        or page.startswith("modern/")
+        or page == "beyond/induction-heads/index.html"
+    ]
+
+
+@pytest.mark.skipif(BROWSER is None, reason=MISSING)
+def test_changed_pages_do_not_scroll_sideways_on_a_phone(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    # A wide table, formula, figure or line of code must scroll in its own box, not the
+    # page. Each page costs the browser about half a second on two cores, so the test
+    # keeps to the pages that issue 28 changed instead of all of the site's.
+    site_dir, _ = site
+    pages = _phone_pages(site_dir)
+    assert {"index.html", "modern/serving/index.html", "modern/index.html"} <= set(pages)
+    measured = _phone_widths(site_dir, pages, tmp_path)
+    assert sorted(measured) == sorted(pages)
+    assert {m["width"] for m in measured.values()} == {PHONE}
+    wide = {page: m["wide"] for page, m in measured.items() if m["scrollWidth"] > m["width"]}
+    assert wide == {}, f"pages wider than {PHONE} px, with what sticks out"
 
 
 def test_math_is_rendered_by_the_sites_own_katex(site: tuple[Path, str]) -> None:

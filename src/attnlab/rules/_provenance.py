@@ -123,7 +123,7 @@ def begin() -> Start:
         >>> begin().date.tzinfo
         datetime.timezone.utc
     """
-    return Start(datetime.datetime.now(datetime.timezone.utc), time.monotonic(), _load_average())
+    return Start(datetime.datetime.now(datetime.UTC), time.monotonic(), _load_average())
 
 
 def command_line(module: str, argv: Sequence[str]) -> str:
@@ -181,7 +181,7 @@ def _iso_date(value: object) -> object:
         parsed = datetime.datetime.strptime(value.removesuffix(" UTC"), "%Y-%m-%d %H:%M")
     except ValueError:
         return value
-    return parsed.replace(tzinfo=datetime.timezone.utc).isoformat(timespec="seconds")
+    return parsed.replace(tzinfo=datetime.UTC).isoformat(timespec="seconds")
 
 
 def read_provenance(record: Mapping[str, Any]) -> dict[str, Any]:
