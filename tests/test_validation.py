@@ -1186,7 +1186,7 @@ def test_multihead_checks_its_arguments_once_per_call(
 ) -> None:
     # Issue 14: the scratch path ran check_tensor 8 times and check_attn_mask twice, as
     # internal code called the public, validating functions. Now the module checks at its
-    # boundary and calls the unvalidated _impl functions.
+    # boundary, and the functions it calls skip their checks.
     import attnlab.functional.flash
     import attnlab.layers.multihead
     import attnlab.rules._validation as V

@@ -337,7 +337,7 @@ class AttendingCache(abc.ABC):
     layer to attend over. A cache that keeps them elsewhere, such as the blocks of a
     paged cache shared by many sequences of different lengths, instead takes the
     layer's rotated queries, keys and values and returns the attention's output:
-    [`GroupedQueryAttention.forward_impl`][attnlab.layers.gqa.GroupedQueryAttention.forward_impl]
+    [`GroupedQueryAttention.forward`][attnlab.layers.gqa.GroupedQueryAttention.forward]
     hands them to [`attend`][attnlab.caches.kv.AttendingCache.attend] in place of its
     own `update` and kernel call (one hook, so a new cache layout needs no new flag in
     the layer). Causality and which tokens each query sees are the cache's rule.

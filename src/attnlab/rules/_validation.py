@@ -16,15 +16,34 @@ The checks of what a call receives (tensors, masks, per-call flags) run only whi
 `torch.distributions.Distribution.set_default_validate_args`. Checks of configuration
 (constructor arguments, mask builders, the toy data, plotting) always run: they do not
 sit in a training step.
+
+**Checks once, at the boundary.** A call checks its arguments where it enters the
+package, and nowhere below: a decoder checks its tokens, and the layers and kernels it
+calls trust them. Each public function and `forward` that checks is written once, with
+one signature and one body, decorated with [`entry`][attnlab.rules._validation.entry]; its
+checks sit at the top of the body under `if checking():`. The decorator counts how deep
+the running thread is in such entries, and
+[`checking`][attnlab.rules._validation.checking] is True only in the outermost one (and
+with validation on). So the same `flash_attention` checks its inputs when a user calls
+it and skips them when a layer calls it, with nothing to choose at the call site: there
+is no unchecked twin of each function to keep in step with it. Helpers that the
+outermost entry calls see the same answer, so they may hold checks of their own.
+
+The count lives in a `threading.local`: a call from another thread is its own
+boundary. Dynamo traces the counter like any Python attribute (no graph break), and
+`torch.export` runs it as Python, so a model with validation on still compiles in one
+graph and exports. Generators are not entries: the count would end before their body ran.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
-from collections.abc import Iterator, Sequence
-from typing import TypeGuard
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import ParamSpec, TypeGuard, TypeVar
 
 import torch
 from torch import Tensor
@@ -60,6 +79,8 @@ __all__ = [
     "check_token_id_set",
     "check_token_ids",
     "check_tokens",
+    "checking",
+    "entry",
     "is_integer_dtype",
     "is_real",
     "is_validation_enabled",
@@ -71,6 +92,10 @@ __all__ = [
 ]
 
 _enabled = True
+_calls = threading.local()  # .depth: how many entries the running thread is inside
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def set_validation(enabled: bool) -> None:
@@ -119,6 +144,51 @@ def is_validation_enabled() -> bool:
         True
     """
     return _enabled
+
+
+def entry(fn: Callable[P, R]) -> Callable[P, R]:
+    """Mark `fn` as a place where calls enter the package: its checks run only there.
+
+    The one mechanism by which arguments are checked once per call (see the module's
+    docstring). Inside `fn`, [`checking`][attnlab.rules._validation.checking] is True when
+    no other entry is running below it on this thread; an entry that `fn` calls, directly
+    or through modules, finds it False and skips its checks. Not for generators.
+
+    Examples:
+        >>> @entry
+        ... def double(x: int) -> int:
+        ...     if checking() and x < 0:
+        ...         raise ValueError("x must be >= 0")
+        ...     return 2 * x
+        >>> @entry
+        ... def quadruple(x: int) -> int:
+        ...     if checking() and x < 0:
+        ...         raise ValueError("x must be >= 0 (checked once, here)")
+        ...     return double(double(x))  # no second check of x
+        >>> quadruple(3)
+        12
+    """
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        depth = getattr(_calls, "depth", 0)
+        _calls.depth = depth + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _calls.depth = depth  # also after a check raised: the next call checks again
+
+    return call
+
+
+def checking() -> bool:
+    """Whether the running call checks its arguments: validation on, and no entry above it.
+
+    True in the body of the outermost [`entry`][attnlab.rules._validation.entry] of this
+    thread (and outside any entry), False in an entry that another one called: its
+    caller checked the arguments already. With validation off, False everywhere.
+    """
+    return _enabled and getattr(_calls, "depth", 0) <= 1
 
 
 def value_checks_enabled() -> bool:
