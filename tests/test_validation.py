@@ -1214,12 +1214,11 @@ def test_every_real_number_check_takes_numpy_scalars_and_refuses_bools() -> None
     RoPE's base: NumPy scalars are numbers (dropout and the base used to refuse them)."""
     import numpy as np
 
+    from attnlab.models.generate import check_nonnegative_float, check_share
     from attnlab.rules._validation import (
-        check_nonnegative_float,
         check_positive_float,
         check_probability,
         check_scale,
-        check_share,
         check_softcap,
     )
     from attnlab.rules.rope import check_base

@@ -17,22 +17,15 @@ The checks of what a call receives (tensors, masks, per-call flags) run only whi
 (constructor arguments, mask builders, the toy data, plotting) always run: they do not
 sit in a training step.
 
-**Checks once, at the boundary.** A call checks its arguments where it enters the
-package, and nowhere below: a decoder checks its tokens, and the layers and kernels it
-calls trust them. Each public function and `forward` that checks is written once, with
-one signature and one body, decorated with [`entry`][attnlab.rules._validation.entry]; its
-checks sit at the top of the body under `if checking():`. The decorator counts how deep
-the running thread is in such entries, and
-[`checking`][attnlab.rules._validation.checking] is True only in the outermost one (and
-with validation on). So the same `flash_attention` checks its inputs when a user calls
-it and skips them when a layer calls it, with nothing to choose at the call site: there
-is no unchecked twin of each function to keep in step with it. Helpers that the
-outermost entry calls see the same answer, so they may hold checks of their own.
-
-The count lives in a `threading.local`: a call from another thread is its own
-boundary. Dynamo traces the counter like any Python attribute (no graph break), and
-`torch.export` runs it as Python, so a model with validation on still compiles in one
-graph and exports. Generators are not entries: the count would end before their body ran.
+**Checked once, where a call enters the package.** A public function or `forward` has
+one signature and one body, marked with [`entry`][attnlab.rules._validation.entry], and
+its checks sit under `if checking():`. The decorator counts how deep this thread is in
+entries; [`checking`][attnlab.rules._validation.checking] is True in the outermost one
+only. So `flash_attention` checks what a user hands it and trusts what a layer hands
+it: a decoder checks its tokens, and its layers and kernels skip their checks. The
+count is a `threading.local` (another thread is its own boundary) that Dynamo traces
+without a graph break and `torch.export` runs as Python: models with validation on still
+compile in one graph and export. A generator cannot be an entry: its body runs later.
 """
 
 from __future__ import annotations
@@ -149,24 +142,13 @@ def is_validation_enabled() -> bool:
 def entry(fn: Callable[P, R]) -> Callable[P, R]:
     """Mark `fn` as a place where calls enter the package: its checks run only there.
 
-    The one mechanism by which arguments are checked once per call (see the module's
-    docstring). Inside `fn`, [`checking`][attnlab.rules._validation.checking] is True when
-    no other entry is running below it on this thread; an entry that `fn` calls, directly
-    or through modules, finds it False and skips its checks. Not for generators.
+    Inside `fn`, [`checking`][attnlab.rules._validation.checking] is True unless another
+    entry of this thread called it; then `fn` trusts its caller's checks.
 
     Examples:
-        >>> @entry
-        ... def double(x: int) -> int:
-        ...     if checking() and x < 0:
-        ...         raise ValueError("x must be >= 0")
-        ...     return 2 * x
-        >>> @entry
-        ... def quadruple(x: int) -> int:
-        ...     if checking() and x < 0:
-        ...         raise ValueError("x must be >= 0 (checked once, here)")
-        ...     return double(double(x))  # no second check of x
-        >>> quadruple(3)
-        12
+        >>> inner = entry(checking)
+        >>> inner(), entry(inner)()  # alone it checks; called from an entry, not
+        (True, False)
     """
 
     @functools.wraps(fn)
@@ -182,12 +164,8 @@ def entry(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 def checking() -> bool:
-    """Whether the running call checks its arguments: validation on, and no entry above it.
-
-    True in the body of the outermost [`entry`][attnlab.rules._validation.entry] of this
-    thread (and outside any entry), False in an entry that another one called: its
-    caller checked the arguments already. With validation off, False everywhere.
-    """
+    """Whether the running call checks its arguments: validation is on, and no
+    [`entry`][attnlab.rules._validation.entry] of this thread runs above the current one."""
     return _enabled and getattr(_calls, "depth", 0) <= 1
 
 
@@ -807,46 +785,6 @@ def check_positive_float(name: str, value: object) -> float:
     if not (math.isfinite(number) and number > 0.0):
         raise ValueError(f"{name} must be a positive finite float, got {number}")
     return number
-
-
-def check_nonnegative_float(name: str, value: object) -> float:
-    """Return `value` as a float if it is a finite real number >= 0; raise otherwise.
-
-    The rule of a scalar for which 0 is a setting of its own (a sampling temperature,
-    where 0 means greedy): Python and NumPy ints and floats; not bools, strings or
-    tensors.
-
-    Raises:
-        TypeError: If `value` is a bool or not a real number.
-        ValueError: If it is not finite or is negative.
-    """
-    if not is_real(value):
-        raise TypeError(
-            f"{name} must be a non-negative float, got {value!r} ({type(value).__name__})"
-        )
-    number = float(value)
-    if not (math.isfinite(number) and number >= 0.0):
-        raise ValueError(f"{name} must be a non-negative finite float, got {number}")
-    return number
-
-
-def check_share(name: str, value: object) -> float:
-    """Return `value` as a float if it is a real number in (0, 1]; raise otherwise.
-
-    A share of the probability mass that must keep something (top-p sampling's `top_p`;
-    1 keeps everything). Unlike `check_probability` (dropout's `[0, 1)`), 0 is refused
-    and 1 accepted.
-
-    Raises:
-        TypeError: If `value` is a bool or not a real number.
-        ValueError: If it is not in (0, 1].
-    """
-    if not is_real(value):
-        raise TypeError(f"{name} must be a float in (0, 1], got {value!r} ({type(value).__name__})")
-    share = float(value)
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1], got {value}")
-    return share
 
 
 def check_token_ids(
