@@ -7,10 +7,12 @@ One frozen dataclass holds every size and every variant of the decoders attnlab 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
-from attnlab.layers.mlp import MoEConfig
+from attnlab.layers.mlp import Activation, MoEConfig
 from attnlab.layers.norms import QK_NORMS, QKNorm
 from attnlab.rules._validation import (
     check_bool,
@@ -22,12 +24,53 @@ from attnlab.rules._validation import (
 from attnlab.rules.rope import check_base, check_rope_dims
 from attnlab.rules.rope_scaling import RopeScaling, hf_rope
 
-__all__ = ["LAYER_KINDS", "DecoderConfig", "LinearAttentionConfig"]
+__all__ = ["FAMILIES", "LAYER_KINDS", "DecoderConfig", "Family", "LinearAttentionConfig"]
 
 CacheKind = Literal["static", "dynamic"]
-Family = Literal["llama", "gemma", "qwen3_next"]
+FamilyName = Literal["llama", "gemma", "qwen3_next"]
 LayerKind = Literal["full", "sliding", "linear"]
-_FAMILIES: tuple[Family, ...] = ("llama", "gemma", "qwen3_next")
+
+
+@dataclass(frozen=True)
+class Family:
+    r"""What sets one family of decoders apart from Llama's block: data, not branches.
+
+    A [`Decoder`][attnlab.models.decoder.Decoder] reads these fields where Llama, Gemma and
+    Qwen3-Next differ; the sizes and the layer pattern (which layers slide, which are
+    linear) differ between models of one family, so they live in
+    [`DecoderConfig`][attnlab.models.config.DecoderConfig].
+
+    Attributes:
+        name: The `DecoderConfig.family` that picks it.
+        norm_unit_offset: Every RMSNorm (QK-norm's too) scales by `1 + weight`, not `weight`.
+        embed_scale: The embedding is multiplied by $\sqrt{d_\text{model}}$.
+        mlp_activation: The gate of the MLP: `"silu"` (SwiGLU) or `"gelu_tanh"` (GeGLU).
+        sandwich_norms: The outputs of the attention and the MLP are normalised too before
+            they are added, four norms per block.
+    """
+
+    name: FamilyName
+    norm_unit_offset: bool = False
+    embed_scale: bool = False
+    mlp_activation: Activation = "silu"
+    sandwich_norms: bool = False
+
+
+FAMILIES: Mapping[FamilyName, Family] = MappingProxyType(
+    {
+        "llama": Family("llama"),
+        "gemma": Family(
+            "gemma",
+            norm_unit_offset=True,
+            embed_scale=True,
+            mlp_activation="gelu_tanh",
+            sandwich_norms=True,
+        ),
+        "qwen3_next": Family("qwen3_next", norm_unit_offset=True),
+    }
+)
+"""Each family's differences from Llama's block, by `DecoderConfig.family`."""
+
 LAYER_KINDS: tuple[LayerKind, ...] = ("full", "sliding", "linear")
 """What a block of a [`Decoder`][attnlab.models.decoder.Decoder] mixes its tokens with: full
 causal attention, sliding-window attention, or a linear-attention
@@ -103,7 +146,9 @@ class DecoderConfig:
         family: `"llama"`; `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
             the embedding times $\\sqrt{d_\\text{model}}$, a tanh-GELU gate and four
             norms per block; `"qwen3_next"`: Llama's block with norms scaling by
-            `1 + weight` (QK-norm's too).
+            `1 + weight` (QK-norm's too). Each name's differences are a
+            [`Family`][attnlab.models.config.Family] in
+            [`FAMILIES`][attnlab.models.config.FAMILIES] (`traits`).
         layer_kinds: Per layer, `"full"`, `"sliding"` (needs its entry in `windows`) or
             `"linear"` (a [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet] of sizes
             `linear`); None: `"sliding"` where `windows` gives a window, else `"full"`.
@@ -142,7 +187,7 @@ class DecoderConfig:
     qk_norm: QKNorm | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    family: Family = "llama"
+    family: FamilyName = "llama"
     layer_kinds: tuple[LayerKind, ...] | None = None
     linear: LinearAttentionConfig | None = None
     attn_output_gate: bool = False
@@ -182,8 +227,8 @@ class DecoderConfig:
             raise ValueError(f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
         check_softcap("attn_softcap", self.attn_softcap)
         check_softcap("final_softcap", self.final_softcap)
-        if self.family not in _FAMILIES:
-            raise ValueError(f"family must be one of {_FAMILIES}, got {self.family!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {self.family!r}")
         check_positive_float("norm_eps", self.norm_eps)
         if self.windows is not None and len(self.windows) != self.num_layers:
             raise ValueError(
@@ -248,6 +293,11 @@ class DecoderConfig:
         if self.window(layer) is not None and self.local_rope_base is not None:
             return self.local_rope_base, self.local_rope_scaling
         return self.rope_base, self.rope_scaling
+
+    @property
+    def traits(self) -> Family:
+        """What the block of this config's `family` does differently from Llama's."""
+        return FAMILIES[self.family]
 
     @property
     def scale(self) -> float | None:
