@@ -73,7 +73,6 @@ from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.layers.mlp import SparseMoE, SwiGLU
 from attnlab.layers.norms import RMSNorm
-from attnlab.models import interop
 from attnlab.models.config import CacheKind, DecoderConfig
 from attnlab.models.generate import Sampler, is_any_of, pad_token
 from attnlab.rules._validation import (
@@ -166,7 +165,10 @@ class DecoderBlock(nn.Module):
             self.mlp = SparseMoE(config.d_model, config.moe)
         else:
             self.mlp = SwiGLU(
-                config.d_model, config.hidden_dim, bias=config.mlp_bias, activation=traits.mlp_activation
+                config.d_model,
+                config.hidden_dim,
+                bias=config.mlp_bias,
+                activation=traits.mlp_activation,
             )
 
     def _residual(self, x: Tensor, attn: Tensor) -> Tensor:
@@ -827,6 +829,8 @@ class Decoder(nn.Module):
             TypeError: If `model` is not one of the supported classes.
             ValueError: As [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf].
         """
+        from attnlab.models import interop  # it imports every layer, needed only here
+
         return interop.decoder_from_hf(cls, model)
 
 
