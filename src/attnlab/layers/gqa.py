@@ -587,9 +587,7 @@ class GroupedQueryAttention(nn.Module):
     # -- interoperability with Hugging Face transformers ---------------------------------
 
     @classmethod
-    def from_hf(
-        cls, module: nn.Module, *, backend: Backend | None = None
-    ) -> GroupedQueryAttention:
+    def from_hf(cls, module: nn.Module, *, backend: Backend | None = None) -> GroupedQueryAttention:
         """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
 
         Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
