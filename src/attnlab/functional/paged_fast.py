@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -37,7 +38,7 @@ from attnlab.functional.paged import (
     run_kernel,
 )
 from attnlab.rules import masks
-from attnlab.rules._precision import compute_dtype
+from attnlab.rules._precision import autocast_inputs, compute_dtype
 
 __all__: list[str] = []  # paged_attention_fast is unchecked: its callers check first
 
@@ -76,28 +77,17 @@ def paged_attention_fast(
             blocks_per_tile=blocks_per_tile,
             backend=backend,
         )
-    kernel = functools.partial(_cpu_attention, blocks_per_tile=blocks_per_tile)
-    return run_kernel(
-        kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
-    )
-
-
-def _cpu_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    blocks_per_tile: int,
-) -> Tensor:
-    """The fastest kernel that serves the step: see the module's docstring."""
-    args = (query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile)
+    # The kernel is chosen for the dtype it will see: cast as autocast casts first.
+    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+    kernel: Callable[..., Tensor] = _online_attention
     if _sparse_decode(query, key_pool, value_pool):
-        return _decode_attention(*args)
-    if key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
-        return _fused_online_attention(*args)
-    return _online_attention(*args)
+        kernel = _decode_attention
+    elif key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
+        kernel = _fused_online_attention
+    tiled = functools.partial(kernel, blocks_per_tile=blocks_per_tile)
+    return run_kernel(
+        tiled, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
+    )
 
 
 # PyTorch's fused CPU attention (what SDPA runs on the CPU), which also returns the
