@@ -18,16 +18,8 @@ from attnlab.models.layout import cpu_decode_layout
 
 def _decoder(tie: bool, seed: int = 0) -> Decoder:
     torch.manual_seed(seed)
-    config = DecoderConfig(
-        vocab_size=37,
-        d_model=24,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=6,
-        hidden_dim=44,
-        tie_embeddings=tie,
-    )
+    # vocab 37, d_model 24, 2 layers, 4 heads over 2 kv heads of 6, MLP 44: all different
+    config = DecoderConfig(37, 24, 2, 4, 2, 6, 44, tie_embeddings=tie)
     return Decoder(config).eval()
 
 

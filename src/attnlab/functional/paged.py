@@ -196,14 +196,17 @@ def paged_attention_impl(
     backend: Backend = "torch",
 ) -> Tensor:
     """[`paged_attention`][attnlab.functional.paged.paged_attention] without the checks."""
-    kernel: Kernel
-    if method == "gather":
-        kernel = functools.partial(_gather_attention, backend=backend)
-    else:
-        kernel = functools.partial(_online_attention, blocks_per_tile=blocks_per_tile)
+    kernel = _kernel(method, backend, blocks_per_tile)
     return run_kernel(
         kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
     )
+
+
+def _kernel(method: Method, backend: Backend, blocks_per_tile: int) -> Kernel:
+    """The kernel of `method`, with its option bound."""
+    if method == "gather":
+        return functools.partial(_gather_attention, backend=backend)
+    return functools.partial(_online_attention, blocks_per_tile=blocks_per_tile)
 
 
 Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Tensor]

@@ -27,14 +27,15 @@ from torch import Tensor
 
 from attnlab.functional.backends import Backend, attend
 from attnlab.functional.paged import (
+    Kernel,
     Method,
     _fold,
     _group_queries,
+    _kernel,
     _online_attention,
     _tiles,
     _ungroup,
     _visible,
-    paged_attention_impl,
     run_kernel,
 )
 from attnlab.rules import masks
@@ -62,31 +63,22 @@ def paged_attention_fast(
     `paged_attention_impl`: its callers check first
     ([`PagedKVCache.attend`][attnlab.serving.cache.PagedKVCache.attend] does). With
     `method="online"` and `backend="torch"`, on the CPU, without gradient and not
-    compiling, it runs the module's own kernels; otherwise it runs `paged_attention_impl`.
+    compiling, it runs the module's own kernels; otherwise `paged_attention_impl`'s.
     """
+    kernel: Kernel
     if method != "online" or backend != "torch" or not _host_inference(query, key_pool, value_pool):
-        return paged_attention_impl(
-            query,
-            key_pool,
-            value_pool,
-            block_tables,
-            lengths,
-            query_lengths=query_lengths,
-            scale=scale,
-            method=method,
-            blocks_per_tile=blocks_per_tile,
-            backend=backend,
-        )
-    # The kernel is chosen for the dtype it will see: cast as autocast casts first.
-    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
-    kernel: Callable[..., Tensor] = _online_attention
-    if _sparse_decode(query, key_pool, value_pool):
-        kernel = _decode_attention
-    elif key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
-        kernel = _fused_online_attention
-    tiled = functools.partial(kernel, blocks_per_tile=blocks_per_tile)
+        kernel = _kernel(method, backend, blocks_per_tile)
+    else:
+        # The kernel is chosen for the dtype it will see: cast as autocast casts first.
+        query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+        fast: Callable[..., Tensor] = _online_attention
+        if _sparse_decode(query, key_pool, value_pool):
+            fast = _decode_attention
+        elif key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
+            fast = _fused_online_attention
+        kernel = functools.partial(fast, blocks_per_tile=blocks_per_tile)
     return run_kernel(
-        tiled, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
+        kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
     )
 
 
