@@ -263,13 +263,6 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderBlock(config, i) for i in range(config.num_layers))
         self.norm = _norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        # Every matrix is stored transposed in memory (same shape, strides (1, rows)):
-        # decoding multiplies one token's row by each matrix, and on the CPU the
-        # product with an (in, out)-contiguous matrix is the faster kernel (measured on
-        # SmolLM2-135M: 1.3x for the projections and the unembedding, the same results).
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                module.weight = _column_major(module.weight)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -839,13 +832,3 @@ def _norm(config: DecoderConfig) -> nn.Module:
     if config.traits.norm_unit_offset:
         return RMSNorm(config.d_model, float(config.norm_eps), unit_offset=True)
     return nn.RMSNorm(config.d_model, eps=config.norm_eps)
-
-
-def _column_major(weight: Tensor) -> nn.Parameter:
-    """The same matrix, stored transposed: `(out, in)` with strides `(1, out)`.
-
-    `load_state_dict`, `to_empty` and `.to(dtype)` keep the strides, so a loaded model
-    keeps the layout.
-    """
-    data = weight.detach().t().contiguous().t()  # (out, in), column-major
-    return nn.Parameter(data, requires_grad=weight.requires_grad)
