@@ -249,6 +249,23 @@ def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
         torch.testing.assert_close(ours_grad, p.grad, **TOL, msg=name)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma2-local", "gptoss-local"])
+def test_from_hf_picks_a_backend_that_runs_the_layer(kind: str) -> None:
+    # Without a backend, a softcapped Gemma 2 layer runs on scratch (PyTorch's SDPA has
+    # no softcap); the others stay on PyTorch's fused kernel. The repr says which.
+    ref = Reference(kind, "eager")
+    ours = GroupedQueryAttention.from_hf(ref.attn)
+    picked = "scratch" if kind == "gemma2-local" else "torch"
+    assert ours.backend == picked
+    assert f"backend={picked!r}" in repr(ours)
+    x = torch.randn(B, T, D_MODEL)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), **TOL)
+    if kind == "gemma2-local":  # asked for by name, a backend that cannot run it is refused
+        with pytest.raises(ValueError, match=r"backend='torch' has no softcap .* softcap=2.0"):
+            GroupedQueryAttention.from_hf(ref.attn, backend="torch")
+
+
 @pytest.mark.parametrize("kind", KINDS + EAGER_KINDS)
 def test_from_hf_copies_layout_and_biases(kind: str) -> None:
     ref = Reference(kind, "eager")

@@ -19,12 +19,8 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
 
 from attnlab import validation
 from attnlab.functional.linear import delta_rule, elu_feature_map, linear_attention
-from attnlab.layers.linear import (
-    GatedDeltaNet,
-    GatedDeltaNetState,
-    LinearSelfAttention,
-    _split_hf_projections,
-)
+from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState, LinearSelfAttention
+from attnlab.models.interop import split_deltanet_projections
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -166,7 +162,7 @@ def test_gated_delta_net_from_hf_outputs_and_gradients() -> None:
         assert p.grad is not None
         return p.grad
 
-    hf_parts = _split_hf_projections(
+    hf_parts = split_deltanet_projections(
         grad(hf.in_proj_qkvz.weight), grad(hf.in_proj_ba.weight), 2, 6, 2 * 5
     )
     for name, hf_grad in zip("qkvzba", hf_parts, strict=True):

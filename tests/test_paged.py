@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from attnlab import validation
 from attnlab.functional.paged import Method, paged_attention
+from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.layers.multihead import Backend
 from attnlab.serving.cache import BlockAllocator, OutOfBlocksError, PagedKVCache, block_hashes
 
@@ -54,12 +56,9 @@ def _contiguous(pool: Tensor, table: list[int], length: int) -> Tensor:
 @pytest.mark.parametrize(
     ("method", "option"),
     [("gather", {"backend": "torch"}), ("gather", {"backend": "scratch"})]
-    # The online method's torch path (fused tiles) and its spelled-out scratch path.
-    + [
-        ("online", {"blocks_per_tile": n, "backend": b})
-        for n in (1, 3)
-        for b in ("torch", "scratch")
-    ],
+    + [("online", {"blocks_per_tile": n}) for n in (1, 3)]
+    # The fast path's CPU kernels (a decode step's sampled product, fused tiles).
+    + [("fast", {"blocks_per_tile": n}) for n in (1, 3)],
 )
 @pytest.mark.parametrize("t_q", [1, 3])
 def test_paged_attention_equals_sdpa(
@@ -77,14 +76,15 @@ def test_paged_attention_equals_sdpa(
     n_q = torch.tensor([min(t_q, n, 1 + i % t_q) for i, n in enumerate(LENGTHS)])
     n_q[0] = 0 if t_q > 1 else 1
     q = torch.randn(len(LENGTHS), H, t_q, HD, dtype=dtype)
-    out = paged_attention(
+    kernel = paged_attention_fast if method == "fast" else paged_attention
+    out = kernel(
         q,
         k_pool,
         v_pool,
         tables,
         lengths,
         query_lengths=n_q,
-        method=method,  # type: ignore[arg-type]
+        **({} if method == "fast" else {"method": method}),  # type: ignore[arg-type]
         **option,  # type: ignore[arg-type]
     )
     assert out.shape == (len(LENGTHS), H, t_q, HD_V)
@@ -110,11 +110,15 @@ def test_paged_attention_methods_agree_at_scale() -> None:
     torch.testing.assert_close(online[1], F.scaled_dot_product_attention(q[1], k, v, scale=0.3))
 
 
+@pytest.mark.parametrize("kernel", [paged_attention, paged_attention_fast])
 @pytest.mark.parametrize("contiguous", [True, False])
-def test_paged_decode_reads_shared_blocks_and_any_pool_layout(contiguous: bool) -> None:
+def test_paged_decode_reads_shared_blocks_and_any_pool_layout(
+    kernel: Callable[..., Tensor], contiguous: bool
+) -> None:
     # Two sequences hold the same first block (a shared prefix), and a block id repeats
-    # in the padding. Contiguous pools take the decode step's sampled-product path,
-    # strided ones (a view of a larger tensor) the tiled one; both equal SDPA.
+    # in the padding. On the fast path contiguous pools take the decode step's
+    # sampled-product kernel, strided ones (a view of a larger tensor) the tiled one;
+    # all equal SDPA.
     k_big, v_big = torch.randn(KV, 9, BS, HD + 2), torch.randn(KV, 9, BS, HD_V + 1)
     k_pool, v_pool = k_big[..., :HD], v_big[..., :HD_V]  # (KV, 9, BS, features), strided
     if contiguous:
@@ -122,7 +126,7 @@ def test_paged_decode_reads_shared_blocks_and_any_pool_layout(contiguous: bool) 
     tables = torch.tensor([[4, 7, 2], [4, 1, 1], [8, 0, 0]])
     lengths = torch.tensor([11, 6, 3])
     q = torch.randn(3, H, 1, HD)
-    out = paged_attention(q, k_pool, v_pool, tables, lengths)
+    out = kernel(q, k_pool, v_pool, tables, lengths)
     for b, n in enumerate(lengths.tolist()):
         k = _contiguous(k_pool, tables[b].tolist(), n)
         v = _contiguous(v_pool, tables[b].tolist(), n)

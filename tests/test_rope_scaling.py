@@ -23,8 +23,9 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotary
 from attnlab.caches.kv import DynamicKVCache
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.decoder import Decoder
+from attnlab.models.interop import hf_rope
 from attnlab.rules.rope import rope_cos_sin, rope_frequencies
-from attnlab.rules.rope_scaling import RopeScaling, hf_rope
+from attnlab.rules.rope_scaling import RopeScaling
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}

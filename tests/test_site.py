@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,10 @@ def _pages_with_code() -> list[str]:
 
 @pytest.fixture(scope="module")
 def site(
-    tmp_path_factory: pytest.TempPathFactory, page_record: Callable[[str], dict[str, Any]]
-) -> tuple[Path, str]:
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    page_record: Callable[[str], dict[str, Any]],
+) -> Iterator[tuple[Path, str]]:
     # The build checks every page's blocks with this test session's run of them (the
     # same execution the pages' own items use) instead of running them a second time.
     runs = tmp_path_factory.mktemp("runs") / "runs.json"
@@ -55,7 +57,16 @@ def site(
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
-    return out, log
+    if BROWSER is None:
+        yield out, log
+        return
+    # The browser measures the pages at a phone's width while the other tests run
+    # (test_changed_pages_do_not_scroll_sideways_on_a_phone reads what it found).
+    phone = _start_phone_driver(out, _phone_pages(out), tmp_path_factory.mktemp("phone"))
+    request.config.stash[PHONE_DRIVER_RUN] = phone
+    yield out, log
+    phone.kill()  # where the phone test was deselected
+    phone.communicate()
 
 
 def _pages(site_dir: Path) -> list[Path]:
@@ -274,6 +285,7 @@ def test_display_math_scrolls_inside_its_box(site: tuple[Path, str]) -> None:
 # box that scrolls on its own).
 
 PHONE = 390
+PHONE_DRIVER_RUN = pytest.StashKey[subprocess.Popen[str]]()  # started by the `site` fixture
 PHONE_DRIVER = """<!doctype html><html><body>__FRAMES__<script>
 function name(el) {
   return el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
@@ -314,8 +326,8 @@ window.addEventListener("load", function () {
 """
 
 
-def _phone_widths(site_dir: Path, pages: list[str], tmp_path: Path) -> dict[str, Any]:
-    """Each page's root width and scroll width in a frame `PHONE` px wide."""
+def _start_phone_driver(site_dir: Path, pages: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+    """Start the browser on a driver page that measures `pages` in frames `PHONE` px wide."""
     frames = "".join(
         f'<iframe src="{(site_dir / page).as_uri()}" data-page="{page}" width="{PHONE}"'
         ' height="600"></iframe>'
@@ -326,9 +338,14 @@ def _phone_widths(site_dir: Path, pages: list[str], tmp_path: Path) -> dict[str,
     command = headless(
         tmp_path / "profile", "--allow-file-access-from-files", "--dump-dom", driver.as_uri()
     )
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    found = re.search(r'<pre id="result">(.*?)</pre>', done.stdout, flags=re.S)
-    assert found, "the driver did not finish: " + done.stderr[-2000:]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _phone_widths(driver: subprocess.Popen[str]) -> dict[str, Any]:
+    """Each page's root width and scroll width in a frame `PHONE` px wide, once measured."""
+    stdout, stderr = driver.communicate(timeout=120)
+    found = re.search(r'<pre id="result">(.*?)</pre>', stdout, flags=re.S)
+    assert found, "the driver did not finish: " + stderr[-2000:]
     measured: dict[str, Any] = json.loads(html.unescape(found[1]))
     return measured
 
@@ -348,23 +365,6 @@ def _phone_pages(site_dir: Path) -> list[str]:
         or page.startswith("modern/")
         or page == "beyond/induction-heads/index.html"
     ]
-
-
-@pytest.mark.skipif(BROWSER is None, reason=MISSING)
-def test_changed_pages_do_not_scroll_sideways_on_a_phone(
-    site: tuple[Path, str], tmp_path: Path
-) -> None:
-    # A wide table, formula, figure or line of code must scroll in its own box, not the
-    # page. Each page costs the browser about half a second on two cores, so the test
-    # keeps to the pages that issue 28 changed instead of all of the site's.
-    site_dir, _ = site
-    pages = _phone_pages(site_dir)
-    assert {"index.html", "modern/serving/index.html", "modern/index.html"} <= set(pages)
-    measured = _phone_widths(site_dir, pages, tmp_path)
-    assert sorted(measured) == sorted(pages)
-    assert {m["width"] for m in measured.values()} == {PHONE}
-    wide = {page: m["wide"] for page, m in measured.items() if m["scrollWidth"] > m["width"]}
-    assert wide == {}, f"pages wider than {PHONE} px, with what sticks out"
 
 
 def test_math_is_rendered_by_the_sites_own_katex(site: tuple[Path, str]) -> None:
@@ -669,3 +669,23 @@ def test_the_search_reader_gives_the_entries_the_search_plugin_makes() -> None:
     assert ahead == own
     assert [e["location"] for e in own][:3] == ["p0/", "p1/", "p1/#s"]
     assert "axis" not in json.dumps(own)  # the figure is not indexed
+
+
+# Last in the file, so that the browser the `site` fixture started has had the other
+# tests' time to measure the pages.
+@pytest.mark.skipif(BROWSER is None, reason=MISSING)
+def test_changed_pages_do_not_scroll_sideways_on_a_phone(
+    site: tuple[Path, str], request: pytest.FixtureRequest
+) -> None:
+    # A wide table, formula, figure or line of code must scroll in its own box, not the
+    # page. Each page costs the browser about half a second of CPU, so the test keeps to
+    # the pages that issue 28 changed instead of all of the site's, and the `site`
+    # fixture starts the browser as soon as the site is built.
+    site_dir, _ = site
+    pages = _phone_pages(site_dir)
+    assert {"index.html", "modern/serving/index.html", "modern/index.html"} <= set(pages)
+    measured = _phone_widths(request.config.stash[PHONE_DRIVER_RUN])
+    assert sorted(measured) == sorted(pages)
+    assert {m["width"] for m in measured.values()} == {PHONE}
+    wide = {page: m["wide"] for page, m in measured.items() if m["scrollWidth"] > m["width"]}
+    assert wide == {}, f"pages wider than {PHONE} px, with what sticks out"

@@ -10,6 +10,7 @@ Every function here takes tensors and returns tensors; none owns weights. The mo
   name (`"torch"`, `"scratch"`, `"flash"`);
 - [`flex`][attnlab.functional.flex]: every mask as a FlexAttention `mask_mod`/`score_mod`;
 - [`paged`][attnlab.functional.paged]: attention over a paged KV cache's pools and tables;
+- [`paged_fast`][attnlab.functional.paged_fast]: the same, fast on the CPU, which serving runs;
 - [`linear`][attnlab.functional.linear]: linear attention and the (gated) delta rule;
 - [`sparse`][attnlab.functional.sparse]: top-k key selection for sparse attention.
 

@@ -14,8 +14,7 @@ cache in one piece.
 from __future__ import annotations
 
 import functools
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -23,7 +22,6 @@ from torch import Tensor
 
 from attnlab.functional.backends import Backend, attend, check_backend, takes_mask
 from attnlab.functional.flash import merge_partials
-from attnlab.rules import masks
 from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
 from attnlab.rules._validation import (
     check_choice,
@@ -92,18 +90,14 @@ def paged_attention(
       log-sum-exp, and fold it into the running result with
       [`merge_partials`][attnlab.functional.flash.merge_partials], the online-softmax rule of
       FlashAttention. The memory beyond the output is one tile per sequence. This is
-      what paged kernels do, one tile per thread block. With `backend="scratch"` each
-      tile's scores, mask and softmax are spelled out (the teaching path); with
-      `"torch"` on the CPU a tile goes through PyTorch's fused CPU attention kernel,
-      which also returns the log-sum-exp, so a tile's keys are read once while they
-      are still in the processor's cache; tiles wholly past every query are skipped
-      and a tile that every query sees whole gets no mask. A decode step (`t_q = 1`,
-      float32 or float64, contiguous pools) copies nothing at all: the tables are a
-      sparsity pattern over the pool's rows, the scores a product sampled at that
-      pattern (`torch.sparse.sampled_addmm`, each key read where it lies, a tile at a
-      time for all the query heads that share it), one softmax follows over the few
-      scores, and `embedding_bag` sums the value rows through the same pattern. Off the
-      CPU, `"torch"` takes the spelled-out path too.
+      what paged kernels do, one tile per thread block. Each tile's scores, mask and
+      softmax are spelled out, whatever `backend`: merging needs each tile's
+      log-sum-exp, which PyTorch's public SDPA does not return.
+
+    This is the readable kernel. The serving engine and the benchmarks run
+    [`paged_attention_fast`][attnlab.functional.paged_fast.paged_attention_fast], tested
+    equal to it, which on the CPU reads a decode step's keys where they lie and attends
+    a prompt chunk's tiles with PyTorch's fused kernel.
 
     float16 and bfloat16 are computed in float32 and rounded back. Inside
     `torch.autocast` the query and the pools are first cast to the autocast dtype
@@ -128,9 +122,8 @@ def paged_attention(
             block size 16), was among the fastest of 8 to 64 for 4 sequences of 9
             query and 3 key/value heads of 64 features at 512 to 8192 tokens, on a
             shared 2-core CPU (no clear winner there).
-        backend: How a tile (`"online"`) or the whole copy (`"gather"`) is attended:
-            PyTorch's fused kernel (`"torch"`) or attnlab's spelled-out one
-            (`"scratch"`).
+        backend: How the whole copy of `"gather"` is attended: PyTorch's fused kernel
+            (`"torch"`) or attnlab's spelled-out one (`"scratch"`).
 
     Returns:
         The context vectors, shape `(b, num_heads, t_q, v_head_dim)`.
@@ -203,8 +196,37 @@ def paged_attention_impl(
     backend: Backend = "torch",
 ) -> Tensor:
     """[`paged_attention`][attnlab.functional.paged.paged_attention] without the checks."""
+    kernel = _kernel(method, backend, blocks_per_tile)
+    return run_kernel(
+        kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
+    )
+
+
+def _kernel(method: Method, backend: Backend, blocks_per_tile: int) -> Kernel:
+    """The kernel of `method`, with its option bound."""
+    if method == "gather":
+        return functools.partial(_gather_attention, backend=backend)
+    return functools.partial(_online_attention, blocks_per_tile=blocks_per_tile)
+
+
+Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Tensor]
+"""`(query, key_pool, value_pool, block_tables, positions, scale) -> out`: each query row
+attends to its sequence's keys at or before its position, `positions (b, t_q)`."""
+
+
+def run_kernel(
+    kernel: Kernel,
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_tables: Tensor,
+    lengths: Tensor,
+    query_lengths: Tensor | None,
+    scale: float | None,
+) -> Tensor:
+    """What every paged kernel shares: autocast, the query positions, the padding rows."""
     # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
-    # autocast off, as PyTorch's own kernels do: both methods then return the autocast
+    # autocast off, as PyTorch's own kernels do: every kernel then returns the autocast
     # dtype, as torch's SDPA would.
     query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
     b, h, t_q, e = query.shape
@@ -214,14 +236,7 @@ def paged_attention_impl(
     with autocast_off(query.device.type):
         positions, real = _query_positions(lengths, query_lengths, t_q)
         block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
-        if method == "gather":
-            out = _gather_attention(
-                query, key_pool, value_pool, block_tables, positions, s, backend
-            )
-        else:
-            out = _online_attention(
-                query, key_pool, value_pool, block_tables, positions, s, blocks_per_tile, backend
-            )
+        out = kernel(query, key_pool, value_pool, block_tables, positions, s)
         if real is None:  # no padding rows
             return out
         return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
@@ -313,18 +328,12 @@ def _online_attention(
     positions: Tensor,
     scale: float,
     blocks_per_tile: int,
-    backend: Backend = "scratch",
 ) -> Tensor:
-    """Tile by tile through the block tables, merging partial results (online softmax)."""
-    if backend == "torch" and _host_inference(query, key_pool, value_pool):
-        if _sparse_decode(query, key_pool, value_pool):
-            return _decode_attention(
-                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
-            )
-        if key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
-            return _fused_online_attention(
-                query, key_pool, value_pool, block_tables, positions, scale, blocks_per_tile
-            )
+    """Tile by tile through the block tables, merging partial results (online softmax).
+
+    Each tile's scores, mask and softmax are spelled out: merging needs each tile's
+    log-sum-exp, which PyTorch's public SDPA does not return.
+    """
     kv = key_pool.shape[0]
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype
@@ -365,189 +374,6 @@ def _fold(merged: tuple[Tensor, Tensor] | None, out: Tensor, lse: Tensor) -> tup
     The first tile holds key 0, which every query sees, so every running lse is finite.
     """
     return (out, lse) if merged is None else merge_partials(*merged, out, lse)
-
-
-# PyTorch's fused CPU attention (what SDPA runs on the CPU), which also returns the
-# log-sum-exp of each query's scores: what merging tiles needs, and what the public SDPA
-# does not return.
-_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-
-def _host_inference(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
-    """Whether the CPU paths may serve the step: on the CPU, no gradient, not compiling."""
-    wants_grad = query.requires_grad or key_pool.requires_grad or value_pool.requires_grad
-    return (
-        query.device.type == "cpu"
-        and not (torch.is_grad_enabled() and wants_grad)
-        and not torch.compiler.is_compiling()  # they read positions on the host
-    )
-
-
-def _sparse_decode(query: Tensor, key_pool: Tensor, value_pool: Tensor) -> bool:
-    """Whether `_decode_attention` serves the step: one query, float32/64, whole pools."""
-    return (
-        query.shape[2] == 1
-        and query.dtype in (torch.float32, torch.float64)
-        and key_pool.is_contiguous()
-        and value_pool.is_contiguous()
-    )
-
-
-def _reach(positions: Tensor, max_blocks: int, block_size: int) -> tuple[int, int]:
-    """The first query position, and how many leading blocks of the tables any query sees.
-
-    Reads the positions on the host (free on the CPU).
-    """
-    low, high = positions.aminmax()
-    return int(low), min(max_blocks, int(high) // block_size + 1)
-
-
-def _decode_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    blocks_per_tile: int,
-) -> Tensor:
-    """One query per sequence, reading every key and value where it lies in the pool.
-
-    The block tables are a sparsity pattern over the pools' rows: query head `k` of
-    sequence `i` needs the rows that hold sequence `i`'s tokens in the kv head of `k`'s
-    group. The scores are then a *sampled* product, computed only at that pattern
-    (`torch.sparse.sampled_addmm`: one dot product per entry, each key read where it
-    lies), the softmax runs over the few scores, and `embedding_bag` sums the value
-    rows through the same pattern, weighted by the softmax. Nothing is copied out of
-    the pools. A row of the pattern is one tile (`blocks_per_tile` blocks) for one
-    query head, and the heads of a group take the same tile one after the other, so
-    they reread its keys and values while these are still in the processor's cache.
-    """
-    kv, num_blocks, bs, e = key_pool.shape
-    b, h = query.shape[0], query.shape[1]
-    g = h // kv
-    first, used = _reach(positions, block_tables.shape[1], bs)
-    per_tile = min(blocks_per_tile, used)
-    c = -(-used // per_tile)  # tiles
-    tables = block_tables[:, :used]
-    if c * per_tile > used:  # the last tile is padded with block 0, hidden below
-        tables = torch.nn.functional.pad(tables, (0, c * per_tile - used))
-    n = per_tile * bs  # keys per tile
-    t = c * n
-    n_rows = kv * num_blocks * bs  # rows of a pool viewed as (n_rows, features)
-    ids = torch.int32 if n_rows < 2**31 else torch.long
-    # The row holding token p of sequence i in kv head j: the first row of its block
-    # plus j * num_blocks * bs + p % bs (`within`), the same for each head of j's group.
-    firsts = tables.to(ids).mul(bs).view(b, 1, c, 1, per_tile, 1)
-    within = _rows_within(kv, g, num_blocks, bs, ids, query.device)  # (1, kv, 1, g, 1, bs)
-    rows = (firsts + within).view(-1)  # b * h * T, in the order (i, j, c, r, block, slot)
-    starts = torch.arange(0, rows.numel() + 1, n, dtype=ids, device=query.device)
-    pattern = _csr(starts, rows, (b * kv * c * g, n_rows), query.dtype)  # row (i, j, c, r)
-    # One query per row (no -1 in the shape: with e = 0 features it would be ambiguous).
-    q = query.reshape(b, kv, 1, g, e).expand(b, kv, c, g, e).reshape(b * kv * c * g, e)
-    keys = key_pool.view(n_rows, e)
-    # In place (out=pattern): the pattern's zeros become the scores, nothing is copied.
-    torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale, out=pattern)
-    scores = pattern.values().view(b, kv, c, g, n).transpose(2, 3).reshape(b, h, t)
-    if t - 1 > first:  # some sequence is shorter than the blocks read
-        hidden = torch.arange(t, device=query.device) > positions  # (b, T)
-        scores = scores.masked_fill(hidden[:, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (b, h, T), back in the pattern's order:
-    weights = weights.view(b, kv, g, c, n).transpose(2, 3).reshape(-1)
-    out = torch.nn.functional.embedding_bag(
-        rows,
-        value_pool.view(n_rows, value_pool.shape[-1]),
-        starts,
-        mode="sum",
-        per_sample_weights=weights,
-        include_last_offset=True,
-    )  # (b * kv * c * g, v_head_dim): each tile's weighted sum
-    out = out.view(b, kv, c, g, -1).sum(dim=2) if c > 1 else out
-    return out.view(b, h, 1, -1)  # (b, num_heads, 1, v_head_dim)
-
-
-@functools.lru_cache(maxsize=16)
-def _rows_within(
-    kv: int, g: int, num_blocks: int, bs: int, dtype: torch.dtype, device: torch.device
-) -> Tensor:
-    """`j * num_blocks * bs + s` for kv head j and slot s, `(1, kv, 1, g, 1, bs)`.
-
-    Repeated for the `g` query heads of each group, so that adding a step's block
-    offsets gives the pattern's column indices in their final order in one operation.
-    The same few numbers every step, so they are kept (read only).
-    """
-    heads = torch.arange(0, kv * num_blocks * bs, num_blocks * bs, dtype=dtype, device=device)
-    slots = torch.arange(bs, dtype=dtype, device=device)
-    within = (heads[:, None] + slots).view(1, kv, 1, 1, 1, bs)
-    return within.expand(1, kv, 1, g, 1, bs).contiguous()
-
-
-_CSR_BETA_WARNED = False  # PyTorch warns once per process that sparse CSR is in beta
-
-
-def _csr(starts: Tensor, columns: Tensor, size: tuple[int, int], dtype: torch.dtype) -> Tensor:
-    """A sparse CSR pattern of zeros with the given row starts and column indices.
-
-    Built without PyTorch's O(nnz) invariant check (the indices are ours). PyTorch
-    warns, once per process, that sparse CSR support is in beta; that is no news here.
-    """
-    global _CSR_BETA_WARNED
-    values = torch.zeros(columns.numel(), dtype=dtype, device=columns.device)
-    if _CSR_BETA_WARNED:
-        return torch.sparse_csr_tensor(starts, columns, values, size=size, check_invariants=False)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-        pattern = torch.sparse_csr_tensor(
-            starts, columns, values, size=size, check_invariants=False
-        )
-    _CSR_BETA_WARNED = True
-    return pattern
-
-
-def _fused_online_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    blocks_per_tile: int,
-) -> Tensor:
-    """`_online_attention` with each tile attended by PyTorch's fused CPU kernel.
-
-    Reads the positions on the host (free on the CPU) to skip the tiles no query sees
-    and the masks of tiles every query sees whole: a decode step of equal lengths
-    builds no mask at all, and one that fits in a tile needs no log-sum-exp either.
-    """
-    kv, _, bs, _ = key_pool.shape
-    h, t_q = query.shape[1], query.shape[2]
-    dtype = query.dtype
-    wide = compute_dtype(dtype)
-    q = _group_queries(query.to(wide), kv)  # (kv, b, g * t_q, e)
-    first, used = _reach(positions, block_tables.shape[1], bs)
-    # The position of each query row, (b, g * t_q); needed only where a tile is masked.
-    rows = positions.repeat(1, h // kv) if used * bs - 1 > first else positions
-    merged = None
-    for start, (k, v) in _tiles(block_tables, used, blocks_per_tile, key_pool, value_pool):
-        k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
-        end = start + k.shape[2]
-        seen = None
-        if end - 1 > first:  # some query does not see every key of the tile
-            key_positions = torch.arange(start, end, device=query.device)  # (T,)
-            seen = _visible(key_positions, rows)[None]  # (1, b, g * t_q, T)
-        if used <= blocks_per_tile:  # one tile, which holds key 0: no merging
-            out = attend("torch", q, k, v, attn_mask=seen, scale=scale)  # (kv, b, g*t_q, e_v)
-            return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
-        mask = None
-        if seen is not None:  # the kernel takes an additive mask of the query's dtype
-            mask = masks.allowed_to_additive(seen, wide)  # (1, b, g * t_q, T)
-        tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-        tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
-        if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
-            tile_lse = tile_lse.masked_fill((rows < start)[None], float("-inf"))
-        merged = _fold(merged, tile_out, tile_lse)
-    assert merged is not None  # block_tables has at least one column (checked)
-    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
 
 
 def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,7 @@ gradients and cached decoding agree.
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -67,7 +67,7 @@ from attnlab.rules.rope import (
     rope_cos_sin,
     rotate,
 )
-from attnlab.rules.rope_scaling import RopeScaling, hf_rope
+from attnlab.rules.rope_scaling import RopeScaling
 
 __all__ = ["GroupedQueryAttention", "check_attention_inputs"]
 
@@ -111,20 +111,6 @@ def check_attention_inputs(
     check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
     check_causal_window(is_causal, window)
     return x
-
-
-_HF_CLASSES = (
-    "LlamaAttention",
-    "MistralAttention",
-    "Qwen2Attention",
-    "StableLmAttention",
-    "SmolLM3Attention",
-    "Qwen3Attention",
-    "Olmo2Attention",
-    "Gemma2Attention",
-    "Gemma3Attention",
-    "GptOssAttention",
-)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -577,7 +563,7 @@ class GroupedQueryAttention(nn.Module):
     # -- interoperability with Hugging Face transformers ---------------------------------
 
     @classmethod
-    def from_hf(cls, module: nn.Module, *, backend: Backend = "torch") -> GroupedQueryAttention:
+    def from_hf(cls, module: nn.Module, *, backend: Backend | None = None) -> GroupedQueryAttention:
         """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
 
         Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
@@ -622,8 +608,11 @@ class GroupedQueryAttention(nn.Module):
 
         Args:
             module: The Hugging Face attention layer.
-            backend: Backend of the new module; a softcapped layer (Gemma 2) needs
-                `"scratch"` or `"flash"`.
+            backend: Backend of the new module. None picks the fastest that runs every
+                call the layer may get (any mask, dropout, its softcap): `"torch"`, or
+                `"scratch"` for a softcapped layer (Gemma 2), which PyTorch's kernel
+                cannot run; the new module's `backend` (shown in its repr) says which.
+                Given explicitly, a backend that cannot run the layer is refused.
 
         Returns:
             A new module on the same device and dtype, in the same training mode.
@@ -635,69 +624,15 @@ class GroupedQueryAttention(nn.Module):
                 and keys by LayerNorm (StableLM's `qk_layernorm`), or it attends both ways
                 (`use_bidirectional_attention`), or `backend="torch"` is asked for a
                 softcapped layer.
+
+        Examples:
+            >>> from transformers import Gemma2Config
+            >>> from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
+            >>> config = Gemma2Config(hidden_size=32, num_attention_heads=4, head_dim=8,
+            ...     num_key_value_heads=2, attn_logit_softcapping=50.0)
+            >>> GroupedQueryAttention.from_hf(Gemma2Attention(config, layer_idx=0)).backend
+            'scratch'
         """
-        names = {c.__name__ for c in type(module).__mro__}
-        if not names & set(_HF_CLASSES):
-            raise TypeError(
-                f"module must be a transformers {', '.join(_HF_CLASSES)}, got "
-                f"{type(module).__name__}"
-            )
-        hf: Any = module
-        config: Any = hf.config
-        if getattr(hf, "qk_layernorm", False):
-            raise ValueError(
-                f"module normalises queries and keys (qk_layernorm=True); "
-                f"GroupedQueryAttention.from_hf does not port that from {type(module).__name__}"
-            )
-        if getattr(config, "use_bidirectional_attention", False):
-            raise ValueError(
-                f"module attends both ways (config.use_bidirectional_attention=True); "
-                f"GroupedQueryAttention is causal: call forward(..., is_causal=False) on a "
-                f"port of the causal {type(module).__name__}"
-            )
-        # Gemma 3 has one RoPE per layer type (local layers 1e4, global 1e6 and scaling).
-        rope_base, scaling = hf_rope(config, getattr(hf, "layer_type", None))
-        head_dim = int(hf.head_dim)
-        rope_dims = int(getattr(hf, "rotary_ndims", head_dim))
-        if hasattr(hf, "sliding_window"):  # per layer: None on full-attention layers
-            window = hf.sliding_window
-        else:
-            window = getattr(config, "sliding_window", None)
-        scale = float(getattr(hf, "scaling", head_dim**-0.5))
-        qk_norm: QKNorm | None = None
-        norm_eps, unit_offset = 1e-6, False
-        q_norm: Any = getattr(hf, "q_norm", None)
-        if q_norm is not None:
-            qk_norm = "head" if q_norm.weight.numel() == head_dim else "projection"
-            norm_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6)))
-            unit_offset = "Gemma3Attention" in names  # Gemma's RMSNorm scales by 1 + weight
-        weight = hf.q_proj.weight
-        new = cls(
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_dim=head_dim,
-            bias=hf.q_proj.bias is not None,
-            out_bias=hf.o_proj.bias is not None,
-            rope=bool(getattr(hf, "use_rope", True)),
-            rope_base=rope_base,
-            rope_layout="half",
-            rope_scaling=scaling,
-            rope_dims=rope_dims,
-            window=window,
-            scale=None if scale == head_dim**-0.5 else scale,
-            qk_norm=qk_norm,
-            qk_norm_eps=norm_eps,
-            qk_norm_unit_offset=unit_offset,
-            # Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
-            softcap=getattr(hf, "attn_logit_softcapping", None)
-            if "Gemma2Attention" in names
-            else None,
-            sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
-            dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
-            backend=backend,
-        ).to(device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            for name, ours_p in new.named_parameters():
-                ours_p.copy_(module.get_parameter(name))
-        return new.train(module.training)
+        from attnlab.models import interop  # a folder above this one: imported when called
+
+        return interop.gqa_from_hf(cls, module, backend=backend)

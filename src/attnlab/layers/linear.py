@@ -419,17 +419,9 @@ class GatedDeltaNet(nn.Module):
             ValueError: If `layer` lacks a part this copy needs, or computes something it
                 does not (a convolution bias, an activation other than SiLU).
         """
-        _check_hf_layer(layer)
-        new = cls(
-            layer.hidden_size, num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
-            head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim,
-            kernel_size=layer.conv_kernel_size, mode=mode, chunk_size=chunk_size,
-            norm_eps=layer.norm.variance_epsilon,
-        )  # fmt: skip
-        weight = layer.out_proj.weight
-        new.to(device=weight.device, dtype=weight.dtype)
-        new.load_state_dict(cls.state_dict_from_hf(layer))
-        return new
+        from attnlab.models import interop  # a folder above this one: imported when called
+
+        return interop.gated_deltanet_from_hf(cls, layer, mode=mode, chunk_size=chunk_size)
 
     @staticmethod
     def state_dict_from_hf(layer: Any) -> dict[str, Tensor]:
@@ -443,63 +435,11 @@ class GatedDeltaNet(nn.Module):
         Raises:
             ValueError: As `from_hf`.
         """
-        _check_hf_layer(layer)
-        split = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        d_k, key_dim = layer.head_k_dim, layer.num_k_heads * layer.head_k_dim
-        if not all(hasattr(layer, name) for name in split):  # Qwen3-Next's fused rows
-            group_v = layer.num_v_heads // layer.num_k_heads * layer.head_v_dim
-            parts = _split_hf_projections(
-                layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, layer.num_k_heads, d_k,
-                group_v,
-            )  # fmt: skip
-        else:
-            value_dim = layer.num_v_heads * layer.head_v_dim
-            qkv = torch.split(layer.in_proj_qkv.weight, [key_dim, key_dim, value_dim])
-            parts = (*qkv, *(getattr(layer, name).weight for name in split[1:]))
-        state = {f"{n}_proj.weight": w for n, w in zip("qkvzba", parts, strict=True)}
-        return state | {
-            "conv_weight": layer.conv1d.weight.squeeze(1),
-            "dt_bias": layer.dt_bias,
-            "A_log": layer.A_log,
-            "norm_weight": layer.norm.weight,
-            "out_proj.weight": layer.out_proj.weight,
-        }
+        from attnlab.models import interop  # a folder above this one: imported when called
 
-
-def _check_hf_layer(layer: Any) -> None:
-    """Raise unless `layer` has what `GatedDeltaNet.from_hf` copies and computes as it does."""
-    split = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-    fused = not all(hasattr(layer, name) for name in split)  # Qwen3-Next, not 3.5
-    needed: tuple[str, ...] = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
-    needed += ("in_proj_qkvz", "in_proj_ba") if fused else split
-    missing = [name for name in needed if not hasattr(layer, name)]
-    if missing:
-        raise ValueError(
-            "layer must be a Qwen3NextGatedDeltaNet or Qwen3_5GatedDeltaNet; "
-            f"{type(layer).__name__} has no {', '.join(missing)}"
-        )
-    if layer.conv1d.bias is not None or getattr(layer, "activation", "silu") != "silu":
-        raise ValueError(
-            "layer computes what GatedDeltaNet does not: a convolution bias or an "
-            f"activation other than silu (activation={getattr(layer, 'activation', None)!r})"
-        )
+        return interop.gated_deltanet_state_dict(layer)
 
 
 def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     """`x / sqrt(|x|^2 + eps)` over the last dimension: FLA's and Hugging Face's form."""
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
-
-
-def _split_hf_projections(
-    qkvz: Tensor, ba: Tensor, num_k_heads: int, head_k_dim: int, group_v: int
-) -> tuple[Tensor, ...]:
-    """Hugging Face's fused `in_proj_qkvz`, `in_proj_ba` rows as (q, k, v, z, b, a) weights.
-
-    `group_v` is the value features of one key head's group of value heads. Also splits
-    gradients of the fused weights the same way.
-    """
-    d = qkvz.shape[-1]
-    grouped = qkvz.reshape(num_k_heads, -1, d)  # (num_k_heads, 2 d_k + 2 group_v, d)
-    q, k, v, z = torch.split(grouped, [head_k_dim, head_k_dim, group_v, group_v], dim=1)
-    b, a = ba.reshape(num_k_heads, 2, -1, d).unbind(1)  # (num_k_heads, per group, d) each
-    return tuple(x.reshape(-1, d) for x in (q, k, v, z, b, a))

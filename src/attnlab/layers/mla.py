@@ -30,9 +30,7 @@ both forms; they are equal.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -52,7 +50,7 @@ from attnlab.rules._validation import (
 )
 from attnlab.rules.masks import check_window, needs_mask
 from attnlab.rules.rope import check_base, check_head_dim, default_positions, rope_cos_sin, rotate
-from attnlab.rules.rope_scaling import hf_rope, yarn_mscale
+from attnlab.rules.rope_scaling import yarn_mscale
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
 
@@ -96,54 +94,6 @@ def mla_softmax_scale(
     scale: float = float(qk_head_dim) ** -0.5
     m = yarn_mscale(factor, mscale_all)  # 1 without stretching (or with mscale 0)
     return scale * m * m
-
-
-_STATIC_ROPE_TYPES = ("default", "yarn", "linear", "llama3")
-"""Hugging Face `rope_type`s whose frequencies do not depend on the sequence length."""
-
-_HF_STRUCTURE = (
-    "config",
-    "hidden_size",
-    "num_heads",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-    "q_lora_rank",
-    "scaling",
-    "attention_dropout",
-    "kv_a_proj_with_mqa",
-    "kv_a_layernorm",
-    "kv_b_proj",
-    "o_proj",
-)
-"""What `from_hf` reads from a Hugging Face MLA layer (besides its query projection)."""
-
-_HF_Q_LORA = ("q_a_proj", "q_a_layernorm", "q_b_proj")
-
-_HF_MODULES = frozenset(
-    ("q_proj", *_HF_Q_LORA, "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
-)
-"""The submodules an MLA layer may have for `from_hf` to copy all it computes."""
-
-
-def _hf_structure_problems(layer: nn.Module, ignore: Sequence[str] = ()) -> list[str]:
-    """What keeps `layer` from being a copy of DeepSeek's MLA layer, in words (or []);
-    the parts named in `ignore` are the caller's to compute."""
-    problems = [f"no {name}" for name in _HF_STRUCTURE if not hasattr(layer, name)]
-    if not (hasattr(layer, "q_proj") or all(hasattr(layer, n) for n in _HF_Q_LORA)):
-        problems.append("no q_proj (or q_a_proj, q_a_layernorm, q_b_proj)")
-    # Parts this module does not compute (a sparse-attention indexer, output gates,
-    # attention sinks): copying the rest would give other outputs without a word.
-    extra = [n for n, _ in layer.named_children() if n not in _HF_MODULES]
-    extra += [n for n, _ in layer.named_parameters(recurse=False)]
-    extra = [n for n in extra if n not in ignore]
-    if extra:
-        problems.append(f"parts MultiHeadLatentAttention does not compute: {', '.join(extra)}")
-    # A layer that takes no position embeddings applies no RoPE (e.g. Kimi Linear's MLA).
-    if "position_embeddings" not in inspect.signature(type(layer).forward).parameters:
-        problems.append("no position_embeddings argument in forward (it applies no RoPE)")
-    return problems
 
 
 def _deinterleave(x: Tensor) -> Tensor:
@@ -711,68 +661,6 @@ class MultiHeadLatentAttention(nn.Module):
                 (`rope_type` `"dynamic"` or `"longrope"`), which this module does not do,
                 or `ignore` names a part the layer does not have (or one this copy needs).
         """
-        if isinstance(ignore, str) or not all(isinstance(n, str) for n in ignore):
-            raise TypeError(f"ignore must be a sequence of part names, got {ignore!r}")
-        parts = {n for n, _ in layer.named_children()}
-        parts |= {n for n, _ in layer.named_parameters(recurse=False)}
-        unknown = [n for n in ignore if n not in parts or n in _HF_MODULES]
-        if unknown:
-            raise ValueError(
-                f"ignore names {', '.join(unknown)}, which {type(layer).__name__} does not "
-                "have as an extra part (its MLA parts cannot be ignored)"
-            )
-        problems = _hf_structure_problems(layer, ignore)
-        if problems:
-            raise TypeError(
-                f"layer must have the structure of a transformers MLA layer such as "
-                f"DeepseekV3Attention, but {type(layer).__name__} has {'; '.join(problems)}"
-            )
-        hf: Any = layer
-        config = hf.config
-        rope_base, scaling = hf_rope(config)
-        rope_type = "default" if scaling is None else scaling.rope_type
-        frequencies, rope_scale = None, 1.0
-        if rope_type not in _STATIC_ROPE_TYPES:
-            static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
-            raise ValueError(
-                f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
-                f"the sequence length; MultiHeadLatentAttention supports {static}"
-            )
-        if scaling is not None:
-            frequencies = scaling.frequencies(hf.qk_rope_head_dim, rope_base)
-            rope_scale = scaling.attention_scaling()
-        weight = hf.kv_b_proj.weight
-        mla = cls(
-            hf.hidden_size,
-            hf.num_heads,
-            kv_lora_rank=hf.kv_lora_rank,
-            qk_nope_head_dim=hf.qk_nope_head_dim,
-            qk_rope_head_dim=hf.qk_rope_head_dim,
-            v_head_dim=hf.v_head_dim,
-            q_lora_rank=hf.q_lora_rank,
-            rope_base=rope_base,
-            rope_frequencies=frequencies,
-            rope_scale=rope_scale,
-            rope_interleave=bool(getattr(config, "rope_interleave", True)),
-            softmax_scale=float(hf.scaling),
-            bias=hf.kv_a_proj_with_mqa.bias is not None,
-            norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
-            dropout=float(hf.attention_dropout),
-        ).to(device=weight.device, dtype=weight.dtype)
-        pairs: list[tuple[nn.Module | None, nn.Module | None]] = [
-            (mla.q_proj, getattr(hf, "q_proj", None)),
-            (mla.q_down, getattr(hf, "q_a_proj", None)),
-            (mla.q_norm, getattr(hf, "q_a_layernorm", None)),
-            (mla.q_up, getattr(hf, "q_b_proj", None)),
-            (mla.kv_down, hf.kv_a_proj_with_mqa),
-            (mla.kv_norm, hf.kv_a_layernorm),
-            (mla.kv_up, hf.kv_b_proj),
-            (mla.out_proj, hf.o_proj),
-        ]
-        for ours, theirs in pairs:
-            if ours is not None and theirs is not None:
-                # Same parameter names ("weight", "bias") and shapes on both sides.
-                ours.load_state_dict(theirs.state_dict())
-        if mla.q_norm is not None:
-            mla.q_norm.eps = float(hf.q_a_layernorm.variance_epsilon)
-        return mla.train(hf.training)
+        from attnlab.models import interop  # a folder above this one: imported when called
+
+        return interop.mla_from_hf(cls, layer, ignore=ignore)

@@ -20,7 +20,10 @@ from attnlab.rules._validation import (
     check_positive_int,
 )
 
-__all__ = ["MoEConfig", "SparseMoE", "SwiGLU"]
+__all__ = ["Activation", "MoEConfig", "SparseMoE", "SwiGLU"]
+
+Activation = Literal["silu", "gelu_tanh"]
+"""The gate of a [`SwiGLU`][attnlab.layers.mlp.SwiGLU]: SiLU (Llama) or tanh-GELU (Gemma)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class SwiGLU(nn.Module):
         hidden_dim: int,
         *,
         bias: bool = False,
-        activation: Literal["silu", "gelu_tanh"] = "silu",
+        activation: Activation = "silu",
     ) -> None:
         super().__init__()
         if activation not in ("silu", "gelu_tanh"):

@@ -515,43 +515,9 @@ class MultiHeadAttention(nn.Module):
             >>> torch.allclose(mha(x), torch_mha.eval()(x, x, x)[0], atol=1e-6)
             True
         """
-        if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(
-                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
-            )
-        if module.bias_k is not None or module.add_zero_attn:
-            raise ValueError(
-                "module uses add_bias_kv or add_zero_attn, which MultiHeadAttention does not "
-                "implement"
-            )
-        weight = module.out_proj.weight
-        new = cls(
-            module.embed_dim,
-            module.embed_dim,
-            module.num_heads,
-            d_context=module.kdim,
-            d_value=module.vdim,
-            dropout=module.dropout,
-            bias=module.in_proj_bias is not None,
-            backend=backend,
-        ).to(device=weight.device, dtype=weight.dtype)
-        if module.kdim == module.vdim == module.embed_dim:  # packed: rows are [W_q; W_k; W_v]
-            w_q, w_k, w_v = module.in_proj_weight.chunk(3)
-        else:
-            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
-        with torch.no_grad():
-            new.W_query.weight.copy_(w_q)
-            new.W_key.weight.copy_(w_k)
-            new.W_value.weight.copy_(w_v)
-            new.out_proj.weight.copy_(module.out_proj.weight)
-            if module.in_proj_bias is not None:
-                b_q, b_k, b_v = module.in_proj_bias.chunk(3)
-                for linear, b in ((new.W_query, b_q), (new.W_key, b_k), (new.W_value, b_v)):
-                    assert linear.bias is not None
-                    linear.bias.copy_(b)
-                assert new.out_proj.bias is not None
-                new.out_proj.bias.copy_(module.out_proj.bias)
-        return new.train(module.training)
+        from attnlab.models import interop  # a folder above this one: imported when called
+
+        return interop.mha_from_torch(cls, module, backend=backend)
 
     def to_torch(self) -> nn.MultiheadAttention:
         """A batch-first `nn.MultiheadAttention` with this module's weights.
@@ -578,35 +544,6 @@ class MultiHeadAttention(nn.Module):
             >>> torch.allclose(mha(x, c), torch_mha(x, c, c)[0], atol=1e-6)
             True
         """
-        if self.d_in != self.d_out:
-            raise ValueError(
-                f"nn.MultiheadAttention has a single embed_dim for input and output, but this "
-                f"module has d_in={self.d_in} and d_out={self.d_out}"
-            )
-        weight = self.W_query.weight
-        module = nn.MultiheadAttention(
-            self.d_out,
-            self.num_heads,
-            dropout=self.dropout,
-            bias=self.bias,
-            kdim=self.d_context,
-            vdim=self.d_value,
-            batch_first=True,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        with torch.no_grad():
-            weights = (self.W_query.weight, self.W_key.weight, self.W_value.weight)
-            if self.d_context == self.d_value == self.d_out:  # packed into in_proj_weight
-                module.in_proj_weight.copy_(torch.cat(weights))  # (3 * d_out, d_out)
-            else:
-                module.q_proj_weight.copy_(weights[0])
-                module.k_proj_weight.copy_(weights[1])
-                module.v_proj_weight.copy_(weights[2])
-            module.out_proj.weight.copy_(self.out_proj.weight)
-            if self.bias:
-                biases = [lin.bias for lin in (self.W_query, self.W_key, self.W_value)]
-                assert module.in_proj_bias is not None
-                module.in_proj_bias.copy_(torch.cat([b for b in biases if b is not None]))
-                module.out_proj.bias.copy_(self.out_proj.bias)
-        return module.train(self.training)
+        from attnlab.models import interop  # a folder above this one: imported when called
+
+        return interop.mha_to_torch(self)

@@ -27,8 +27,6 @@ MLA's latents and the indexer's keys.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -598,33 +596,6 @@ class DeepSeekSparseAttention(nn.Module):
             TypeError: If `layer` has no indexer of that structure, or its MLA part is
                 not one `MultiHeadLatentAttention.from_hf` accepts.
         """
-        hf: Any = layer
-        index = getattr(layer, "indexer", None)
-        needed = ("wq_b", "wk", "k_norm", "weights_proj", "n_heads", "head_dim", "index_topk")
-        missing = [n for n in needed if not hasattr(index, n)]
-        if index is None or missing:
-            raise TypeError(
-                f"layer must have the structure of transformers' DeepseekV32Attention, but "
-                f"{type(layer).__name__} has "
-                + ("no indexer" if index is None else f"an indexer without {', '.join(missing)}")
-            )
-        mla = MultiHeadLatentAttention.from_hf(layer, ignore=("indexer",))
-        hi: Any = index
-        weight = hi.wk.weight
-        indexer = LightningIndexer(
-            hf.hidden_size,
-            hi.n_heads,
-            hi.head_dim,
-            d_query=hi.wq_b.in_features,
-            rope_dim=hi.qk_rope_head_dim,
-            norm_eps=float(hi.k_norm.eps),
-        ).to(device=weight.device, dtype=weight.dtype)
-        pairs = [
-            (indexer.q_proj, hi.wq_b),
-            (indexer.k_proj, hi.wk),
-            (indexer.k_norm, hi.k_norm),
-            (indexer.weights_proj, hi.weights_proj),
-        ]
-        for ours, theirs in pairs:
-            ours.load_state_dict(theirs.state_dict())
-        return cls(mla, indexer, topk=int(hi.index_topk)).train(hf.training)
+        from attnlab.models import interop  # a folder above this one: imported when called
+
+        return interop.dsa_from_hf(cls, layer)

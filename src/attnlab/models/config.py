@@ -7,10 +7,12 @@ One frozen dataclass holds every size and every variant of the decoders attnlab 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
-from attnlab.layers.mlp import MoEConfig
+from attnlab.layers.mlp import Activation, MoEConfig
 from attnlab.layers.norms import QK_NORMS, QKNorm
 from attnlab.rules._validation import (
     check_bool,
@@ -20,14 +22,55 @@ from attnlab.rules._validation import (
     check_softcap,
 )
 from attnlab.rules.rope import check_base, check_rope_dims
-from attnlab.rules.rope_scaling import RopeScaling, hf_rope
+from attnlab.rules.rope_scaling import RopeScaling
 
-__all__ = ["LAYER_KINDS", "DecoderConfig", "LinearAttentionConfig"]
+__all__ = ["FAMILIES", "LAYER_KINDS", "DecoderConfig", "Family", "LinearAttentionConfig"]
 
 CacheKind = Literal["static", "dynamic"]
-Family = Literal["llama", "gemma", "qwen3_next"]
+FamilyName = Literal["llama", "gemma", "qwen3_next"]
 LayerKind = Literal["full", "sliding", "linear"]
-_FAMILIES: tuple[Family, ...] = ("llama", "gemma", "qwen3_next")
+
+
+@dataclass(frozen=True)
+class Family:
+    r"""What sets one family of decoders apart from Llama's block: data, not branches.
+
+    A [`Decoder`][attnlab.models.decoder.Decoder] reads these fields where Llama, Gemma and
+    Qwen3-Next differ; the sizes and the layer pattern (which layers slide, which are
+    linear) differ between models of one family, so they live in
+    [`DecoderConfig`][attnlab.models.config.DecoderConfig].
+
+    Attributes:
+        name: The `DecoderConfig.family` that picks it.
+        norm_unit_offset: Every RMSNorm (QK-norm's too) scales by `1 + weight`, not `weight`.
+        embed_scale: The embedding is multiplied by $\sqrt{d_\text{model}}$.
+        mlp_activation: The gate of the MLP: `"silu"` (SwiGLU) or `"gelu_tanh"` (GeGLU).
+        sandwich_norms: The outputs of the attention and the MLP are normalised too before
+            they are added, four norms per block.
+    """
+
+    name: FamilyName
+    norm_unit_offset: bool = False
+    embed_scale: bool = False
+    mlp_activation: Activation = "silu"
+    sandwich_norms: bool = False
+
+
+FAMILIES: Mapping[FamilyName, Family] = MappingProxyType(
+    {
+        "llama": Family("llama"),
+        "gemma": Family(
+            "gemma",
+            norm_unit_offset=True,
+            embed_scale=True,
+            mlp_activation="gelu_tanh",
+            sandwich_norms=True,
+        ),
+        "qwen3_next": Family("qwen3_next", norm_unit_offset=True),
+    }
+)
+"""Each family's differences from Llama's block, by `DecoderConfig.family`."""
+
 LAYER_KINDS: tuple[LayerKind, ...] = ("full", "sliding", "linear")
 """What a block of a [`Decoder`][attnlab.models.decoder.Decoder] mixes its tokens with: full
 causal attention, sliding-window attention, or a linear-attention
@@ -103,7 +146,9 @@ class DecoderConfig:
         family: `"llama"`; `"gemma"`: norms scaling by `1 + weight` (QK-norm's too),
             the embedding times $\\sqrt{d_\\text{model}}$, a tanh-GELU gate and four
             norms per block; `"qwen3_next"`: Llama's block with norms scaling by
-            `1 + weight` (QK-norm's too).
+            `1 + weight` (QK-norm's too). Each name's differences are a
+            [`Family`][attnlab.models.config.Family] in
+            [`FAMILIES`][attnlab.models.config.FAMILIES] (`traits`).
         layer_kinds: Per layer, `"full"`, `"sliding"` (needs its entry in `windows`) or
             `"linear"` (a [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet] of sizes
             `linear`); None: `"sliding"` where `windows` gives a window, else `"full"`.
@@ -142,7 +187,7 @@ class DecoderConfig:
     qk_norm: QKNorm | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    family: Family = "llama"
+    family: FamilyName = "llama"
     layer_kinds: tuple[LayerKind, ...] | None = None
     linear: LinearAttentionConfig | None = None
     attn_output_gate: bool = False
@@ -182,8 +227,8 @@ class DecoderConfig:
             raise ValueError(f"qk_norm must be one of {QK_NORMS} or None, got {self.qk_norm!r}")
         check_softcap("attn_softcap", self.attn_softcap)
         check_softcap("final_softcap", self.final_softcap)
-        if self.family not in _FAMILIES:
-            raise ValueError(f"family must be one of {_FAMILIES}, got {self.family!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {self.family!r}")
         check_positive_float("norm_eps", self.norm_eps)
         if self.windows is not None and len(self.windows) != self.num_layers:
             raise ValueError(
@@ -250,6 +295,11 @@ class DecoderConfig:
         return self.rope_base, self.rope_scaling
 
     @property
+    def traits(self) -> Family:
+        """What the block of this config's `family` does differently from Llama's."""
+        return FAMILIES[self.family]
+
+    @property
     def scale(self) -> float | None:
         """The factor of the attention scores, or None for `head_dim ** -0.5`."""
         qpas = self.query_pre_attn_scalar
@@ -278,153 +328,6 @@ class DecoderConfig:
             ValueError: If the config uses a RoPE type `RopeScaling` does not implement
                 (e.g. `"longrope"`) or an activation other than SiLU.
         """
-        model_type = config.model_type
-        if model_type in ("gemma2", "gemma3_text"):
-            return cls._from_gemma(config)
-        if model_type == "qwen3_next":
-            return cls._from_qwen3_next(config)
-        rope_base, scaling = hf_rope(config)
-        max_positions = int(config.max_position_embeddings)
-        if scaling is not None and scaling.is_dynamic:
-            max_positions = int(max_positions * scaling.factor)
-        if config.hidden_act != "silu":
-            raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        qwen2 = model_type == "qwen2"
-        windows: tuple[int | None, ...] | None = None
-        if qwen2 and getattr(config, "use_sliding_window", False):
-            windows = tuple(
-                config.sliding_window if kind == "sliding_attention" else None
-                for kind in config.layer_types
-            )
-        elif model_type == "mistral" and getattr(config, "sliding_window", None):
-            windows = (int(config.sliding_window),) * config.num_hidden_layers
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        return cls(
-            vocab_size=config.vocab_size,
-            d_model=config.hidden_size,
-            num_layers=config.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=int(head_dim),
-            hidden_dim=config.intermediate_size,
-            rope_base=rope_base,
-            norm_eps=float(config.rms_norm_eps),
-            max_positions=max_positions,
-            tie_embeddings=bool(config.tie_word_embeddings),
-            qkv_bias=True if qwen2 else attention_bias,
-            out_bias=False if qwen2 else attention_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            windows=windows,
-            rope_scaling=scaling,
-        )
+        from attnlab.models import interop  # it imports this module: imported when called
 
-    @classmethod
-    def _from_gemma(cls, config: Any) -> DecoderConfig:
-        """Gemma 2 and Gemma 3 (text): the same block; Gemma 3 adds QK-norm and a RoPE
-        per layer type, Gemma 2 caps its scores (Gemma 3 keeps the setting unused)."""
-        if config.hidden_activation != "gelu_pytorch_tanh":
-            raise ValueError(
-                f"config.hidden_activation must be 'gelu_pytorch_tanh', got "
-                f"{config.hidden_activation!r}"
-            )
-        if getattr(config, "use_bidirectional_attention", False):
-            raise ValueError(
-                "config.use_bidirectional_attention=True: Decoder is causal and does not port it"
-            )
-        kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
-        if not set(config.layer_types) <= set(kinds):
-            raise ValueError(
-                f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}"
-            )
-        gemma3 = config.model_type == "gemma3_text"
-        local_base: float | None = None
-        local_scaling: RopeScaling | None = None
-        base, scaling = hf_rope(config, "full_attention")
-        if gemma3:  # one RoPE per layer type
-            local_base, local_scaling = hf_rope(config, "sliding_attention")
-        bias = bool(config.attention_bias)
-        return cls(
-            vocab_size=config.vocab_size,
-            d_model=config.hidden_size,
-            num_layers=config.num_hidden_layers,
-            num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=int(config.head_dim),
-            hidden_dim=config.intermediate_size,
-            rope_base=base,
-            rope_scaling=scaling,
-            local_rope_base=local_base,
-            local_rope_scaling=local_scaling,
-            norm_eps=float(config.rms_norm_eps),
-            max_positions=int(config.max_position_embeddings),
-            tie_embeddings=bool(config.tie_word_embeddings),
-            qkv_bias=bias,
-            out_bias=bias,
-            windows=tuple(kinds[kind] for kind in config.layer_types),
-            query_pre_attn_scalar=float(config.query_pre_attn_scalar),
-            qk_norm="head" if gemma3 else None,
-            attn_softcap=None if gemma3 else config.attn_logit_softcapping,
-            final_softcap=config.final_logit_softcapping,
-            family="gemma",
-        )
-
-    @classmethod
-    def _from_qwen3_next(cls, config: Any) -> DecoderConfig:
-        """Qwen3-Next: Gated DeltaNet and gated full-attention layers (`layer_types`),
-        partial RoPE, QK-norm, `1 + weight` norms, a mixture of experts with a shared
-        expert in the layers `decoder_sparse_step` and `mlp_only_layers` pick."""
-        if config.hidden_act != "silu":
-            raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
-        names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
-        if not set(config.layer_types) <= set(names):
-            raise ValueError(
-                f"config.layer_types must name {sorted(names)}, got {config.layer_types}"
-            )
-        params = config.rope_parameters  # also holds partial_rotary_factor
-        rope_base, scaling = hf_rope(config)
-        head_dim = int(config.head_dim)
-        n = config.num_hidden_layers
-        moe, moe_layers = None, None
-        if config.num_experts > 0:
-            moe = MoEConfig(
-                num_experts=config.num_experts,
-                top_k=config.num_experts_per_tok,
-                expert_dim=config.moe_intermediate_size,
-                shared_dim=config.shared_expert_intermediate_size,
-                norm_topk_prob=bool(config.norm_topk_prob),
-            )
-            step, dense = config.decoder_sparse_step, set(config.mlp_only_layers)
-            moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
-        bias = bool(config.attention_bias)
-        return cls(
-            vocab_size=config.vocab_size,
-            d_model=config.hidden_size,
-            num_layers=n,
-            num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=head_dim,
-            hidden_dim=config.intermediate_size,
-            rope_base=rope_base,
-            rope_scaling=scaling,
-            norm_eps=float(config.rms_norm_eps),
-            max_positions=int(config.max_position_embeddings),
-            tie_embeddings=bool(config.tie_word_embeddings),
-            qkv_bias=bias,
-            out_bias=bias,
-            qk_norm="head",
-            family="qwen3_next",
-            layer_kinds=tuple(names[kind] for kind in config.layer_types),
-            linear=LinearAttentionConfig(
-                num_k_heads=config.linear_num_key_heads,
-                num_v_heads=config.linear_num_value_heads,
-                head_k_dim=config.linear_key_head_dim,
-                head_v_dim=config.linear_value_head_dim,
-                kernel_size=config.linear_conv_kernel_dim,
-            ),
-            attn_output_gate=True,
-            rope_dims=int(head_dim * params.get("partial_rotary_factor", 1.0)),
-            moe=moe,
-            moe_layers=moe_layers,
-        )
+        return interop.config_from_hf(cls, config)

@@ -56,7 +56,7 @@ replaces the MLP by a mixture of experts with a shared expert
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -73,7 +73,6 @@ from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.layers.mlp import SparseMoE, SwiGLU
 from attnlab.layers.norms import RMSNorm
-from attnlab.models import interop
 from attnlab.models.config import CacheKind, DecoderConfig
 from attnlab.models.generate import Sampler, is_any_of, pad_token
 from attnlab.rules._validation import (
@@ -118,8 +117,7 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
-        gemma = config.family == "gemma"
-        unit_offset = config.family != "llama"
+        traits = config.traits
         self.kind = config.kind(layer)
         self.input_layernorm = _norm(config)
         self.self_attn: GroupedQueryAttention | GatedAttention | None = None
@@ -153,22 +151,24 @@ class DecoderBlock(nn.Module):
                 scale=config.scale,
                 qk_norm=config.qk_norm,
                 qk_norm_eps=float(config.norm_eps),
-                qk_norm_unit_offset=unit_offset,
+                qk_norm_unit_offset=traits.norm_unit_offset,
                 softcap=config.attn_softcap,
                 backend="torch" if config.attn_softcap is None else "scratch",
             )
             self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention
         self.post_attention_layernorm = _norm(config)
-        self.pre_feedforward_layernorm = _norm(config) if gemma else None
-        self.post_feedforward_layernorm = _norm(config) if gemma else None
-        activation: Literal["silu", "gelu_tanh"] = "gelu_tanh" if gemma else "silu"
+        self.pre_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
+        self.post_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
         self.mlp: SwiGLU | SparseMoE
         if config.is_moe(layer):
             assert config.moe is not None
             self.mlp = SparseMoE(config.d_model, config.moe)
         else:
             self.mlp = SwiGLU(
-                config.d_model, config.hidden_dim, bias=config.mlp_bias, activation=activation
+                config.d_model,
+                config.hidden_dim,
+                bias=config.mlp_bias,
+                activation=traits.mlp_activation,
             )
 
     def _residual(self, x: Tensor, attn: Tensor) -> Tensor:
@@ -261,13 +261,6 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderBlock(config, i) for i in range(config.num_layers))
         self.norm = _norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        # Every matrix is stored transposed in memory (same shape, strides (1, rows)):
-        # decoding multiplies one token's row by each matrix, and on the CPU the
-        # product with an (in, out)-contiguous matrix is the faster kernel (measured on
-        # SmolLM2-135M: 1.3x for the projections and the unembedding, the same results).
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                module.weight = _column_major(module.weight)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -534,8 +527,8 @@ class Decoder(nn.Module):
 
     def _embed(self, ids: Tensor) -> Tensor:
         x: Tensor = self.embed_tokens(ids)  # (b, t, d_model)
-        if self.config.family == "gemma":
-            # Gemma scales the embedding by sqrt(d_model), rounded to the weights' dtype.
+        if self.config.traits.embed_scale:
+            # Scaled by sqrt(d_model) rounded to the weights' dtype, as Gemma does.
             x = x * x.new_tensor(self.config.d_model**0.5)
         return x
 
@@ -819,21 +812,13 @@ class Decoder(nn.Module):
             TypeError: If `model` is not one of the supported classes.
             ValueError: As [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf].
         """
+        from attnlab.models import interop  # it imports every layer, needed only here
+
         return interop.decoder_from_hf(cls, model)
 
 
 def _norm(config: DecoderConfig) -> nn.Module:
     """The RMSNorm of the family: `weight` (Llama) or `1 + weight` (Gemma, Qwen3-Next)."""
-    if config.family != "llama":  # Gemma, Qwen3-Next
+    if config.traits.norm_unit_offset:
         return RMSNorm(config.d_model, float(config.norm_eps), unit_offset=True)
     return nn.RMSNorm(config.d_model, eps=config.norm_eps)
-
-
-def _column_major(weight: Tensor) -> nn.Parameter:
-    """The same matrix, stored transposed: `(out, in)` with strides `(1, out)`.
-
-    `load_state_dict`, `to_empty` and `.to(dtype)` keep the strides, so a loaded model
-    keeps the layout.
-    """
-    data = weight.detach().t().contiguous().t()  # (out, in), column-major
-    return nn.Parameter(data, requires_grad=weight.requires_grad)

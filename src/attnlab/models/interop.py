@@ -1,24 +1,727 @@
-"""Interoperability with Hugging Face `transformers`: porting its models into attnlab's.
+"""Interoperability with PyTorch and Hugging Face `transformers`: porting their modules.
 
-[`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf] hands off here: the classes it
-accepts, the state dict renamed key for key, and Qwen3-Next's fused query-and-gate rows
-split into [`GatedAttention`][attnlab.layers.gated.GatedAttention]'s two projections.
+The one home of every port. The classmethods users call (`GroupedQueryAttention.from_hf`,
+`MultiHeadAttention.from_torch`, `DecoderConfig.from_hf`, `Decoder.from_hf`, ...) keep
+their documentation and hand off here; this module reads the other library's classes,
+configs and state dicts, and builds attnlab's modules from them. Ports are tested equal
+to the originals (outputs, gradients, cached decoding) in `tests/`.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.functional.backends import BACKEND_NAMES, Backend, check_backend_call, takes_mask
+from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet
-from attnlab.models.config import DecoderConfig
+from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.mlp import MoEConfig
+from attnlab.layers.multihead import MultiHeadAttention
+from attnlab.layers.norms import QKNorm
+from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
+from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
+from attnlab.rules.rope_scaling import _ROPE_TYPES, RopeScaling
 
 if TYPE_CHECKING:
     from attnlab.models.decoder import Decoder
 
-__all__ = ["HF_DECODER_CLASSES", "decoder_from_hf"]
+__all__ = [
+    "HF_ATTENTION_CLASSES",
+    "HF_DECODER_CLASSES",
+    "backend_for",
+    "config_from_hf",
+    "decoder_from_hf",
+    "dsa_from_hf",
+    "gated_deltanet_from_hf",
+    "gated_deltanet_state_dict",
+    "gqa_from_hf",
+    "hf_rope",
+    "mha_from_torch",
+    "mha_to_torch",
+    "mla_from_hf",
+    "rope_scaling_from_hf",
+    "split_deltanet_projections",
+]
+
+G = TypeVar("G", bound=GroupedQueryAttention)
+M = TypeVar("M", bound=MultiHeadAttention)
+L = TypeVar("L", bound=MultiHeadLatentAttention)
+S = TypeVar("S", bound=DeepSeekSparseAttention)
+N = TypeVar("N", bound=GatedDeltaNet)
+C = TypeVar("C", bound=DecoderConfig)
+R = TypeVar("R", bound=RopeScaling)
+D = TypeVar("D", bound="Decoder")
+
+
+# -- RoPE ---------------------------------------------------------------------------------
+
+
+def rope_scaling_from_hf(cls: type[R], config: Any) -> R:
+    """The body of [`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in _ROPE_TYPES:
+        allowed = ", ".join(repr(t) for t in _ROPE_TYPES)
+        raise ValueError(
+            f"rope_type must be one of {allowed}, got {kind!r} (config.rope_parameters)"
+        )
+    if kind == "default":
+        return cls()
+
+    def need(key: str) -> Any:
+        if params.get(key) is None:
+            raise ValueError(
+                f"config.rope_parameters with rope_type={kind!r} needs {key!r}, "
+                f"got keys {sorted(params)}"
+            )
+        return params[key]
+
+    if kind == "dynamic":
+        return cls("dynamic", float(need("factor")), int(config.max_position_embeddings))
+    if kind == "linear":
+        return cls("linear", float(need("factor")))
+    original = int(need("original_max_position_embeddings"))
+    if kind == "llama3":
+        return cls(
+            "llama3",
+            float(need("factor")),
+            original,
+            low_freq_factor=float(need("low_freq_factor")),
+            high_freq_factor=float(need("high_freq_factor")),
+        )
+    factor = params.get("factor")
+    if factor is None:
+        factor = config.max_position_embeddings / original
+
+    def optional(key: str) -> float | None:
+        value = params.get(key)
+        return None if value is None else float(value)
+
+    return cls(
+        "yarn",
+        float(factor),
+        original,
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=optional("mscale"),
+        mscale_all_dim=optional("mscale_all_dim"),
+        attention_factor=optional("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+def hf_rope(config: Any, layer_type: str | None = None) -> tuple[float, RopeScaling | None]:
+    """The RoPE base and scaling of a Hugging Face config, as a port's arguments.
+
+    The one reader of a config's RoPE for every `from_hf`: the base is
+    `rope_parameters["rope_theta"]` (`config.rope_theta` in older `transformers`, then
+    10000), the scaling is
+    [`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]'s,
+    or `None` for plain RoPE. Gemma 3's `rope_parameters` hold one entry per layer
+    type: `layer_type` (e.g. `"sliding_attention"`) picks one; a config with one RoPE
+    for every layer ignores it.
+
+    Raises:
+        ValueError: As `RopeScaling.from_hf`, and if the config has a RoPE per layer
+            type but none for `layer_type`.
+
+    Examples:
+        >>> from transformers import LlamaConfig
+        >>> hf_rope(LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+        (500000.0, None)
+    """
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    per_type = {k: v for k, v in params.items() if isinstance(v, dict)}
+    if per_type:  # one RoPE per layer type
+        if layer_type not in per_type:
+            raise ValueError(
+                f"config.rope_parameters hold a RoPE per layer type {sorted(per_type)}, "
+                f"got layer_type={layer_type!r}"
+            )
+        params = dict(per_type[layer_type])
+        one = _OneRope(params, getattr(config, "max_position_embeddings", None))
+        scaling = RopeScaling.from_hf(one)
+    else:
+        scaling = RopeScaling.from_hf(config)
+    base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    return base, None if scaling.rope_type == "default" else scaling
+
+
+@dataclass(frozen=True)
+class _OneRope:
+    """The part of a config `RopeScaling.from_hf` reads, for one layer type's RoPE."""
+
+    rope_parameters: dict[str, Any]
+    max_position_embeddings: int | None
+
+
+# -- attention layers ---------------------------------------------------------------------
+
+HF_ATTENTION_CLASSES = (
+    "LlamaAttention",
+    "MistralAttention",
+    "Qwen2Attention",
+    "StableLmAttention",
+    "SmolLM3Attention",
+    "Qwen3Attention",
+    "Olmo2Attention",
+    "Gemma2Attention",
+    "Gemma3Attention",
+    "GptOssAttention",
+)
+"""The `transformers` attention layers (and their subclasses) that
+[`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf] ports."""
+
+
+def backend_for(softcap: float | None) -> Backend:
+    """The first backend, fastest first (`BACKEND_NAMES`' order), that can run every call
+    a ported layer may get: any mask, dropout in training, and the layer's softcap."""
+    for name in BACKEND_NAMES:
+        if not takes_mask(name):  # FlashAttention takes neither a mask nor dropout
+            continue
+        try:
+            check_backend_call(name, attn_mask=None, dropout_p=0.0, softcap=softcap)
+        except ValueError:  # e.g. "torch" has no softcap
+            continue
+        return name
+    raise AssertionError(f"no backend of {BACKEND_NAMES} serves softcap={softcap}")
+
+
+def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = None) -> G:
+    """The body of
+    [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf]."""
+    names = {c.__name__ for c in type(module).__mro__}
+    if not names & set(HF_ATTENTION_CLASSES):
+        raise TypeError(
+            f"module must be a transformers {', '.join(HF_ATTENTION_CLASSES)}, got "
+            f"{type(module).__name__}"
+        )
+    hf: Any = module
+    config: Any = hf.config
+    if getattr(hf, "qk_layernorm", False):
+        raise ValueError(
+            f"module normalises queries and keys (qk_layernorm=True); "
+            f"GroupedQueryAttention.from_hf does not port that from {type(module).__name__}"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError(
+            f"module attends both ways (config.use_bidirectional_attention=True); "
+            f"GroupedQueryAttention is causal: call forward(..., is_causal=False) on a "
+            f"port of the causal {type(module).__name__}"
+        )
+    # Gemma 3 has one RoPE per layer type (local layers 1e4, global 1e6 and scaling).
+    rope_base, scaling = hf_rope(config, getattr(hf, "layer_type", None))
+    head_dim = int(hf.head_dim)
+    rope_dims = int(getattr(hf, "rotary_ndims", head_dim))
+    if hasattr(hf, "sliding_window"):  # per layer: None on full-attention layers
+        window = hf.sliding_window
+    else:
+        window = getattr(config, "sliding_window", None)
+    scale = float(getattr(hf, "scaling", head_dim**-0.5))
+    qk_norm: QKNorm | None = None
+    norm_eps, unit_offset = 1e-6, False
+    q_norm: Any = getattr(hf, "q_norm", None)
+    if q_norm is not None:
+        qk_norm = "head" if q_norm.weight.numel() == head_dim else "projection"
+        norm_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6)))
+        unit_offset = "Gemma3Attention" in names  # Gemma's RMSNorm scales by 1 + weight
+    # Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
+    softcap = getattr(hf, "attn_logit_softcapping", None) if "Gemma2Attention" in names else None
+    weight = hf.q_proj.weight
+    new = cls(
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        head_dim=head_dim,
+        bias=hf.q_proj.bias is not None,
+        out_bias=hf.o_proj.bias is not None,
+        rope=bool(getattr(hf, "use_rope", True)),
+        rope_base=rope_base,
+        rope_layout="half",
+        rope_scaling=scaling,
+        rope_dims=rope_dims,
+        window=window,
+        scale=None if scale == head_dim**-0.5 else scale,
+        qk_norm=qk_norm,
+        qk_norm_eps=norm_eps,
+        qk_norm_unit_offset=unit_offset,
+        softcap=softcap,
+        sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
+        dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+        backend=backend_for(softcap) if backend is None else backend,
+    ).to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        for name, ours_p in new.named_parameters():
+            ours_p.copy_(module.get_parameter(name))
+    return new.train(module.training)
+
+
+def mha_from_torch(cls: type[M], module: nn.MultiheadAttention, *, backend: Backend) -> M:
+    """The body of [`MultiHeadAttention.from_torch`][attnlab.MultiHeadAttention.from_torch]."""
+    if not isinstance(module, nn.MultiheadAttention):
+        raise TypeError(
+            f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+        )
+    if module.bias_k is not None or module.add_zero_attn:
+        raise ValueError(
+            "module uses add_bias_kv or add_zero_attn, which MultiHeadAttention does not implement"
+        )
+    weight = module.out_proj.weight
+    new = cls(
+        module.embed_dim,
+        module.embed_dim,
+        module.num_heads,
+        d_context=module.kdim,
+        d_value=module.vdim,
+        dropout=module.dropout,
+        bias=module.in_proj_bias is not None,
+        backend=backend,
+    ).to(device=weight.device, dtype=weight.dtype)
+    if module.kdim == module.vdim == module.embed_dim:  # packed: rows are [W_q; W_k; W_v]
+        w_q, w_k, w_v = module.in_proj_weight.chunk(3)
+    else:
+        w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+    with torch.no_grad():
+        new.W_query.weight.copy_(w_q)
+        new.W_key.weight.copy_(w_k)
+        new.W_value.weight.copy_(w_v)
+        new.out_proj.weight.copy_(module.out_proj.weight)
+        if module.in_proj_bias is not None:
+            b_q, b_k, b_v = module.in_proj_bias.chunk(3)
+            for linear, b in ((new.W_query, b_q), (new.W_key, b_k), (new.W_value, b_v)):
+                assert linear.bias is not None
+                linear.bias.copy_(b)
+            assert new.out_proj.bias is not None
+            new.out_proj.bias.copy_(module.out_proj.bias)
+    return new.train(module.training)
+
+
+def mha_to_torch(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    """The body of [`MultiHeadAttention.to_torch`][attnlab.MultiHeadAttention.to_torch]."""
+    if mha.d_in != mha.d_out:
+        raise ValueError(
+            f"nn.MultiheadAttention has a single embed_dim for input and output, but this "
+            f"module has d_in={mha.d_in} and d_out={mha.d_out}"
+        )
+    weight = mha.W_query.weight
+    module = nn.MultiheadAttention(
+        mha.d_out,
+        mha.num_heads,
+        dropout=mha.dropout,
+        bias=mha.bias,
+        kdim=mha.d_context,
+        vdim=mha.d_value,
+        batch_first=True,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        weights = (mha.W_query.weight, mha.W_key.weight, mha.W_value.weight)
+        if mha.d_context == mha.d_value == mha.d_out:  # packed into in_proj_weight
+            module.in_proj_weight.copy_(torch.cat(weights))  # (3 * d_out, d_out)
+        else:
+            module.q_proj_weight.copy_(weights[0])
+            module.k_proj_weight.copy_(weights[1])
+            module.v_proj_weight.copy_(weights[2])
+        module.out_proj.weight.copy_(mha.out_proj.weight)
+        if mha.bias:
+            biases = [lin.bias for lin in (mha.W_query, mha.W_key, mha.W_value)]
+            assert module.in_proj_bias is not None
+            module.in_proj_bias.copy_(torch.cat([b for b in biases if b is not None]))
+            module.out_proj.bias.copy_(mha.out_proj.bias)
+    return module.train(mha.training)
+
+
+_STATIC_ROPE_TYPES = ("default", "yarn", "linear", "llama3")
+"""Hugging Face `rope_type`s whose frequencies do not depend on the sequence length."""
+
+_MLA_STRUCTURE = (
+    "config",
+    "hidden_size",
+    "num_heads",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "q_lora_rank",
+    "scaling",
+    "attention_dropout",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+    "o_proj",
+)
+"""What `mla_from_hf` reads from a Hugging Face MLA layer (besides its query projection)."""
+
+_MLA_Q_LORA = ("q_a_proj", "q_a_layernorm", "q_b_proj")
+
+_MLA_MODULES = frozenset(
+    ("q_proj", *_MLA_Q_LORA, "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+)
+"""The submodules an MLA layer may have for `mla_from_hf` to copy all it computes."""
+
+
+def _mla_structure_problems(layer: nn.Module, ignore: Sequence[str] = ()) -> list[str]:
+    """What keeps `layer` from being a copy of DeepSeek's MLA layer, in words (or []);
+    the parts named in `ignore` are the caller's to compute."""
+    problems = [f"no {name}" for name in _MLA_STRUCTURE if not hasattr(layer, name)]
+    if not (hasattr(layer, "q_proj") or all(hasattr(layer, n) for n in _MLA_Q_LORA)):
+        problems.append("no q_proj (or q_a_proj, q_a_layernorm, q_b_proj)")
+    # Parts MLA does not compute (a sparse-attention indexer, output gates, attention
+    # sinks): copying the rest would give other outputs without a word.
+    extra = [n for n, _ in layer.named_children() if n not in _MLA_MODULES]
+    extra += [n for n, _ in layer.named_parameters(recurse=False)]
+    extra = [n for n in extra if n not in ignore]
+    if extra:
+        problems.append(f"parts MultiHeadLatentAttention does not compute: {', '.join(extra)}")
+    # A layer that takes no position embeddings applies no RoPE (e.g. Kimi Linear's MLA).
+    if "position_embeddings" not in inspect.signature(type(layer).forward).parameters:
+        problems.append("no position_embeddings argument in forward (it applies no RoPE)")
+    return problems
+
+
+def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -> L:
+    """The body of
+    [`MultiHeadLatentAttention.from_hf`][attnlab.layers.mla.MultiHeadLatentAttention.from_hf]."""
+    if isinstance(ignore, str) or not all(isinstance(n, str) for n in ignore):
+        raise TypeError(f"ignore must be a sequence of part names, got {ignore!r}")
+    parts = {n for n, _ in layer.named_children()}
+    parts |= {n for n, _ in layer.named_parameters(recurse=False)}
+    unknown = [n for n in ignore if n not in parts or n in _MLA_MODULES]
+    if unknown:
+        raise ValueError(
+            f"ignore names {', '.join(unknown)}, which {type(layer).__name__} does not "
+            "have as an extra part (its MLA parts cannot be ignored)"
+        )
+    problems = _mla_structure_problems(layer, ignore)
+    if problems:
+        raise TypeError(
+            f"layer must have the structure of a transformers MLA layer such as "
+            f"DeepseekV3Attention, but {type(layer).__name__} has {'; '.join(problems)}"
+        )
+    hf: Any = layer
+    config = hf.config
+    rope_base, scaling = hf_rope(config)
+    rope_type = "default" if scaling is None else scaling.rope_type
+    frequencies, rope_scale = None, 1.0
+    if rope_type not in _STATIC_ROPE_TYPES:
+        static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
+        raise ValueError(
+            f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
+            f"the sequence length; MultiHeadLatentAttention supports {static}"
+        )
+    if scaling is not None:
+        frequencies = scaling.frequencies(hf.qk_rope_head_dim, rope_base)
+        rope_scale = scaling.attention_scaling()
+    weight = hf.kv_b_proj.weight
+    mla = cls(
+        hf.hidden_size,
+        hf.num_heads,
+        kv_lora_rank=hf.kv_lora_rank,
+        qk_nope_head_dim=hf.qk_nope_head_dim,
+        qk_rope_head_dim=hf.qk_rope_head_dim,
+        v_head_dim=hf.v_head_dim,
+        q_lora_rank=hf.q_lora_rank,
+        rope_base=rope_base,
+        rope_frequencies=frequencies,
+        rope_scale=rope_scale,
+        rope_interleave=bool(getattr(config, "rope_interleave", True)),
+        softmax_scale=float(hf.scaling),
+        bias=hf.kv_a_proj_with_mqa.bias is not None,
+        norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
+        dropout=float(hf.attention_dropout),
+    ).to(device=weight.device, dtype=weight.dtype)
+    pairs: list[tuple[nn.Module | None, nn.Module | None]] = [
+        (mla.q_proj, getattr(hf, "q_proj", None)),
+        (mla.q_down, getattr(hf, "q_a_proj", None)),
+        (mla.q_norm, getattr(hf, "q_a_layernorm", None)),
+        (mla.q_up, getattr(hf, "q_b_proj", None)),
+        (mla.kv_down, hf.kv_a_proj_with_mqa),
+        (mla.kv_norm, hf.kv_a_layernorm),
+        (mla.kv_up, hf.kv_b_proj),
+        (mla.out_proj, hf.o_proj),
+    ]
+    for ours, theirs in pairs:
+        if ours is not None and theirs is not None:
+            # Same parameter names ("weight", "bias") and shapes on both sides.
+            ours.load_state_dict(theirs.state_dict())
+    if mla.q_norm is not None:
+        mla.q_norm.eps = float(hf.q_a_layernorm.variance_epsilon)
+    return mla.train(hf.training)
+
+
+def dsa_from_hf(cls: type[S], layer: nn.Module) -> S:
+    """The body of
+    [`DeepSeekSparseAttention.from_hf`][attnlab.layers.sparse.DeepSeekSparseAttention.from_hf]."""
+    hf: Any = layer
+    index = getattr(layer, "indexer", None)
+    needed = ("wq_b", "wk", "k_norm", "weights_proj", "n_heads", "head_dim", "index_topk")
+    missing = [n for n in needed if not hasattr(index, n)]
+    if index is None or missing:
+        raise TypeError(
+            f"layer must have the structure of transformers' DeepseekV32Attention, but "
+            f"{type(layer).__name__} has "
+            + ("no indexer" if index is None else f"an indexer without {', '.join(missing)}")
+        )
+    mla = MultiHeadLatentAttention.from_hf(layer, ignore=("indexer",))
+    hi: Any = index
+    weight = hi.wk.weight
+    indexer = LightningIndexer(
+        hf.hidden_size,
+        hi.n_heads,
+        hi.head_dim,
+        d_query=hi.wq_b.in_features,
+        rope_dim=hi.qk_rope_head_dim,
+        norm_eps=float(hi.k_norm.eps),
+    ).to(device=weight.device, dtype=weight.dtype)
+    pairs = [
+        (indexer.q_proj, hi.wq_b),
+        (indexer.k_proj, hi.wk),
+        (indexer.k_norm, hi.k_norm),
+        (indexer.weights_proj, hi.weights_proj),
+    ]
+    for ours, theirs in pairs:
+        ours.load_state_dict(theirs.state_dict())
+    return cls(mla, indexer, topk=int(hi.index_topk)).train(hf.training)
+
+
+# -- linear attention ---------------------------------------------------------------------
+
+_DELTANET_SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+"""Qwen3.5's separate projections; Qwen3-Next fuses them into `in_proj_qkvz`, `in_proj_ba`."""
+
+
+def gated_deltanet_from_hf(cls: type[N], layer: Any, *, mode: str, chunk_size: int) -> N:
+    """The body of [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf]."""
+    _check_deltanet(layer)
+    new = cls(
+        layer.hidden_size, num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
+        head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim,
+        kernel_size=layer.conv_kernel_size, mode=mode, chunk_size=chunk_size,
+        norm_eps=layer.norm.variance_epsilon,
+    )  # fmt: skip
+    weight = layer.out_proj.weight
+    new.to(device=weight.device, dtype=weight.dtype)
+    new.load_state_dict(gated_deltanet_state_dict(layer))
+    return new
+
+
+def gated_deltanet_state_dict(layer: Any) -> dict[str, Tensor]:
+    """The body of
+    [`GatedDeltaNet.state_dict_from_hf`][attnlab.layers.linear.GatedDeltaNet.state_dict_from_hf]."""
+    _check_deltanet(layer)
+    d_k, key_dim = layer.head_k_dim, layer.num_k_heads * layer.head_k_dim
+    if not all(hasattr(layer, name) for name in _DELTANET_SPLIT):  # Qwen3-Next's fused rows
+        group_v = layer.num_v_heads // layer.num_k_heads * layer.head_v_dim
+        parts = split_deltanet_projections(
+            layer.in_proj_qkvz.weight, layer.in_proj_ba.weight, layer.num_k_heads, d_k, group_v
+        )
+    else:
+        value_dim = layer.num_v_heads * layer.head_v_dim
+        qkv = torch.split(layer.in_proj_qkv.weight, [key_dim, key_dim, value_dim])
+        parts = (*qkv, *(getattr(layer, name).weight for name in _DELTANET_SPLIT[1:]))
+    state = {f"{n}_proj.weight": w for n, w in zip("qkvzba", parts, strict=True)}
+    return state | {
+        "conv_weight": layer.conv1d.weight.squeeze(1),
+        "dt_bias": layer.dt_bias,
+        "A_log": layer.A_log,
+        "norm_weight": layer.norm.weight,
+        "out_proj.weight": layer.out_proj.weight,
+    }
+
+
+def _check_deltanet(layer: Any) -> None:
+    """Raise unless `layer` has what `GatedDeltaNet.from_hf` copies and computes as it does."""
+    fused = not all(hasattr(layer, name) for name in _DELTANET_SPLIT)  # Qwen3-Next, not 3.5
+    needed: tuple[str, ...] = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
+    needed += ("in_proj_qkvz", "in_proj_ba") if fused else _DELTANET_SPLIT
+    missing = [name for name in needed if not hasattr(layer, name)]
+    if missing:
+        raise ValueError(
+            "layer must be a Qwen3NextGatedDeltaNet or Qwen3_5GatedDeltaNet; "
+            f"{type(layer).__name__} has no {', '.join(missing)}"
+        )
+    if layer.conv1d.bias is not None or getattr(layer, "activation", "silu") != "silu":
+        raise ValueError(
+            "layer computes what GatedDeltaNet does not: a convolution bias or an "
+            f"activation other than silu (activation={getattr(layer, 'activation', None)!r})"
+        )
+
+
+def split_deltanet_projections(
+    qkvz: Tensor, ba: Tensor, num_k_heads: int, head_k_dim: int, group_v: int
+) -> tuple[Tensor, ...]:
+    """Hugging Face's fused `in_proj_qkvz`, `in_proj_ba` rows as (q, k, v, z, b, a) weights.
+
+    `group_v` is the value features of one key head's group of value heads. Also splits
+    gradients of the fused weights the same way.
+    """
+    d = qkvz.shape[-1]
+    grouped = qkvz.reshape(num_k_heads, -1, d)  # (num_k_heads, 2 d_k + 2 group_v, d)
+    q, k, v, z = torch.split(grouped, [head_k_dim, head_k_dim, group_v, group_v], dim=1)
+    b, a = ba.reshape(num_k_heads, 2, -1, d).unbind(1)  # (num_k_heads, per group, d) each
+    return tuple(x.reshape(-1, d) for x in (q, k, v, z, b, a))
+
+
+# -- decoders -----------------------------------------------------------------------------
+
+
+def config_from_hf(cls: type[C], config: Any) -> C:
+    """The body of [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf]."""
+    model_type = config.model_type
+    if model_type in ("gemma2", "gemma3_text"):
+        return _gemma_config(cls, config)
+    if model_type == "qwen3_next":
+        return _qwen3_next_config(cls, config)
+    rope_base, scaling = hf_rope(config)
+    max_positions = int(config.max_position_embeddings)
+    if scaling is not None and scaling.is_dynamic:
+        max_positions = int(max_positions * scaling.factor)
+    if config.hidden_act != "silu":
+        raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    qwen2 = model_type == "qwen2"
+    windows: tuple[int | None, ...] | None = None
+    if qwen2 and getattr(config, "use_sliding_window", False):
+        windows = tuple(
+            config.sliding_window if kind == "sliding_attention" else None
+            for kind in config.layer_types
+        )
+    elif model_type == "mistral" and getattr(config, "sliding_window", None):
+        windows = (int(config.sliding_window),) * config.num_hidden_layers
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    return cls(
+        vocab_size=config.vocab_size,
+        d_model=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=int(head_dim),
+        hidden_dim=config.intermediate_size,
+        rope_base=rope_base,
+        norm_eps=float(config.rms_norm_eps),
+        max_positions=max_positions,
+        tie_embeddings=bool(config.tie_word_embeddings),
+        qkv_bias=True if qwen2 else attention_bias,
+        out_bias=False if qwen2 else attention_bias,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        windows=windows,
+        rope_scaling=scaling,
+    )
+
+
+def _gemma_config(cls: type[C], config: Any) -> C:
+    """Gemma 2 and Gemma 3 (text): the same block; Gemma 3 adds QK-norm and a RoPE
+    per layer type, Gemma 2 caps its scores (Gemma 3 keeps the setting unused)."""
+    if config.hidden_activation != "gelu_pytorch_tanh":
+        raise ValueError(
+            f"config.hidden_activation must be 'gelu_pytorch_tanh', got "
+            f"{config.hidden_activation!r}"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError(
+            "config.use_bidirectional_attention=True: Decoder is causal and does not port it"
+        )
+    kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
+    if not set(config.layer_types) <= set(kinds):
+        raise ValueError(f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}")
+    gemma3 = config.model_type == "gemma3_text"
+    local_base: float | None = None
+    local_scaling: RopeScaling | None = None
+    base, scaling = hf_rope(config, "full_attention")
+    if gemma3:  # one RoPE per layer type
+        local_base, local_scaling = hf_rope(config, "sliding_attention")
+    bias = bool(config.attention_bias)
+    return cls(
+        vocab_size=config.vocab_size,
+        d_model=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=int(config.head_dim),
+        hidden_dim=config.intermediate_size,
+        rope_base=base,
+        rope_scaling=scaling,
+        local_rope_base=local_base,
+        local_rope_scaling=local_scaling,
+        norm_eps=float(config.rms_norm_eps),
+        max_positions=int(config.max_position_embeddings),
+        tie_embeddings=bool(config.tie_word_embeddings),
+        qkv_bias=bias,
+        out_bias=bias,
+        windows=tuple(kinds[kind] for kind in config.layer_types),
+        query_pre_attn_scalar=float(config.query_pre_attn_scalar),
+        qk_norm="head" if gemma3 else None,
+        attn_softcap=None if gemma3 else config.attn_logit_softcapping,
+        final_softcap=config.final_logit_softcapping,
+        family="gemma",
+    )
+
+
+def _qwen3_next_config(cls: type[C], config: Any) -> C:
+    """Qwen3-Next: Gated DeltaNet and gated full-attention layers (`layer_types`),
+    partial RoPE, QK-norm, `1 + weight` norms, a mixture of experts with a shared
+    expert in the layers `decoder_sparse_step` and `mlp_only_layers` pick."""
+    if config.hidden_act != "silu":
+        raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+    names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
+    if not set(config.layer_types) <= set(names):
+        raise ValueError(f"config.layer_types must name {sorted(names)}, got {config.layer_types}")
+    params = config.rope_parameters  # also holds partial_rotary_factor
+    rope_base, scaling = hf_rope(config)
+    head_dim = int(config.head_dim)
+    n = config.num_hidden_layers
+    moe, moe_layers = None, None
+    if config.num_experts > 0:
+        moe = MoEConfig(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            expert_dim=config.moe_intermediate_size,
+            shared_dim=config.shared_expert_intermediate_size,
+            norm_topk_prob=bool(config.norm_topk_prob),
+        )
+        step, dense = config.decoder_sparse_step, set(config.mlp_only_layers)
+        moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
+    bias = bool(config.attention_bias)
+    return cls(
+        vocab_size=config.vocab_size,
+        d_model=config.hidden_size,
+        num_layers=n,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        hidden_dim=config.intermediate_size,
+        rope_base=rope_base,
+        rope_scaling=scaling,
+        norm_eps=float(config.rms_norm_eps),
+        max_positions=int(config.max_position_embeddings),
+        tie_embeddings=bool(config.tie_word_embeddings),
+        qkv_bias=bias,
+        out_bias=bias,
+        qk_norm="head",
+        family="qwen3_next",
+        layer_kinds=tuple(names[kind] for kind in config.layer_types),
+        linear=LinearAttentionConfig(
+            num_k_heads=config.linear_num_key_heads,
+            num_v_heads=config.linear_num_value_heads,
+            head_k_dim=config.linear_key_head_dim,
+            head_v_dim=config.linear_value_head_dim,
+            kernel_size=config.linear_conv_kernel_dim,
+        ),
+        attn_output_gate=True,
+        rope_dims=int(head_dim * params.get("partial_rotary_factor", 1.0)),
+        moe=moe,
+        moe_layers=moe_layers,
+    )
+
 
 HF_DECODER_CLASSES = (
     "LlamaForCausalLM",
@@ -30,11 +733,9 @@ HF_DECODER_CLASSES = (
 )
 """The `transformers` causal LMs (and their subclasses) that a `Decoder` ports."""
 
-D = TypeVar("D", bound="Decoder")
-
 
 def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
-    """The body of [`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf] (see there)."""
+    """The body of [`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf]."""
     names = {c.__name__ for c in type(model).__mro__}
     if not names & set(HF_DECODER_CLASSES):
         supported = ", ".join(HF_DECODER_CLASSES)
@@ -56,14 +757,14 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
         state = _split_output_gates(state, config)
     for i, layer in enumerate(hf.model.layers):
         if config.kind(i) == "linear":
-            ported = GatedDeltaNet.state_dict_from_hf(layer.linear_attn)
+            ported = gated_deltanet_state_dict(layer.linear_attn)
             state |= {f"layers.{i}.linear_attn.{k}": v for k, v in ported.items()}
     new.load_state_dict(state, strict=True)
     return new.train(model.training)
 
 
 def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
-    """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.llm.GatedAttention]'s.
+    """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.layers.gated.GatedAttention]'s.
 
     Its `q_proj` rows (and bias) hold, per head, `head_dim` query rows then `head_dim`
     gate rows; `o_proj` moves to the wrapper, the rest to the inner attention.

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from attnlab.models.decoder import Decoder
+from attnlab.models.layout import cpu_decode_layout
 from attnlab.rules._validation import check_float_dtype
 
 __all__ = [
@@ -221,7 +222,9 @@ def smollm2_decoder(dtype: torch.dtype = torch.float32) -> tuple[Decoder, Any]:
     tokenizer.
 
     Copied from [`load_smollm2`][attnlab.models.pretrained.load_smollm2]'s model with
-    [`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf]; cached per `dtype` like it.
+    [`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf], its weights then laid out
+    for decoding on the CPU by [`cpu_decode_layout`][attnlab.models.layout.cpu_decode_layout]
+    (the same values); cached per `dtype` like it.
 
     Returns:
         `(decoder, tokenizer)`, the decoder in eval mode.
@@ -235,4 +238,4 @@ def smollm2_decoder(dtype: torch.dtype = torch.float32) -> tuple[Decoder, Any]:
 @functools.cache
 def _decoder(dtype: torch.dtype) -> tuple[Decoder, Any]:
     model, tokenizer = load_smollm2(dtype)
-    return Decoder.from_hf(model).eval(), tokenizer
+    return cpu_decode_layout(Decoder.from_hf(model).eval()), tokenizer

@@ -6,7 +6,7 @@ Chen et al. 2023, https://arxiv.org/abs/2306.15595), dynamic NTK ("dynamic"), Ya
 ("yarn"; Peng et al. 2023, https://arxiv.org/abs/2309.00071) and Llama 3.1's rule
 ("llama3"). [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling] is one such rule;
 [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin] applies it, and
-[`hf_rope`][attnlab.rules.rope_scaling.hf_rope] reads base and rule from a `transformers`
+[`hf_rope`][attnlab.models.interop.hf_rope] reads base and rule from a `transformers`
 config for every layer that ports one.
 """
 
@@ -29,7 +29,7 @@ from attnlab.rules._validation import (
 )
 from attnlab.rules.rope import _frequencies, check_base, check_head_dim
 
-__all__ = ["RopeScaling", "RopeType", "hf_rope", "yarn_mscale"]
+__all__ = ["RopeScaling", "RopeType", "yarn_mscale"]
 
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
@@ -187,57 +187,9 @@ class RopeScaling:
             >>> RopeScaling.from_hf(config)
             RopeScaling(rope_type='linear', factor=4.0)
         """
-        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-        params = dict(params or {})
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind not in _ROPE_TYPES:
-            allowed = ", ".join(repr(t) for t in _ROPE_TYPES)
-            raise ValueError(
-                f"rope_type must be one of {allowed}, got {kind!r} (config.rope_parameters)"
-            )
-        if kind == "default":
-            return cls()
+        from attnlab.models import interop  # a folder above this one: imported when called
 
-        def need(key: str) -> Any:
-            if params.get(key) is None:
-                raise ValueError(
-                    f"config.rope_parameters with rope_type={kind!r} needs {key!r}, "
-                    f"got keys {sorted(params)}"
-                )
-            return params[key]
-
-        if kind == "dynamic":
-            return cls("dynamic", float(need("factor")), int(config.max_position_embeddings))
-        if kind == "linear":
-            return cls("linear", float(need("factor")))
-        original = int(need("original_max_position_embeddings"))
-        if kind == "llama3":
-            return cls(
-                "llama3",
-                float(need("factor")),
-                original,
-                low_freq_factor=float(need("low_freq_factor")),
-                high_freq_factor=float(need("high_freq_factor")),
-            )
-        factor = params.get("factor")
-        if factor is None:
-            factor = config.max_position_embeddings / original
-
-        def optional(key: str) -> float | None:
-            value = params.get(key)
-            return None if value is None else float(value)
-
-        return cls(
-            "yarn",
-            float(factor),
-            original,
-            beta_fast=float(params.get("beta_fast") or 32.0),
-            beta_slow=float(params.get("beta_slow") or 1.0),
-            mscale=optional("mscale"),
-            mscale_all_dim=optional("mscale_all_dim"),
-            attention_factor=optional("attention_factor"),
-            truncate=bool(params.get("truncate", True)),
-        )
+        return interop.rope_scaling_from_hf(cls, config)
 
     def __repr__(self) -> str:
         shown = [f"rope_type={self.rope_type!r}"]
@@ -381,49 +333,3 @@ class RopeScaling:
         ramp = ((torch.arange(dim // 2, device=device).float() - low) / (high - low)).clamp(0, 1)
         keep = 1 - ramp  # 1 for fast pairs, 0 for slow ones
         return interpolated * (1 - keep) + kept * keep
-
-
-def hf_rope(config: Any, layer_type: str | None = None) -> tuple[float, RopeScaling | None]:
-    """The RoPE base and scaling of a Hugging Face config, as a port's arguments.
-
-    The one reader of a config's RoPE for every `from_hf`: the base is
-    `rope_parameters["rope_theta"]` (`config.rope_theta` in older `transformers`, then
-    10000), the scaling is
-    [`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]'s,
-    or `None` for plain RoPE. Gemma 3's `rope_parameters` hold one entry per layer
-    type: `layer_type` (e.g. `"sliding_attention"`) picks one; a config with one RoPE
-    for every layer ignores it.
-
-    Raises:
-        ValueError: As `RopeScaling.from_hf`, and if the config has a RoPE per layer
-            type but none for `layer_type`.
-
-    Examples:
-        >>> from transformers import LlamaConfig
-        >>> hf_rope(LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
-        (500000.0, None)
-    """
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    per_type = {k: v for k, v in params.items() if isinstance(v, dict)}
-    if per_type:  # one RoPE per layer type
-        if layer_type not in per_type:
-            raise ValueError(
-                f"config.rope_parameters hold a RoPE per layer type {sorted(per_type)}, "
-                f"got layer_type={layer_type!r}"
-            )
-        params = dict(per_type[layer_type])
-        scaling = RopeScaling.from_hf(
-            _OneRope(params, getattr(config, "max_position_embeddings", None))
-        )
-    else:
-        scaling = RopeScaling.from_hf(config)
-    base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    return base, None if scaling.rope_type == "default" else scaling
-
-
-@dataclass(frozen=True)
-class _OneRope:
-    """The part of a config `RopeScaling.from_hf` reads, for one layer type's RoPE."""
-
-    rope_parameters: dict[str, Any]
-    max_position_embeddings: int | None

@@ -42,6 +42,7 @@ from attnlab.caches.kv import StaticKVCache
 from attnlab.layers.linear import GatedDeltaNetState
 from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
 from attnlab.models.decoder import Decoder
+from attnlab.models.layout import cpu_decode_layout
 from attnlab.rules._provenance import begin, command_line
 from attnlab.rules._validation import validation
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
@@ -187,7 +188,7 @@ def measure_linear(
     models = {}
     for i, name in enumerate(MODELS):
         torch.manual_seed(seed + i)
-        models[name] = Decoder(decoder_config(name, settings)).eval()
+        models[name] = cpu_decode_layout(Decoder(decoder_config(name, settings)).eval())
     cases: list[dict[str, Any]] = []
     with torch.inference_mode(), validation(False):
         for context in settings.contexts:

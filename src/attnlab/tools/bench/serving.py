@@ -6,12 +6,13 @@ parts, each a ratio taken within the one run (issue 15's goals in brackets):
 - **decode**: one decode step of attention (one new query per sequence) for a batch of
   `batch` sequences at contexts of 512, 2048 and 8192 tokens, SmolLM2's shapes (9 query
   heads over 3 key/value heads of 64 features, float32): attnlab's
-  [`paged_attention_impl`][attnlab.functional.paged.paged_attention_impl] over shuffled block tables
-  (the engine's call, no checks) against the contiguous path of
+  [`paged_attention_fast`][attnlab.functional.paged_fast.paged_attention_fast] over shuffled block
+  tables (the engine's call, no checks) against the contiguous path of
   [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention], PyTorch's SDPA over the
   keys and values a [`StaticKVCache`][attnlab.caches.kv.StaticKVCache] hands it. Both read
-  the same keys and values and their outputs are compared. The teaching path (tile by
-  tile, scores spelled out: `backend="scratch"`) is timed too. [paged / contiguous
+  the same keys and values and their outputs are compared. The teaching path
+  ([`paged_attention_impl`][attnlab.functional.paged.paged_attention_impl], tile by tile,
+  scores spelled out) is timed too. [paged / contiguous
   <= 1.3]
 - **memory**: a mixed workload (prompts and outputs of different lengths, two requests
   sharing a system prompt) held at once, with SmolLM2's cache geometry (30 layers): bytes
@@ -60,6 +61,7 @@ from torch import Tensor
 from attnlab.caches.kv import StaticKVCache, kv_cache_bytes_per_token
 from attnlab.functional.backends import attend
 from attnlab.functional.paged import paged_attention_impl
+from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._provenance import begin, command_line
 from attnlab.serving.cache import PagedKVCache
 from attnlab.tools.bench.config import SERVING_GOALS as GOALS
@@ -292,10 +294,10 @@ def decode_case(settings: ServingSettings, context: int, *, seed: int = 0) -> De
     keys, values = cache.update(contiguous_of(key_pool), contiguous_of(value_pool))
 
     def paged() -> Tensor:
-        return paged_attention_impl(query, key_pool, value_pool, tables, lengths)
+        return paged_attention_fast(query, key_pool, value_pool, tables, lengths)
 
     def teaching() -> Tensor:
-        return paged_attention_impl(query, key_pool, value_pool, tables, lengths, backend="scratch")
+        return paged_attention_impl(query, key_pool, value_pool, tables, lengths)
 
     def contiguous() -> Tensor:  # GroupedQueryAttention's call after its cache
         return attend(
