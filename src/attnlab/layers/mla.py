@@ -180,8 +180,8 @@ class MultiHeadLatentAttention(nn.Module):
 
     `forward(..., absorb=False)` expands the cached latents into per-head keys and values
     (what training does); `absorb=True` folds `kv_up`'s key rows into the queries and its
-    value rows into the output, and attends over the latents themselves. A cache (any
-    [`KVCache`][attnlab.caches.kv.KVCache], e.g. from
+    value rows into the output, and attends over the latents themselves. Its cache (a
+    [`KVCache`][attnlab.caches.kv.KVCache] of one head, e.g. from
     [`new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache]) holds per token only
     the latent `(b, 1, t, kv_lora_rank)` as its keys and the rotated RoPE key
     `(b, 1, t, qk_rope_head_dim)` as its values, whichever form reads it.
@@ -374,6 +374,35 @@ class MultiHeadLatentAttention(nn.Module):
             device=weight.device if device is None else device,
         )
 
+    def check_cache(self, cache: object, *, name: str = "cache") -> KVCache | None:
+        """Return `cache` if it can hold this module's latents (or is None).
+
+        That is a [`KVCache`][attnlab.caches.kv.KVCache] with one key/value head,
+        `head_dim = kv_lora_rank` and `v_head_dim = qk_rope_head_dim` (any, while it has
+        not fixed its sizes), as
+        [`new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache] makes.
+
+        Raises:
+            TypeError: If it is anything else, such as a grouped-query layer's cache.
+        """
+        r, d_rope = self.kv_lora_rank, self.qk_rope_head_dim
+
+        def holds_latents(c: KVCache) -> bool:
+            held = c.layout
+            return held is None or (held.num_kv_heads, held.head_dim, held.v_head_dim) == (
+                1,
+                r,
+                d_rope,
+            )
+
+        return KVCache.check(
+            cache,
+            needs=f"{type(self).__name__}'s latent cache from new_cache (one head of "
+            f"kv_lora_rank={r} latent and qk_rope_head_dim={d_rope} RoPE features per token)",
+            name=name,
+            fits=holds_latents,
+        )
+
     # -- input checks --------------------------------------------------------------------
 
     def _check_inputs(
@@ -391,6 +420,7 @@ class MultiHeadLatentAttention(nn.Module):
         The same rules as `GroupedQueryAttention`'s: positions and RoPE tables by `rope`,
         the cache's append by the cache itself (in its `update`).
         """
+        checked = self.check_cache(cache)
         check_attention_inputs(
             x,
             d_model=self.d_model,
@@ -399,7 +429,7 @@ class MultiHeadLatentAttention(nn.Module):
             rope_dims=self.qk_rope_head_dim,
             positions=positions,
             position_embeddings=position_embeddings,
-            cache=cache,
+            cache=checked,
             attn_mask=attn_mask,
             num_heads=self.num_heads,
             is_causal=is_causal,
@@ -631,13 +661,15 @@ class MultiHeadLatentAttention(nn.Module):
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor, `cache` not a `KVCache`, the mask has a wrong dtype or a flag is
-                not a bool.
+                tensor, `cache` not this module's latent cache (another library's, or a
+                `KVCache` that holds keys and values of other sizes, such as a
+                grouped-query layer's), the mask has a wrong dtype or a flag is not a
+                bool.
             ValueError: If the rank, feature size, dtype or device of `x` does not fit
                 the module; `positions` has the wrong shape or device or is negative, or
                 comes with `position_embeddings` (or those do not fit); the cache cannot
-                take the new latents (sizes, batch size, dtype, device, or no room for `t`
-                more tokens); the mask does not broadcast to `(b, num_heads, t, s)`; the
+                take the new latents (batch size, dtype, device, or no room for `t` more
+                tokens); the mask does not broadcast to `(b, num_heads, t, s)`; the
                 module has a window and `is_causal` is False; or `backend="flash"` gets
                 a mask or dropout.
         """
