@@ -159,4 +159,3 @@ class LayerCache(abc.ABC):
             return cache
         got = repr(cache) if isinstance(cache, LayerCache) else type(cache).__name__
         raise TypeError(f"{name} must be {needs}{' or None' if optional else ''}, got {got}")
-

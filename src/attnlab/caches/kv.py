@@ -334,7 +334,8 @@ class KVCache(AttentionCache):
         """
         kv_length, _ = self.mask_sizes(query.shape[2], window)
         keys, values = self.update(key, value)
-        keys, values = keys[:, :, -kv_length:], values[:, :, -kv_length:]  # (b, h_kv, s, d)
+        if kv_length < keys.shape[2]:
+            keys, values = keys[:, :, -kv_length:], values[:, :, -kv_length:]  # (b, h_kv, s, d)
         return kernel(query, keys, values)
 
     @abc.abstractmethod
@@ -548,14 +549,9 @@ class StaticKVCache(KVCache):
     def __repr__(self) -> str:
         return (
             f"StaticKVCache(length={self._length}, max_length={self.max_length}, "
-            f"batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
+            f"batch_size={self._batch_size}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, dtype={self.dtype})"
         )
-
-    @property
-    def batch_size(self) -> int:
-        """Sequences the buffers hold."""
-        return self._batch_size
 
     @property
     def max_length(self) -> int:
@@ -581,13 +577,18 @@ class StaticKVCache(KVCache):
     def layout(self) -> CacheLayout:
         """The sizes, dtype and device the buffers were allocated with."""
         return CacheLayout(
-            self.batch_size,
+            self._batch_size,
             self.num_kv_heads,
             self.head_dim,
             self.v_head_dim,
             self.dtype,
             self.device,
         )
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences the buffers hold, as their layout says."""
+        return self._batch_size
 
     @property
     def nbytes(self) -> int:
