@@ -331,23 +331,10 @@ class GroupedQueryAttention(nn.Module):
     def check_cache(
         self, cache: object, *, name: str = "cache", owner: str = "", optional: bool = True
     ) -> AttentionCache | None:
-        """Return `cache` if this layer can attend with it: an attnlab
+        """Return `cache` (or None, when `optional`) if this layer can attend with it: an
         [`AttentionCache`][attnlab.caches.kv.AttentionCache] that keeps every key the
-        layer's window sees (or None, when `optional`).
-
-        `forward` calls it; a model that holds one cache per layer calls it for each.
-
-        Args:
-            cache: The cache.
-            name: Its name in the messages, e.g. `"cache[3]"`.
-            owner: The layer in the messages (default the class name).
-            optional: Whether None is accepted.
-
-        Raises:
-            TypeError: If `cache` is not an `AttentionCache`.
-            ValueError: If it forgets keys the layer attends to (a rolling cache with a
-                smaller window).
-        """
+        window sees; raise TypeError (ValueError for a rolling cache narrower than the
+        window) naming the `owner` and the cache's `name` otherwise."""
         checked = AttentionCache.check(
             cache,
             needs="an attnlab KVCache for GroupedQueryAttention's keys and values "
@@ -551,12 +538,9 @@ class GroupedQueryAttention(nn.Module):
             q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
             k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
         window = self.window if is_causal else None
-        options = (attn_mask, self.window, self.scale, self.softcap, self.sinks)
-        if (
-            cache is not None
-            and cache.ragged
-            and (dropout_p or need_weights or any(o is not None for o in options))
-        ):
+        rules = (attn_mask, self.window, self.scale, self.softcap, self.sinks)
+        unserved = dropout_p or need_weights or any(r is not None for r in rules)
+        if cache is not None and cache.ragged and unserved:
             raise ValueError(
                 f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
                 "window, dropout, need_weights, scale, softcap or sinks"

@@ -374,35 +374,6 @@ class MultiHeadLatentAttention(nn.Module):
             device=weight.device if device is None else device,
         )
 
-    def check_cache(self, cache: object, *, name: str = "cache") -> KVCache | None:
-        """Return `cache` if it can hold this module's latents (or is None).
-
-        That is a [`KVCache`][attnlab.caches.kv.KVCache] with one key/value head,
-        `head_dim = kv_lora_rank` and `v_head_dim = qk_rope_head_dim` (any, while it has
-        not fixed its sizes), as
-        [`new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache] makes.
-
-        Raises:
-            TypeError: If it is anything else, such as a grouped-query layer's cache.
-        """
-        r, d_rope = self.kv_lora_rank, self.qk_rope_head_dim
-
-        def holds_latents(c: KVCache) -> bool:
-            held = c.layout
-            return held is None or (held.num_kv_heads, held.head_dim, held.v_head_dim) == (
-                1,
-                r,
-                d_rope,
-            )
-
-        return KVCache.check(
-            cache,
-            needs=f"{type(self).__name__}'s latent cache from new_cache (one head of "
-            f"kv_lora_rank={r} latent and qk_rope_head_dim={d_rope} RoPE features per token)",
-            name=name,
-            fits=holds_latents,
-        )
-
     # -- input checks --------------------------------------------------------------------
 
     def _check_inputs(
@@ -420,7 +391,14 @@ class MultiHeadLatentAttention(nn.Module):
         The same rules as `GroupedQueryAttention`'s: positions and RoPE tables by `rope`,
         the cache's append by the cache itself (in its `update`).
         """
-        checked = self.check_cache(cache)
+        shape = (1, self.kv_lora_rank, self.qk_rope_head_dim)  # (heads, head_dim, v_head_dim)
+        checked = KVCache.check(  # one message for any cache that is not this layer's kind
+            cache,
+            needs=f"{type(self).__name__}'s latent cache from new_cache (one head of "
+            f"kv_lora_rank={shape[1]} latent and qk_rope_head_dim={shape[2]} RoPE features "
+            "per token)",
+            fits=lambda c: c.layout is None or c.layout[1:4] == shape,
+        )
         check_attention_inputs(
             x,
             d_model=self.d_model,
@@ -661,10 +639,8 @@ class MultiHeadLatentAttention(nn.Module):
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor, `cache` not this module's latent cache (another library's, or a
-                `KVCache` that holds keys and values of other sizes, such as a
-                grouped-query layer's), the mask has a wrong dtype or a flag is not a
-                bool.
+                tensor, `cache` not this module's latent cache (e.g. a grouped-query
+                layer's), the mask has a wrong dtype or a flag is not a bool.
             ValueError: If the rank, feature size, dtype or device of `x` does not fit
                 the module; `positions` has the wrong shape or device or is negative, or
                 comes with `position_embeddings` (or those do not fit); the cache cannot
