@@ -655,9 +655,12 @@ class RollingKVCache(KVCache):
     [`length`][attnlab.caches.kv.RollingKVCache.length] (and `len(cache)`) counts the
     tokens kept, at most `window - 1`;
     [`seen`][attnlab.caches.kv.RollingKVCache.seen] counts every token seen (the next
-    token's position, what a model reads to place new tokens). Only a layer with a
-    window of at most `window` may use it (a global layer would lose its old keys).
-    Like [`StaticKVCache`][attnlab.caches.kv.StaticKVCache], it is meant for inference.
+    token's position, what a model reads to place new tokens). The cache owns its
+    window: [`attend`][attnlab.caches.kv.KVCache.attend] hands a layer's kernel the keys
+    its queries see, and only a layer with a window of at most `window` may use it
+    ([`check_window`][attnlab.caches.kv.RollingKVCache.check_window] refuses a global
+    layer, which would lose its old keys). Like
+    [`StaticKVCache`][attnlab.caches.kv.StaticKVCache], it is meant for inference.
 
     Args:
         window: The layer's window: keys per query, itself included.
