@@ -622,15 +622,18 @@ BAD_CALLS: dict[str, tuple[type[Exception], str, Any]] = {
         "positions must be non-negative .*, got positions from -1 to 5",
         lambda m: m(torch.randn(B, T, 24), positions=torch.arange(-1, T - 1)),
     ),
+    # A wrong cache gets one message, that names the layer's own kind of cache (issue 27).
     "cache-type": (
         TypeError,
-        r"cache must be an attnlab KVCache \(DynamicKVCache, StaticKVCache or RollingKVCache\) "
+        r"cache must be MultiHeadLatentAttention's latent cache from new_cache \(one head of "
+        rf"kv_lora_rank={KV_LORA} latent and qk_rope_head_dim={ROPE} RoPE features per token\) "
         "or None, got DynamicCache",
         lambda m: m(torch.randn(B, T, 24), cache=DynamicCache()),
     ),
-    "cache-sizes": (
-        ValueError,
-        r"key has num_kv_heads=1 but the cache holds num_kv_heads=3",
+    "cache-sizes": (  # a grouped-query layer's cache, with 3 key/value heads
+        TypeError,
+        r"cache must be MultiHeadLatentAttention's latent cache from new_cache .* or None, "
+        r"got StaticKVCache\(length=0, max_length=7, batch_size=2, num_kv_heads=3",
         lambda m: m(torch.randn(B, T, 24), cache=StaticKVCache(B, T, 3, KV_LORA, v_head_dim=ROPE)),
     ),
     "cache-batch": (

@@ -6,7 +6,10 @@ token see a later one), so recomputing them at every step is wasted work: a *KV 
 keeps them, and each step projects only the new tokens, appends their keys and values,
 and attends from the new queries to everything cached.
 
-Three caches share one interface, [`KVCache`][attnlab.caches.kv.KVCache]:
+Three caches share one interface, [`KVCache`][attnlab.caches.kv.KVCache], the
+[`AttentionCache`][attnlab.caches.kv.AttentionCache] that stores its keys and values in
+one tensor each (every per-layer state speaks the
+[`LayerCache`][attnlab.caches.base.LayerCache] protocol):
 
 - [`DynamicKVCache`][attnlab.caches.kv.DynamicKVCache] grows with `torch.cat` at every
   step: nothing to size in advance, but each step copies the whole cache.
@@ -30,12 +33,13 @@ context.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from attnlab.caches.base import LayerCache
 from attnlab.rules._validation import (
     check_device,
     check_float_dtype,
@@ -46,14 +50,16 @@ from attnlab.rules._validation import (
     is_validation_enabled,
 )
 
+Kernel = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""A layer's attention `(query, keys, values) -> heads`, as an attention cache runs it."""
+
 __all__ = [
-    "AttendingCache",
+    "AttentionCache",
     "CacheLayout",
     "DynamicKVCache",
     "KVCache",
     "RollingKVCache",
     "StaticKVCache",
-    "check_cache",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
     "resolve_v_head_dim",
@@ -213,8 +219,56 @@ def kv_cache_bytes(
     return held * per_token
 
 
-class KVCache(abc.ABC):
-    r"""The interface of attnlab's key/value caches (one cache serves one attention layer).
+class AttentionCache(LayerCache):
+    """The cache of an attention layer: it takes the new tokens' keys and values and
+    attends from their queries.
+
+    [`attend`][attnlab.caches.kv.AttentionCache.attend] is the one call an attention
+    layer makes to its cache. A [`KVCache`][attnlab.caches.kv.KVCache] stores the keys
+    and values, keeps the ones the new queries can see (the cache owns its window) and
+    runs the layer's own kernel over them. A cache that keeps them elsewhere, such as one
+    layer's view of a paged cache shared by sequences of different lengths, reads them
+    where they are instead (causality, and which tokens each query sees, are then the
+    cache's rule): one hook, so a new cache layout needs no new flag in the layer.
+    """
+
+    @abc.abstractmethod
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, kernel: Kernel, *, window: int | None
+    ) -> Tensor:
+        """Store the new tokens' keys and values, then attend from their queries.
+
+        Args:
+            query: `(b, num_heads, t, head_dim)`, rotated.
+            key: `(b, num_kv_heads, t, head_dim)`, rotated.
+            value: `(b, num_kv_heads, t, v_head_dim)`.
+            kernel: The layer's attention `(query, keys, values) -> heads`, causal and
+                bottom-right aligned (the new queries are the last `t` of the keys).
+            window: The layer's sliding window (keys per query, itself included), or
+                None.
+
+        Returns:
+            `(b, num_heads, t, v_head_dim)`: each query's mix of the values it may see.
+        """
+
+    def check_window(self, window: int | None, *, name: str = "cache", owner: str) -> None:
+        """Raise if a layer with this `window` (None: global) would miss keys it attends to.
+
+        A cache that keeps every token serves any layer (this default); a rolling cache
+        only a layer whose window fits in it.
+
+        Args:
+            window: The layer's window, or None for a global layer.
+            name: The cache's name in the message.
+            owner: The layer, in the message.
+
+        Raises:
+            ValueError: If the cache forgets tokens the layer's queries still see.
+        """
+
+
+class KVCache(AttentionCache):
+    r"""A cache that holds the keys and values of the tokens a layer can still attend to.
 
     A cache is handed keys and values of shape `(b, num_kv_heads, t_new, head_dim)` (and
     `v_head_dim` for values) by [`update`][attnlab.caches.kv.KVCache.update], and returns
@@ -223,8 +277,9 @@ class KVCache(abc.ABC):
     dtype, device); later ones must match it, and a mismatch raises instead of
     broadcasting or casting silently. The checks of an append live here, in
     [`check_update`][attnlab.caches.kv.KVCache.check_update], and run once per update:
-    attention layers hand their keys and values to `update` and do not check the cache
-    themselves.
+    attention layers hand their keys and values to the cache
+    ([`attend`][attnlab.caches.kv.KVCache.attend], or `update` for a layer that attends
+    in its own way, such as MLA) and do not check the append themselves.
     """
 
     @property
@@ -236,22 +291,22 @@ class KVCache(abc.ABC):
     def seen(self) -> int:
         """Tokens seen so far, held or forgotten: the position of the next token.
 
-        A model places new tokens with it (RoPE's positions, masks that span every token
-        of the sequence). A cache that forgets nothing has seen what it holds, its
+        A cache that forgets nothing has seen what it holds, its
         [`length`][attnlab.caches.kv.KVCache.length].
         """
         return self.length
 
     @property
     @abc.abstractmethod
-    def nbytes(self) -> int:
-        """Bytes of memory the cache has allocated for keys and values."""
-
-    @property
-    @abc.abstractmethod
     def layout(self) -> CacheLayout | None:
         """The [`CacheLayout`][attnlab.caches.kv.CacheLayout] an update must match, or None
         while anything goes (an empty dynamic cache)."""
+
+    @property
+    def batch_size(self) -> int | None:
+        """Sequences it holds (from its layout), or None while that is open."""
+        held = self.layout
+        return None if held is None else held.batch_size
 
     @abc.abstractmethod
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -267,13 +322,25 @@ class KVCache(abc.ABC):
             call plus the new ones.
         """
 
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, kernel: Kernel, *, window: int | None
+    ) -> Tensor:
+        """Append the new keys and values, then run `kernel` over those the queries see.
+
+        They are the last `kv_length` tokens held, from
+        [`mask_sizes`][attnlab.caches.base.LayerCache.mask_sizes]: with a window, keys
+        older than the window of the first new query are hidden from every new query
+        and left out, so that a decode step costs O(window), not O(context).
+        """
+        kv_length, _ = self.mask_sizes(query.shape[2], window)
+        keys, values = self.update(key, value)
+        if kv_length < keys.shape[2]:
+            keys, values = keys[:, :, -kv_length:], values[:, :, -kv_length:]  # (b, h_kv, s, d)
+        return kernel(query, keys, values)
+
     @abc.abstractmethod
     def reset(self) -> None:
         """Forget every cached token (a static cache keeps its memory)."""
-
-    def __len__(self) -> int:
-        """Tokens held: [`length`][attnlab.caches.kv.KVCache.length]."""
-        return self.length
 
     def check_update(self, key: object, value: object) -> None:
         """Raise if `update(key, value)` would not fit what the cache holds.
@@ -328,55 +395,6 @@ class KVCache(abc.ABC):
                 f"key is on {k.device} but the cache is on {held.device}; move the inputs "
                 "or build the cache on their device"
             )
-
-
-class AttendingCache(abc.ABC):
-    """A cache that stores new keys and values and attends from the new queries itself.
-
-    A [`KVCache`][attnlab.caches.kv.KVCache] returns contiguous keys and values for the
-    layer to attend over. A cache that keeps them elsewhere, such as the blocks of a
-    paged cache shared by many sequences of different lengths, instead takes the
-    layer's rotated queries, keys and values and returns the attention's output:
-    [`GroupedQueryAttention.forward`][attnlab.layers.gqa.GroupedQueryAttention.forward]
-    hands them to [`attend`][attnlab.caches.kv.AttendingCache.attend] in place of its
-    own `update` and kernel call (one hook, so a new cache layout needs no new flag in
-    the layer). Causality and which tokens each query sees are the cache's rule.
-    """
-
-    @abc.abstractmethod
-    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-        """Store the new tokens' keys and values, then attend from their queries.
-
-        Args:
-            query: `(b, num_heads, t, head_dim)`, rotated.
-            key: `(b, num_kv_heads, t, head_dim)`, rotated.
-            value: `(b, num_kv_heads, t, v_head_dim)`.
-
-        Returns:
-            `(b, num_heads, t, v_head_dim)`: each query's mix of the values it may see.
-        """
-
-
-def check_cache(cache: object, name: str = "cache") -> KVCache | None:
-    """Return `cache` if it is None or an attnlab [`KVCache`][attnlab.caches.kv.KVCache].
-
-    Attention layers call it on their `cache` argument; what the cache can take is then
-    its own check, in [`update`][attnlab.caches.kv.KVCache.update].
-
-    Raises:
-        TypeError: If it is anything else (e.g. a Hugging Face `DynamicCache`).
-
-    Examples:
-        >>> check_cache(None) is None
-        True
-    """
-    if cache is not None and not isinstance(cache, KVCache):
-        raise TypeError(
-            f"{name} must be an attnlab KVCache (DynamicKVCache, StaticKVCache or "
-            f"RollingKVCache) or None, "
-            f"got {type(cache).__name__}"
-        )
-    return cache
 
 
 def _nbytes(keys: Tensor | None, values: Tensor | None) -> int:
@@ -516,8 +534,8 @@ class StaticKVCache(KVCache):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        self.batch_size = check_positive_int("batch_size", batch_size)
-        self.max_length = check_positive_int("max_length", max_length)
+        self._batch_size = check_positive_int("batch_size", batch_size)
+        self._max_length = check_positive_int("max_length", max_length)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
@@ -531,9 +549,14 @@ class StaticKVCache(KVCache):
     def __repr__(self) -> str:
         return (
             f"StaticKVCache(length={self._length}, max_length={self.max_length}, "
-            f"batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
+            f"batch_size={self._batch_size}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, dtype={self.dtype})"
         )
+
+    @property
+    def max_length(self) -> int:
+        """Most tokens the cache can hold, prompt included."""
+        return self._max_length
 
     @property
     def dtype(self) -> torch.dtype:
@@ -554,13 +577,18 @@ class StaticKVCache(KVCache):
     def layout(self) -> CacheLayout:
         """The sizes, dtype and device the buffers were allocated with."""
         return CacheLayout(
-            self.batch_size,
+            self._batch_size,
             self.num_kv_heads,
             self.head_dim,
             self.v_head_dim,
             self.dtype,
             self.device,
         )
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences the buffers hold, as their layout says."""
+        return self._batch_size
 
     @property
     def nbytes(self) -> int:
@@ -627,9 +655,12 @@ class RollingKVCache(KVCache):
     [`length`][attnlab.caches.kv.RollingKVCache.length] (and `len(cache)`) counts the
     tokens kept, at most `window - 1`;
     [`seen`][attnlab.caches.kv.RollingKVCache.seen] counts every token seen (the next
-    token's position, what a model reads to place new tokens). Only a layer with a
-    window of at most `window` may use it (a global layer would lose its old keys).
-    Like [`StaticKVCache`][attnlab.caches.kv.StaticKVCache], it is meant for inference.
+    token's position, what a model reads to place new tokens). The cache owns its
+    window: [`attend`][attnlab.caches.kv.KVCache.attend] hands a layer's kernel the keys
+    its queries see, and only a layer with a window of at most `window` may use it
+    ([`check_window`][attnlab.caches.kv.RollingKVCache.check_window] refuses a global
+    layer, which would lose its old keys). Like
+    [`StaticKVCache`][attnlab.caches.kv.StaticKVCache], it is meant for inference.
 
     Args:
         window: The layer's window: keys per query, itself included.
@@ -659,6 +690,20 @@ class RollingKVCache(KVCache):
 
     def __repr__(self) -> str:
         return f"RollingKVCache(window={self.window}, length={self._held}, seen={self._seen})"
+
+    def check_window(self, window: int | None, *, name: str = "cache", owner: str) -> None:
+        """Raise unless the layer's `window` fits: a global layer, or a wider window,
+        would lose keys it attends to.
+
+        Raises:
+            ValueError: If `window` is None or larger than this cache's.
+        """
+        if window is None or window > self.window:
+            sees = "every token" if window is None else f"{window} tokens"
+            raise ValueError(
+                f"{name} is a RollingKVCache(window={self.window}) but {owner} sees {sees}: "
+                "it would lose keys the layer attends to"
+            )
 
     @property
     def length(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor, nn
 
+from attnlab.caches.kv import AttentionCache
 from attnlab.layers.gqa import GroupedQueryAttention
 
 __all__ = ["GatedAttention"]
@@ -48,6 +49,10 @@ class GatedAttention(nn.Module):
     def _gate(self, x: Tensor, heads: Tensor) -> Tensor:
         out: Tensor = self.o_proj(heads * torch.sigmoid(self.gate_proj(x)))  # (b, t, d_model)
         return out
+
+    def check_cache(self, cache: object, **kwargs: Any) -> AttentionCache | None:
+        """The attention's [`check_cache`][attnlab.layers.gqa.GroupedQueryAttention.check_cache]."""
+        return self.attention.check_cache(cache, **kwargs)
 
     @overload
     def forward(

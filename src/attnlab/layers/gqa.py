@@ -32,7 +32,8 @@ from typing import Literal, overload
 import torch
 from torch import Tensor, nn
 
-from attnlab.caches.kv import AttendingCache, KVCache, check_cache
+from attnlab.caches.base import LayerCache
+from attnlab.caches.kv import AttentionCache
 from attnlab.functional.backends import (
     Backend,
     BackendProperty,
@@ -81,7 +82,7 @@ def check_attention_inputs(
     rope_dims: int,
     positions: object = None,
     position_embeddings: object = None,
-    cache: object = None,
+    cache: LayerCache | None = None,
     attn_mask: object = None,
     num_heads: int = 1,
     is_causal: object = True,
@@ -93,10 +94,10 @@ def check_attention_inputs(
     [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention],
     [`MultiHeadLatentAttention`][attnlab.layers.mla.MultiHeadLatentAttention] and
     [`DeepSeekSparseAttention`][attnlab.layers.sparse.DeepSeekSparseAttention]: the tokens `x`
-    (`(b, t, d_model)` or `(t, d_model)`, on the dtype and device of `like`), the cache
-    (an attnlab [`KVCache`][attnlab.caches.kv.KVCache] or None; its append is its own
-    check), RoPE's positions or tables (`rope`'s rules, `rope_dims` rotated features),
-    `attn_mask` against `(b, num_heads, t, cached + t)` and `is_causal` against `window`.
+    (`(b, t, d_model)` or `(t, d_model)`, on the dtype and device of `like`), RoPE's
+    positions or tables (`rope`'s rules, `rope_dims` rotated features), `attn_mask`
+    against `(b, num_heads, t, cache.seen + t)` and `is_causal` against `window`. The
+    layer checks that `cache` is its kind first (its append is the cache's own check).
 
     Raises:
         TypeError: As the checks named above.
@@ -104,8 +105,7 @@ def check_attention_inputs(
     """
     x = check_tokens("x", x, features=d_model, param="d_model", owner=owner, like=like)
     b, t = (x.shape[0] if x.ndim == 3 else 1), x.shape[-2]
-    checked = check_cache(cache)
-    past = 0 if checked is None else checked.seen
+    past = 0 if cache is None else cache.seen
     check_rope_inputs(positions, position_embeddings, x, rope_dims)
     target = (b, num_heads, t, past + t)  # (b, h, t_q, t_k)
     check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
@@ -315,6 +315,24 @@ class GroupedQueryAttention(nn.Module):
 
     # -- input checks --------------------------------------------------------------------
 
+    def check_cache(
+        self, cache: object, *, name: str = "cache", owner: str = "", optional: bool = True
+    ) -> AttentionCache | None:
+        """Return `cache` (or None, when `optional`) if this layer can attend with it: an
+        [`AttentionCache`][attnlab.caches.kv.AttentionCache] that keeps every key the
+        window sees; raise TypeError (ValueError for a rolling cache narrower than the
+        window) naming the `owner` and the cache's `name` otherwise."""
+        checked = AttentionCache.check(
+            cache,
+            needs="an attnlab KVCache for GroupedQueryAttention's keys and values "
+            "(DynamicKVCache, StaticKVCache or RollingKVCache)",
+            name=name,
+            optional=optional,
+        )
+        if checked is not None:
+            checked.check_window(self.window, name=name, owner=owner or type(self).__name__)
+        return checked
+
     def _check_inputs(
         self,
         x: object,
@@ -331,6 +349,7 @@ class GroupedQueryAttention(nn.Module):
         """
         if position_embeddings is not None and not self.rope:
             raise ValueError("position_embeddings needs a module built with rope=True")
+        checked = self.check_cache(cache)
         check_attention_inputs(
             x,
             d_model=self.d_model,
@@ -339,7 +358,7 @@ class GroupedQueryAttention(nn.Module):
             rope_dims=self.rope_dims,
             positions=positions,
             position_embeddings=position_embeddings,
-            cache=cache,
+            cache=checked,
             attn_mask=attn_mask,
             num_heads=self.num_heads,
             is_causal=is_causal,
@@ -360,7 +379,7 @@ class GroupedQueryAttention(nn.Module):
         *,
         positions: Tensor | None = None,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | AttendingCache | None = None,
+        cache: AttentionCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
         need_weights: Literal[False] = False,
@@ -373,7 +392,7 @@ class GroupedQueryAttention(nn.Module):
         *,
         positions: Tensor | None = None,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | AttendingCache | None = None,
+        cache: AttentionCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
         need_weights: Literal[True],
@@ -386,7 +405,7 @@ class GroupedQueryAttention(nn.Module):
         *,
         positions: Tensor | None = None,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | AttendingCache | None = None,
+        cache: AttentionCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
         need_weights: bool = False,
@@ -410,12 +429,14 @@ class GroupedQueryAttention(nn.Module):
                 [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin] (`(..., t, head_dim // 2)`)
                 or Hugging Face's rotary embedding (`(b, t, head_dim)`).
             cache: A [`KVCache`][attnlab.caches.kv.KVCache] that holds the earlier
-                tokens' keys and values; the new ones are appended to it. Inside attnlab
-                also an [`AttendingCache`][attnlab.caches.kv.AttendingCache] (a paged
-                cache of many sequences), which stores the rotated keys and values and
-                attends itself; then `positions` (or `position_embeddings`) must place
-                the tokens, and there is no `attn_mask`, window, dropout or
-                `need_weights`.
+                tokens' keys and values; the new ones are appended to it, and the
+                queries attend to the ones it says they see
+                ([`attend`][attnlab.caches.kv.KVCache.attend]).
+                Or another [`AttentionCache`][attnlab.caches.kv.AttentionCache], such as
+                one layer's view of a paged cache of many sequences (`ragged`), which
+                stores the rotated keys and values and attends itself; then `positions`
+                (or `position_embeddings`) must place the tokens, and there is no
+                `attn_mask`, window, dropout or `need_weights`.
             attn_mask: An extra mask, combined with the causal one: bool (True = attend;
                 e.g. [`masks.key_padding`][attnlab.rules.masks.key_padding]) or float (added to
                 the scores), broadcastable to `(b, num_heads, t, cache.seen + t)`.
@@ -439,10 +460,11 @@ class GroupedQueryAttention(nn.Module):
                 the module; `positions` has a wrong shape or a negative value, or comes
                 with `position_embeddings` (or those do not fit); the cache cannot take
                 the new keys and values (batch size, heads, head size, dtype, device, or
-                a full static cache); the mask does not broadcast; `is_causal=False` with
-                a window; `sinks` was replaced by a tensor not of shape `(num_heads,)`;
-                `backend="flash"` gets a mask or dropout; or `backend="torch"` is set on
-                a module with a `softcap`.
+                a full static cache) or is a rolling cache narrower than the window; the
+                mask does not broadcast; `is_causal=False` with a window; `sinks` was
+                replaced by a tensor not of shape `(num_heads,)`; `backend="flash"` gets
+                a mask or dropout; or `backend="torch"` is set on a module with a
+                `softcap`.
         """
         if checking():
             self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
@@ -468,11 +490,6 @@ class GroupedQueryAttention(nn.Module):
         if self.rope:
             if position_embeddings is None:
                 if positions is None:
-                    if isinstance(cache, AttendingCache):
-                        raise ValueError(
-                            f"positions must be given with a {type(cache).__name__}: its "
-                            "sequences have different lengths"
-                        )
                     past = 0 if cache is None else cache.seen
                     positions = default_positions(past, t, x.device)  # (t,)
                 # One table for queries and keys, computed once per forward.
@@ -482,42 +499,30 @@ class GroupedQueryAttention(nn.Module):
             q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
             k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
         window = self.window if is_causal else None
-        if isinstance(cache, AttendingCache):  # e.g. paged: it stores and attends itself
-            if (
-                attn_mask is not None
-                or self.window is not None
-                or dropout_p
-                or need_weights
-                or self.scale is not None
-                or self.softcap is not None
-                or self.sinks is not None
-            ):
-                raise ValueError(
-                    f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                    "window, dropout, need_weights, scale, softcap or sinks"
-                )
-            heads = cache.attend(q, k, v)  # (b, h, t, head_dim)
-        else:
-            if cache is not None:
-                k, v = cache.update(k, v)  # (b, h_kv, past + t, head_dim)
-            t_k = k.shape[2]
-            if window is not None and t_k > t + window - 1:
-                # Keys older than the window of the first query are hidden from every
-                # query: drop them, so that a decode step costs O(window), not O(context).
-                drop = t_k - (t + window - 1)
-                k, v = k[:, :, drop:], v[:, :, drop:]  # (b, h_kv, t + window - 1, head_dim)
-            if attn_mask is not None and attn_mask.shape[-1] > k.shape[2]:
+        rules = (attn_mask, self.window, self.scale, self.softcap, self.sinks)
+        unserved = dropout_p or need_weights or any(r is not None for r in rules)
+        if cache is not None and cache.ragged and unserved:
+            raise ValueError(
+                f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
+                "window, dropout, need_weights, scale, softcap or sinks"
+            )
+        attended: list[tuple[Tensor, Tensor | None]] = []  # keys and mask, for need_weights
+
+        def kernel(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            mask = attn_mask
+            if mask is not None and mask.shape[-1] > k.shape[2]:
                 # The mask spans every token seen (as checked); the keys are the last of
                 # them: the window dropped the oldest, or a RollingKVCache forgot them.
-                attn_mask = attn_mask[..., -k.shape[2] :]
+                mask = mask[..., -k.shape[2] :]
+            attended.append((k, mask))
             # The new queries are the last t of the t_k keys: the causal mask is
             # bottom-right.
-            heads = attend(
+            return attend(
                 self.backend,
                 q,
                 k,
                 v,
-                attn_mask=attn_mask,
+                attn_mask=mask,
                 dropout_p=dropout_p,
                 is_causal=is_causal,
                 scale=self.scale,
@@ -527,15 +532,20 @@ class GroupedQueryAttention(nn.Module):
                 softcap=self.softcap,
                 sinks=self.sinks,
             )  # (b, h, t, head_dim)
+
+        # The cache stores the new keys and values and runs the kernel over the ones the
+        # queries see (a paged view reads its blocks instead).
+        heads = kernel(q, k, v) if cache is None else cache.attend(q, k, v, kernel, window=window)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
         out: Tensor = self.o_proj(concat)  # (b, t, d_model)
         out = out[0] if unbatched else out
         if not need_weights:
             return out
+        k, mask = attended[0]
         weights = attention_weights(
             q,
             k,
-            attn_mask=attn_mask,
+            attn_mask=mask,
             is_causal=is_causal,
             scale=self.scale,
             window=window,

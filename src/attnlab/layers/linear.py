@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.caches.base import LayerCache
 from attnlab.functional.linear import delta_rule, linear_attention
 from attnlab.layers.norms import rms_normalize
 from attnlab.rules._precision import compute_dtype
@@ -116,24 +117,29 @@ class LinearSelfAttention(nn.Module):
         return out
 
 
-@dataclasses.dataclass
-class GatedDeltaNetState:
+@dataclasses.dataclass(repr=False)
+class GatedDeltaNetState(LayerCache):
     """What a [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet] carries from one call to the
-    next.
+    next: the [`LayerCache`][attnlab.caches.base.LayerCache] of a linear-attention layer.
 
-    Its size does not grow with the context: that is the point of the layer.
+    Its size does not grow with the context: that is the point of the layer. It takes
+    new state, not keys and values: [`update`][attnlab.layers.linear.GatedDeltaNetState.update]
+    replaces both tensors after a call over `t` new tokens.
 
     Attributes:
         conv: `(b, conv_dim, kernel_size - 1)`, the last inputs of the causal convolution
             (queries, keys and values before it), zeros before the first token.
         recurrent: `(b, num_v_heads, head_k_dim, head_v_dim)`, the delta rule's state $S$.
-        seen: Tokens processed so far (the position of the next token), as a KV
-            cache's [`seen`][attnlab.caches.kv.KVCache.seen].
+        seen: Tokens processed so far (the position of the next token), as every
+            cache's [`seen`][attnlab.caches.base.LayerCache.seen].
     """
 
     conv: Tensor
     recurrent: Tensor
     seen: int = 0
+
+    def __repr__(self) -> str:
+        return f"GatedDeltaNetState(batch_size={self.batch_size}, seen={self.seen})"
 
     @property
     def nbytes(self) -> int:
@@ -144,6 +150,22 @@ class GatedDeltaNetState:
     def batch_size(self) -> int:
         """Sequences the state holds."""
         return int(self.conv.shape[0])
+
+    def mask_sizes(self, t: int, window: int | None = None) -> tuple[int, int]:
+        """`(t, seen)`: the new tokens read no keys, only the state; they come after
+        the `seen` ones (their only mask is their own padding)."""
+        return t, self.seen
+
+    def update(self, conv: Tensor, recurrent: Tensor, t: int) -> None:
+        """Take the state after `t` more tokens: the convolution's last inputs and the
+        recurrence's state, in place of the old ones."""
+        self.conv, self.recurrent, self.seen = conv, recurrent, self.seen + t
+
+    def reset(self) -> None:
+        """Back to before the first token: zeros, nothing seen (the memory is kept)."""
+        self.conv.zero_()
+        self.recurrent.zero_()
+        self.seen = 0
 
 
 class GatedDeltaNet(nn.Module):
@@ -341,7 +363,7 @@ class GatedDeltaNet(nn.Module):
             initial_state=None if state is None else state.recurrent,
         )  # fmt: skip
         if state is not None:
-            state.conv, state.recurrent, state.seen = conv_state, recurrent, state.seen + t
+            state.update(conv_state, recurrent, t)
         out = out.transpose(1, 2)  # (b, t, num_v_heads, head_v_dim)
         z = self.z_proj(x).reshape(b, t, self.num_v_heads, self.head_v_dim)
         out = self._gated_norm(out.to(x.dtype), z).flatten(-2)  # (b, t, value_dim)
@@ -366,11 +388,16 @@ class GatedDeltaNet(nn.Module):
         normed = self.norm_weight * rms_normalize(x, self.norm_eps).to(x.dtype)
         return (normed * F.silu(z.to(normed.dtype))).to(x.dtype)
 
-    def check_state(self, state: object, batch_size: int) -> None:
+    def check_state(self, state: object, batch_size: int, *, name: str = "state") -> None:
         """Check that `state` can carry this layer's recurrence for `batch_size` rows.
 
         `forward` calls it once when handed a state; a decoder that holds one state per
         layer calls it for every layer before its first step.
+
+        Args:
+            state: The state.
+            batch_size: Rows of the input.
+            name: Its name in the messages, e.g. `"cache[0]"`.
 
         Raises:
             TypeError: If `state` is not a
@@ -378,20 +405,26 @@ class GatedDeltaNet(nn.Module):
             ValueError: If its `conv` or `recurrent` tensor has another shape, dtype or
                 device than [`new_state`][attnlab.layers.linear.GatedDeltaNet.new_state] gives.
         """
-        if not isinstance(state, GatedDeltaNetState):
-            raise TypeError(f"state must be a GatedDeltaNetState, got {type(state).__name__}")
+        state = GatedDeltaNetState.check(
+            state,
+            needs="a GatedDeltaNetState (GatedDeltaNet is linear attention: it carries a "
+            "state, not keys and values; make one with new_state or Decoder.make_cache)",
+            name=name,
+            optional=False,
+        )
+        assert state is not None
         expected = self.new_state(batch_size)
-        for name in ("conv", "recurrent"):
-            got, want = getattr(state, name), getattr(expected, name)
+        for part in ("conv", "recurrent"):
+            got, want = getattr(state, part), getattr(expected, part)
             if not isinstance(got, Tensor) or got.shape != want.shape:
                 shape = _shape(got) if isinstance(got, Tensor) else type(got).__name__
                 raise ValueError(
-                    f"state.{name} must be {_shape(want)} for this layer and a batch of "
+                    f"state.{part} must be {_shape(want)} for this layer and a batch of "
                     f"{batch_size}, got {shape}"
                 )
             if got.dtype != want.dtype or got.device != want.device:
                 raise ValueError(
-                    f"state.{name} must be {want.dtype} on {want.device}, got {got.dtype} "
+                    f"state.{part} must be {want.dtype} on {want.device}, got {got.dtype} "
                     f"on {got.device}; start from layer.new_state(batch_size)"
                 )
 

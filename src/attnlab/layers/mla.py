@@ -131,8 +131,8 @@ class MultiHeadLatentAttention(nn.Module):
 
     `forward(..., absorb=False)` expands the cached latents into per-head keys and values
     (what training does); `absorb=True` folds `kv_up`'s key rows into the queries and its
-    value rows into the output, and attends over the latents themselves. A cache (any
-    [`KVCache`][attnlab.caches.kv.KVCache], e.g. from
+    value rows into the output, and attends over the latents themselves. Its cache (a
+    [`KVCache`][attnlab.caches.kv.KVCache] of one head, e.g. from
     [`new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache]) holds per token only
     the latent `(b, 1, t, kv_lora_rank)` as its keys and the rotated RoPE key
     `(b, 1, t, qk_rope_head_dim)` as its values, whichever form reads it.
@@ -342,6 +342,14 @@ class MultiHeadLatentAttention(nn.Module):
         The same rules as `GroupedQueryAttention`'s: positions and RoPE tables by `rope`,
         the cache's append by the cache itself (in its `update`).
         """
+        shape = (1, self.kv_lora_rank, self.qk_rope_head_dim)  # (heads, head_dim, v_head_dim)
+        checked = KVCache.check(  # one message for any cache that is not this layer's kind
+            cache,
+            needs=f"{type(self).__name__}'s latent cache from new_cache (one head of "
+            f"kv_lora_rank={shape[1]} latent and qk_rope_head_dim={shape[2]} RoPE features "
+            "per token)",
+            fits=lambda c: c.layout is None or c.layout[1:4] == shape,
+        )
         check_attention_inputs(
             x,
             d_model=self.d_model,
@@ -350,7 +358,7 @@ class MultiHeadLatentAttention(nn.Module):
             rope_dims=self.qk_rope_head_dim,
             positions=positions,
             position_embeddings=position_embeddings,
-            cache=cache,
+            cache=checked,
             attn_mask=attn_mask,
             num_heads=self.num_heads,
             is_causal=is_causal,
@@ -583,13 +591,13 @@ class MultiHeadLatentAttention(nn.Module):
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor, `cache` not a `KVCache`, the mask has a wrong dtype or a flag is
-                not a bool.
+                tensor, `cache` not this module's latent cache (e.g. a grouped-query
+                layer's), the mask has a wrong dtype or a flag is not a bool.
             ValueError: If the rank, feature size, dtype or device of `x` does not fit
                 the module; `positions` has the wrong shape or device or is negative, or
                 comes with `position_embeddings` (or those do not fit); the cache cannot
-                take the new latents (sizes, batch size, dtype, device, or no room for `t`
-                more tokens); the mask does not broadcast to `(b, num_heads, t, s)`; the
+                take the new latents (batch size, dtype, device, or no room for `t` more
+                tokens); the mask does not broadcast to `(b, num_heads, t, s)`; the
                 module has a window and `is_causal` is False; or `backend="flash"` gets
                 a mask or dropout.
         """

@@ -30,7 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.caches.kv import KVCache, check_cache
+from attnlab.caches.base import LayerCache
+from attnlab.caches.kv import KVCache
 from attnlab.functional.backends import attention_weights as _attention_weights
 from attnlab.functional.sparse import hide_future, selection_mask, topk_indices
 from attnlab.layers.gqa import check_attention_inputs
@@ -245,13 +246,14 @@ class LightningIndexer(nn.Module):
             )
 
 
-class SparseAttentionCache:
+class SparseAttentionCache(LayerCache):
     """What DeepSeek Sparse Attention keeps per token: MLA's latents and the indexer's keys.
 
     `latents` is MLA's cache (see
-    [`MultiHeadLatentAttention.new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache]);
-    `index_keys` holds the indexer key of every token seen, `(b, length, head_dim)`
-    (None before the first call). Make one with
+    [`MultiHeadLatentAttention.new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache]),
+    which takes its new latents by its own `update`; `index_keys` holds the indexer key
+    of every token seen, `(b, length, head_dim)` (None before the first call), taken by
+    [`update`][attnlab.layers.sparse.SparseAttentionCache.update]. Make one with
     [`DeepSeekSparseAttention.new_cache`][attnlab.layers.sparse.DeepSeekSparseAttention.new_cache].
 
     Args:
@@ -263,18 +265,20 @@ class SparseAttentionCache:
     """
 
     def __init__(self, latents: KVCache) -> None:
-        checked = check_cache(latents, "latents")
-        if checked is None:
-            raise TypeError("latents must be an attnlab KVCache, got None")
+        checked = KVCache.check(latents, needs="an attnlab KVCache", name="latents", optional=False)
+        assert checked is not None
         if checked.length:
             raise ValueError(f"latents must be empty, got one holding {checked.length} tokens")
         self.latents = checked
         self.index_keys: Tensor | None = None
 
+    def __repr__(self) -> str:
+        return f"SparseAttentionCache(length={self.length}, latents={self.latents!r})"
+
     @property
-    def length(self) -> int:
-        """Tokens seen so far."""
-        return self.latents.length
+    def seen(self) -> int:
+        """Tokens seen so far (all of them held)."""
+        return self.latents.seen
 
     @property
     def nbytes(self) -> int:
@@ -282,6 +286,26 @@ class SparseAttentionCache:
         keys = self.index_keys
         extra = 0 if keys is None else keys.numel() * keys.element_size()
         return self.latents.nbytes + extra
+
+    @property
+    def batch_size(self) -> int | None:
+        """Sequences held, as MLA's cache says."""
+        return self.latents.batch_size
+
+    @property
+    def max_length(self) -> int | None:
+        """Most tokens MLA's cache can hold."""
+        return self.latents.max_length
+
+    def update(self, index_keys: Tensor) -> None:
+        """Take the indexer keys of every token seen, `(b, seen, head_dim)`, detached
+        (after MLA's cache took the new latents, so that both parts stay in step)."""
+        self.index_keys = index_keys.detach()
+
+    def reset(self) -> None:
+        """Forget every token: MLA's cache and the indexer's keys."""
+        self.latents.reset()
+        self.index_keys = None
 
 
 class DeepSeekSparseAttention(nn.Module):
@@ -463,13 +487,12 @@ class DeepSeekSparseAttention(nn.Module):
             is_causal=False,  # the selection is the causal mask
             window=self.mla.window if window else None,
         )
+        cache = SparseAttentionCache.check(
+            cache,
+            needs=f"a SparseAttentionCache (see new_cache) for {type(self).__name__}",
+        )
         if cache is None:
             return
-        if not isinstance(cache, SparseAttentionCache):
-            raise TypeError(
-                f"cache must be a SparseAttentionCache (see new_cache) or None, "
-                f"got {type(cache).__name__}"
-            )
         b = x.shape[0] if x.ndim == 3 else 1
         keys = cache.index_keys
         if keys is not None and (keys.shape[0] != b or keys.shape[2] != self.indexer.head_dim):
@@ -573,7 +596,7 @@ class DeepSeekSparseAttention(nn.Module):
             absorb=absorb,
         )
         if cache is not None:  # after MLA's append succeeded: both parts stay in step
-            cache.index_keys = keys.detach()
+            cache.update(keys)
         return out[0] if unbatched else out
 
     @classmethod

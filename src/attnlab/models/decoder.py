@@ -61,13 +61,8 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from attnlab.caches.kv import (
-    AttendingCache,
-    DynamicKVCache,
-    KVCache,
-    RollingKVCache,
-    StaticKVCache,
-)
+from attnlab.caches.base import LayerCache
+from attnlab.caches.kv import AttentionCache, DynamicKVCache, RollingKVCache, StaticKVCache
 from attnlab.layers.gated import GatedAttention
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
@@ -91,9 +86,6 @@ from attnlab.rules.masks import combine, padding_attention_mask
 from attnlab.rules.rope import check_positions, default_positions, rope_cos_sin
 
 __all__ = ["Decoder", "DecoderBlock"]
-
-LayerState = KVCache | GatedDeltaNetState
-LayerCache = KVCache | AttendingCache | GatedDeltaNetState
 
 
 class DecoderBlock(nn.Module):
@@ -194,7 +186,7 @@ class DecoderBlock(nn.Module):
         """The block on `x` `(b, t, d_model)`; `attn_mask` is the attention layers' mask,
         `padding` `(b, t)` (or None) the new tokens' padding mask for a linear layer."""
         if self.linear_attn is not None:
-            state = cast("GatedDeltaNetState | None", cache)
+            state = cast("GatedDeltaNetState | None", cache)  # as check_cache checked
             mixed = self.linear_attn(self.input_layernorm(x), state, padding_mask=padding)
             return self._residual(x, mixed)
         assert self.self_attn is not None
@@ -203,10 +195,19 @@ class DecoderBlock(nn.Module):
         attn = self.self_attn(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
-            cache=cast("KVCache | AttendingCache | None", cache),
+            cache=cast("AttentionCache | None", cache),  # as check_cache checked
             attn_mask=attn_mask,
         )
         return self._residual(x, attn)
+
+    def check_cache(self, cache: object, batch: int, *, name: str, owner: str) -> None:
+        """Raise unless `cache` is this block's kind of cache, for `batch` sequences: a
+        state for a linear block, an attention cache that fits the window otherwise."""
+        if self.linear_attn is not None:
+            self.linear_attn.check_state(cache, batch, name=name)
+            return
+        assert self.self_attn is not None
+        self.self_attn.check_cache(cache, name=name, owner=owner, optional=False)
 
     def forward_with_weights(
         self,
@@ -315,7 +316,7 @@ class Decoder(nn.Module):
             )
         weight = self.embed_tokens.weight
 
-        def one(layer: int) -> LayerState:
+        def one(layer: int) -> LayerCache:
             linear = cast(DecoderBlock, self.layers[layer]).linear_attn
             if linear is not None:
                 return linear.new_state(batch_size)
@@ -348,11 +349,11 @@ class Decoder(nn.Module):
             raise ValueError(f"ids is on {ids.device} but the model is on {device}")
         return ids
 
-    def _check_cache(self, cache: object, batch: int) -> int:
-        """Check a per-layer cache list; return the tokens its layers have seen (the next
-        position; a rolling cache holds fewer)."""
+    def _check_cache(self, cache: object, batch: int) -> None:
+        """Check a per-layer cache list: one cache per layer, each of its layer's kind,
+        for `batch` sequences, all at one position (or all paged views)."""
         if cache is None:
-            return 0
+            return
         n = self.config.num_layers
         if not isinstance(cache, Sequence) or len(cache) != n:
             got = len(cache) if isinstance(cache, Sequence) else type(cache).__name__
@@ -360,37 +361,23 @@ class Decoder(nn.Module):
                 f"cache must be a list of {n} KVCache objects (one per layer, from "
                 f"make_cache), got {got}"
             )
-        seen = set()
         for i, c in enumerate(cache):
-            if self.config.kind(i) == "linear":
-                if not isinstance(c, GatedDeltaNetState):
-                    raise TypeError(
-                        f"cache[{i}] must be a GatedDeltaNetState (layer {i} is linear "
-                        f"attention), got {type(c).__name__}; use make_cache"
-                    )
-                linear = cast(DecoderBlock, self.layers[i]).linear_attn
-                assert linear is not None
-                linear.check_state(c, batch)
-                seen.add(c.seen)
-                continue
-            if not isinstance(c, KVCache):
-                raise TypeError(f"cache must hold KVCache objects, got {type(c).__name__}")
-            window = self.config.window(i)
-            if isinstance(c, RollingKVCache) and (window is None or window > c.window):
-                raise ValueError(
-                    f"cache[{i}] is a RollingKVCache(window={c.window}) but layer {i} sees "
-                    f"{'every token' if window is None else f'{window} tokens'}: it would "
-                    "lose keys the layer attends to"
-                )
-            seen.add(c.seen)
-            layout = c.layout
-            if layout is not None and layout.batch_size != batch:
-                raise ValueError(f"cache holds {layout.batch_size} sequences but ids has {batch}")
+            block = cast(DecoderBlock, self.layers[i])
+            block.check_cache(c, batch, name=f"cache[{i}]", owner=f"layer {i}")
+        layers = cast("Sequence[LayerCache]", cache)
+        ragged = {c.ragged for c in layers}
+        if ragged == {True}:  # the caller places the tokens of the paged view's sequences
+            return
+        if len(ragged) != 1:
+            raise TypeError("cache must be paged views for every layer or for none")
+        for c in layers:
+            if c.batch_size is not None and c.batch_size != batch:
+                raise ValueError(f"cache holds {c.batch_size} sequences but ids has {batch}")
+        seen = {c.seen for c in layers}
         if len(seen) != 1:
             raise ValueError(
                 f"the layers' caches have seen different numbers of tokens {sorted(seen)}"
             )
-        return seen.pop()
 
     def _check_call(self, ids: object, last_only: object, logits_at: object) -> Tensor:
         """The checks of `forward`'s `ids`, `last_only` and `logits_at`; returns `ids`."""
@@ -411,18 +398,12 @@ class Decoder(nn.Module):
             )
         check_int_sequence("logits_at", logits_at, low=0, high=t, within=f"the t={t} tokens ")
 
-    def _check_attending(
-        self, cache: Sequence[object], positions: object, padding_mask: object, attn_mask: object
-    ) -> None:
-        n = self.config.num_layers
-        if len(cache) != n or not all(isinstance(c, AttendingCache) for c in cache):
-            raise TypeError(f"cache must be {n} AttendingCache objects (one per layer)")
+    def _check_ragged(self, positions: object, padding_mask: object, attn_mask: object) -> None:
         if positions is None:
-            raise ValueError("positions must be given with an AttendingCache (paged) cache")
+            raise ValueError("positions must be given with a paged cache")
         if padding_mask is not None or attn_mask is not None:
             raise ValueError(
-                "an AttendingCache (paged) cache decides what each query sees: pass no "
-                "padding_mask or attn_mask"
+                "a paged cache decides what each query sees: pass no padding_mask or attn_mask"
             )
 
     def _check_padding(self, mask: object, batch: int, total: int) -> Tensor:
@@ -441,11 +422,12 @@ class Decoder(nn.Module):
         caches, the positions and the masks."""
         c = self.config
         b, t, _ = x.shape
-        if cache and any(isinstance(layer, AttendingCache) for layer in cache):
-            self._check_attending(cache, positions, padding_mask, attn_mask)
+        self._check_cache(cache, b)
+        if cache and cache[0].ragged:
+            self._check_ragged(positions, padding_mask, attn_mask)
             check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
             return
-        past = self._check_cache(cache, b)
+        past = cache[0].seen if cache else 0
         if past + t > c.max_positions:
             raise ValueError(
                 f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
@@ -478,9 +460,10 @@ class Decoder(nn.Module):
         Args:
             ids: Token ids, `(b, t)` or `(t,)`, integers in `[0, vocab_size)`.
             cache: From [`make_cache`][attnlab.models.decoder.Decoder.make_cache]: the earlier
-                tokens' keys and values, one cache per layer; the new ones are appended.
-                Or one [`AttendingCache`][attnlab.caches.kv.AttendingCache] per layer (a
-                paged cache of sequences of different lengths), with `positions`.
+                tokens' keys and values (or state), one
+                [`LayerCache`][attnlab.caches.base.LayerCache] per layer, each of its
+                layer's kind; the new ones are appended. Or one view per layer of a paged
+                cache of sequences of different lengths (`ragged`), with `positions`.
             positions: Positions of the tokens, `(t,)` or `(b, t)`; default: after the
                 cached tokens, counting only real tokens where there is padding.
             padding_mask: `(b, cached + t)`, 1 (True) at real tokens and 0 at padding,
@@ -499,7 +482,8 @@ class Decoder(nn.Module):
 
         Raises:
             TypeError: If `ids` is not an integer tensor, `cache` not a list of one
-                `KVCache` per layer, or `padding_mask` is not a bool or integer tensor.
+                cache per layer of that layer's kind, or `padding_mask` is not a bool or
+                integer tensor.
             ValueError: If `ids` is empty, has a token id outside the vocabulary or more
                 positions than the model has; the caches do not fit; `padding_mask` has
                 the wrong shape, pads on the right or has a row without tokens.
@@ -511,8 +495,8 @@ class Decoder(nn.Module):
         x = self._embed(ids2)  # (b, t, d_model)
         if checking():
             self._check_context(x, cache, positions, padding_mask, attn_mask)
-        # A paged cache (AttendingCache) places the tokens by `positions` itself.
-        past = 0 if not cache or isinstance(cache[0], AttendingCache) else cache[0].seen
+        # A paged cache (ragged) places the tokens by `positions` itself.
+        past = 0 if not cache or cache[0].ragged else cache[0].seen
         pad = None if padding_mask is None else padding_mask.bool()  # (b, past + t)
         if positions is None:
             positions = self._positions(pad, past, ids2)
@@ -627,7 +611,7 @@ class Decoder(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
-        cache: CacheKind | Sequence[LayerState] = "static",
+        cache: CacheKind | Sequence[LayerCache] = "static",
         generator: torch.Generator | None = None,
     ) -> Iterator[Tensor]:
         """Generate tokens one at a time: yield each step's new token ids, `(b,)`.
@@ -681,7 +665,7 @@ class Decoder(nn.Module):
 
     @entry
     def _step(
-        self, ids: Tensor, cache: Sequence[LayerState], padding_mask: Tensor | None
+        self, ids: Tensor, cache: Sequence[LayerCache], padding_mask: Tensor | None
     ) -> Tensor:
         """One step of `stream`: an entry with no checks of its own, so that the forward
         trusts what `stream` checked once (the id range and the padding mask are host
@@ -699,7 +683,7 @@ class Decoder(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
-        cache: CacheKind | Sequence[LayerState] = "static",
+        cache: CacheKind | Sequence[LayerCache] = "static",
         generator: torch.Generator | None = None,
         on_token: Callable[[Tensor], object] | None = None,
     ) -> Tensor:
@@ -764,7 +748,7 @@ class Decoder(nn.Module):
 
     def _generation_cache(
         self, cache: object, batch: int, t: int, steps: int
-    ) -> Sequence[LayerState]:
+    ) -> Sequence[LayerCache]:
         if isinstance(cache, str):
             if cache not in ("static", "dynamic"):
                 raise ValueError(
@@ -773,16 +757,17 @@ class Decoder(nn.Module):
             # The last new token is never fed back: t + steps - 1 tokens are cached.
             length = min(t + steps - 1, self.config.max_positions)
             return self.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
-        past = self._check_cache(cache, batch)
-        assert isinstance(cache, Sequence)
-        for c in cache:
-            if isinstance(c, StaticKVCache) and past + t + steps - 1 > c.max_length:
+        self._check_cache(cache, batch)
+        layers = cast("Sequence[LayerCache]", cache)
+        past = layers[0].seen
+        for c in layers:
+            if c.max_length is not None and past + t + steps - 1 > c.max_length:
                 raise ValueError(
                     f"the static cache holds max_length={c.max_length} tokens but "
                     f"{past} cached + {t} in ids + max_new_tokens={steps} - 1 must fit; "
                     "make it with a larger max_length"
                 )
-        return cache
+        return layers
 
     # -- interoperability with Hugging Face transformers ---------------------------------
 

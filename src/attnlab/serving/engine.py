@@ -43,7 +43,7 @@ from typing import get_args
 import torch
 from torch import Tensor
 
-from attnlab.caches.kv import AttendingCache
+from attnlab.caches.kv import AttentionCache, Kernel
 from attnlab.functional.paged import Method
 from attnlab.models.decoder import Decoder
 from attnlab.rules._validation import (
@@ -89,13 +89,16 @@ class _Request:
         )
 
 
-class _PagedLayer(AttendingCache):
+class _PagedLayer(AttentionCache):
     """One layer's view of the sequences of a step, for `Decoder.forward`.
 
     Row `i` of the batch is sequence `seq_ids[i]`, whose first `query_lengths[i]` tokens
     are real (the rest is right padding): their keys and values are appended to the
-    cache, then every query attends through the block tables.
+    cache, then every query attends through the block tables. The rows have different
+    lengths (`ragged`): the engine places every token, and there is no one `seen`.
     """
+
+    ragged = True
 
     def __init__(
         self,
@@ -111,7 +114,35 @@ class _PagedLayer(AttendingCache):
         self.query_lengths = query_lengths  # (b,)
         self.method = method
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    def __repr__(self) -> str:
+        return f"_PagedLayer(layer={self.layer}, seq_ids={self.seq_ids})"
+
+    @property
+    def seen(self) -> int:
+        raise ValueError(
+            "positions must be given with a paged cache: its sequences have different lengths"
+        )
+
+    @property
+    def length(self) -> int:
+        """The most tokens one of the view's sequences holds in this layer."""
+        return max((self.cache.length(s, self.layer) for s in self.seq_ids), default=0)
+
+    @property
+    def nbytes(self) -> int:
+        """This layer's share of the paged cache's pools."""
+        return self.cache.nbytes // self.cache.num_layers
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_ids)
+
+    def reset(self) -> None:
+        raise NotImplementedError("a paged view holds no tokens of its own: free its sequences")
+
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, kernel: Kernel, *, window: int | None
+    ) -> Tensor:
         for i, (seq, n) in enumerate(zip(self.seq_ids, self.query_lengths.tolist(), strict=True)):
             self.cache.append(seq, self.layer, key[i, :, :n], value[i, :, :n])  # (kv, n, e)
         return self.cache.attend(
