@@ -155,7 +155,7 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     torch.testing.assert_close(x1.grad, x2.grad)
     torch.testing.assert_close(torch_module.sinks.grad, scratch.sinks.grad)
     # The sink takes its share: every row of weights sums to less than 1.
-    _, weights = torch_module.forward_impl(x1, need_weights=True)
+    _, weights = torch_module(x1, need_weights=True)
     assert weights.sum(-1).max() < 1.0
 
 

@@ -355,7 +355,7 @@ def test_combine_gives_the_attention_of_each_mask_applied() -> None:
 
 
 def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Modules check once at their boundary, then call the builders' unvalidated `_impl`s."""
+    """Modules check once at their boundary; the mask builders they call skip their checks."""
     from attnlab.caches.kv import DynamicKVCache
     from attnlab.layers.gqa import GroupedQueryAttention
 
@@ -367,8 +367,15 @@ def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.Mon
     mha = MultiHeadAttention(12, 12, 3, backend="scratch").eval()
     x, padding = torch.randn(2, 5, 12), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     expected = (gqa(x), mha(x, key_padding_mask=padding, is_causal=True))
+    checking = masks.checking
+
+    def not_checking() -> bool:
+        if checking():
+            raise AssertionError("a module's mask builder checked its arguments again")
+        return False
+
     monkeypatch.setattr(masks, "_check_sizes", checked)
-    monkeypatch.setattr(masks, "is_validation_enabled", checked)
+    monkeypatch.setattr(masks, "checking", not_checking)
     cache = DynamicKVCache()
     steps = torch.cat([gqa(x[:, :3], cache=cache), gqa(x[:, 3:4], cache=cache)], dim=1)
     steps = torch.cat([steps, gqa(x[:, 4:], cache=cache)], dim=1)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
+import attnlab
 import attnlab.functional as AF
 from attnlab import MultiHeadAttention, MultiHeadAttentionWrapper
 from attnlab.rules import masks
@@ -1077,17 +1078,19 @@ def test_float_masks_of_the_autocast_dtype_are_taken_as_attn_mask_takes_them(
     torch.testing.assert_close(by_bool[1:].float(), plain, atol=0.03, rtol=0.03)
 
 
-def test_attention_weights_impl_is_attention_weights_without_the_checks() -> None:
-    """The same weights (here with a window and padding), and bad input is not looked at:
-    a float64 x next to float32 weights fails inside torch, not with our message."""
+def test_attention_weights_unchecked_are_the_checked_weights() -> None:
+    """Without the checks (validation off, or called from inside attnlab) the same weights
+    (here with a window and padding), and bad input is not looked at: a float64 x next to
+    float32 weights fails inside torch, not with our message."""
     torch.manual_seed(0)
     mha = MultiHeadAttention(8, 8, 2)
     x = torch.randn(2, 6, 8)
     padding = ~masks.padding([6, 4], max_len=6)  # True = padding
     kwargs = {"window": 3, "key_padding_mask": padding}
     checked = mha.attention_weights(x, **kwargs)
-    torch.testing.assert_close(mha.attention_weights_impl(x, **kwargs), checked, rtol=0, atol=0)
+    with attnlab.validation(False):
+        torch.testing.assert_close(mha.attention_weights(x, **kwargs), checked, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"x has dtype torch\.float64 but MultiHeadAttention"):
         mha.attention_weights(x.double())
-    with pytest.raises(RuntimeError):
-        mha.attention_weights_impl(x.double())
+    with pytest.raises(RuntimeError), attnlab.validation(False):
+        mha.attention_weights(x.double())

@@ -52,12 +52,12 @@ def test_qk_norm_makes_attention_blind_to_the_size_of_q_and_k(qk_norm: str) -> N
     plain = GroupedQueryAttention(D_MODEL, H, KV, head_dim=HD).eval()
     plain.load_state_dict(normed.state_dict(), strict=False)  # same projections
     x = torch.randn(B, T, D_MODEL)
-    before = [m.forward_impl(x, need_weights=True) for m in (normed, plain)]
+    before = [m(x, need_weights=True) for m in (normed, plain)]
     with torch.no_grad():
         for m in (normed, plain):
             m.q_proj.weight.mul_(32.0)  # what a high learning rate does to them over time
             m.k_proj.weight.mul_(32.0)
-    after = [m.forward_impl(x, need_weights=True) for m in (normed, plain)]
+    after = [m(x, need_weights=True) for m in (normed, plain)]
     # With QK-norm, outputs and weights stay as they were; without, the scores grew 1024-fold
     # and the softmax turned almost one-hot.
     # (Not to 1e-5: the epsilon in the root weighs 1024 times less after the growth.)

@@ -376,7 +376,7 @@ def test_dsa_bad_cache_raises() -> None:
 def test_dsa_checks_its_input_once_and_refuses_what_mla_would(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The indexer and MLA run their forward_impl: the tokens are checked at the boundary
+    # The indexer and MLA trust what DSA checked: the tokens are checked at the boundary
     # only (they were checked three times), and MLA's own rules still hold there.
     calls: list[str] = []
 

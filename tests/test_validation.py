@@ -1186,7 +1186,7 @@ def test_multihead_checks_its_arguments_once_per_call(
 ) -> None:
     # Issue 14: the scratch path ran check_tensor 8 times and check_attn_mask twice, as
     # internal code called the public, validating functions. Now the module checks at its
-    # boundary and calls the unvalidated _impl functions.
+    # boundary, and the functions it calls skip their checks.
     import attnlab.functional.flash
     import attnlab.layers.multihead
     import attnlab.rules._validation as V
@@ -1214,12 +1214,11 @@ def test_every_real_number_check_takes_numpy_scalars_and_refuses_bools() -> None
     RoPE's base: NumPy scalars are numbers (dropout and the base used to refuse them)."""
     import numpy as np
 
+    from attnlab.models.generate import check_nonnegative_float, check_share
     from attnlab.rules._validation import (
-        check_nonnegative_float,
         check_positive_float,
         check_probability,
         check_scale,
-        check_share,
         check_softcap,
     )
     from attnlab.rules.rope import check_base
@@ -1240,3 +1239,42 @@ def test_every_real_number_check_takes_numpy_scalars_and_refuses_bools() -> None
     q = torch.randn(1, 2, 4, 8)
     by_numpy = AF.scaled_dot_product_attention(q, q, q, dropout_p=np.float64(0.0))
     torch.testing.assert_close(by_numpy, AF.scaled_dot_product_attention(q, q, q))
+
+
+def test_an_entry_called_from_an_entry_skips_its_checks() -> None:
+    """`checking()` is True in the outermost entry of a call only, and with validation on."""
+    import threading
+
+    from attnlab.rules._validation import checking, entry
+
+    seen: list[tuple[str, bool]] = []
+
+    @entry
+    def inner() -> None:
+        seen.append(("inner", checking()))
+
+    @entry
+    def outer() -> None:
+        seen.append(("outer", checking()))
+        inner()
+        other = threading.Thread(target=inner)  # another thread is its own boundary
+        other.start()
+        other.join()
+
+    outer()
+    inner()
+    assert seen == [("outer", True), ("inner", False), ("inner", True), ("inner", True)]
+    seen.clear()
+    with attnlab.validation(False):
+        outer()
+    assert [flag for _, flag in seen] == [False, False, False]
+
+
+def test_a_failed_check_leaves_the_next_call_checked() -> None:
+    """The entry's count is restored when a check raises: the next call checks again,
+    and its inner calls still trust it."""
+    mha = MultiHeadAttention(4, 6, 2)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="x has 3 features"):
+            mha(torch.randn(2, 5, 3))
+    assert attnlab.rules._validation.checking()

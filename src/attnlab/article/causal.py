@@ -6,6 +6,7 @@ from torch import Tensor
 
 from attnlab.article.self_attention import SelfAttention
 from attnlab.rules import masks
+from attnlab.rules._validation import entry
 
 __all__ = ["CausalSelfAttention"]
 
@@ -43,8 +44,9 @@ class CausalSelfAttention(SelfAttention):
 
     def _mask(self, x: Tensor) -> Tensor:
         t = x.shape[-2]
-        return masks.band_impl(t, t, "top-left", None, x.device)  # (t, t), over the batch
+        return masks.band(t, t, "top-left", None, x.device)  # (t, t), over the batch
 
+    @entry
     def attention_weights(self, x: Tensor) -> Tensor:
         """Causal attention weights of `x`; zero above the diagonal.
 
@@ -57,6 +59,7 @@ class CausalSelfAttention(SelfAttention):
         x = self._check("x", x)
         return self._weights(x, x, self._mask(x))
 
+    @entry
     def forward(self, x: Tensor) -> Tensor:
         """Context vectors in which token $i$ mixes only tokens $0, \\dots, i$.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from attnlab.article.self_attention import SelfAttention
-from attnlab.rules._validation import check_same_batch, is_validation_enabled
+from attnlab.rules._validation import check_same_batch, checking, entry
 
 __all__ = ["CrossAttention"]
 
@@ -49,10 +49,11 @@ class CrossAttention(SelfAttention):
     """
 
     def _check_pair(self, x: Tensor, context: Tensor) -> None:
-        if not is_validation_enabled():
+        if not checking():
             return
         check_same_batch("context", self._check("x", x), self._check("context", context))
 
+    @entry
     def attention_weights(self, x: Tensor, context: Tensor) -> Tensor:  # type: ignore[override]
         """Weights of each token of `x` over the tokens of `context`.
 
@@ -66,6 +67,7 @@ class CrossAttention(SelfAttention):
         self._check_pair(x, context)
         return self._weights(x, context, None)
 
+    @entry
     def forward(self, x: Tensor, context: Tensor) -> Tensor:  # type: ignore[override]
         """Context vectors of the tokens of `x`, mixed from the values of `context`.
 

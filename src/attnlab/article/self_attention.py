@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.functional import sdpa as F
-from attnlab.rules._validation import check_positive_int, check_tokens, is_validation_enabled
+from attnlab.rules._validation import check_positive_int, check_tokens, checking, entry
 
 __all__ = ["MultiHeadAttentionWrapper", "SelfAttention"]
 
@@ -75,7 +75,7 @@ class SelfAttention(nn.Module):
         return f"d_in={self.d_in}, d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}"
 
     def _check(self, name: str, x: Tensor) -> Tensor:
-        if not is_validation_enabled():
+        if not checking():
             return x
         owner = type(self).__name__
         return check_tokens(
@@ -85,15 +85,15 @@ class SelfAttention(nn.Module):
     def _weights(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
         queries = x @ self.W_query  # (..., t_q, d_out_kq)
         keys = context @ self.W_key  # (..., t_k, d_out_kq)
-        # The inputs were checked at the public boundary: the unvalidated steps from here.
-        scores = F.attention_scores_impl(queries, keys)  # (..., t_q, t_k)
-        return F.scaled_softmax_impl(scores, self.d_out_kq, mask)
+        scores = F.attention_scores(queries, keys)  # (..., t_q, t_k)
+        return F.scaled_softmax(scores, self.d_out_kq, mask)
 
     def _attend(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
         weights = self._weights(x, context, mask)  # (..., t_q, t_k)
         values = context @ self.W_value  # (..., t_k, d_out_v)
-        return F.context_vectors_impl(weights, values)  # (..., t_q, d_out_v)
+        return F.context_vectors(weights, values)  # (..., t_q, d_out_v)
 
+    @entry
     def attention_weights(self, x: Tensor) -> Tensor:
         """Attention weights of `x` attending to itself.
 
@@ -106,6 +106,7 @@ class SelfAttention(nn.Module):
         x = self._check("x", x)
         return self._weights(x, x, None)
 
+    @entry
     def forward(self, x: Tensor) -> Tensor:
         """Context vectors of `x` attending to itself.
 
@@ -157,6 +158,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         for _ in range(num_heads):
             self.heads.append(SelfAttention(d_in, d_out_kq, d_out_v))
 
+    @entry
     def forward(self, x: Tensor) -> Tensor:
         """Concatenate the heads' context vectors along the last axis.
 
@@ -169,9 +171,9 @@ class MultiHeadAttentionWrapper(nn.Module):
         # nn.ModuleList types its items as nn.Module; each is a SelfAttention (built in
         # __init__), so this cast informs the type checker and drops no head.
         heads = cast("list[SelfAttention]", list(self.heads))
-        if is_validation_enabled():
+        if checking():
             first, owner = heads[0], type(self).__name__
             check_tokens("x", x, features=first.d_in, param="d_in", owner=owner, like=first.W_query)
-        # Checked once here, for every head: the heads' unvalidated path.
+        # Checked once here, for every head.
         per_head = [head._attend(x, x, None) for head in heads]  # num_heads x (..., t, d_out_v)
         return torch.cat(per_head, dim=-1)  # (..., t, num_heads * d_out_v)

@@ -32,8 +32,8 @@ API (internal; modules import these names):
   `attnlab.layers.multihead.Backend`.
 - `BACKEND_NAMES`: the names, in that order.
 - `BACKENDS: Mapping[Backend, AttentionFunction]`: name -> function with the signature
-  of [`attend`][attnlab.functional.backends.attend] less `backend`. Each runs *after* the checks
-  (it calls the kernel's unvalidated `_impl`).
+  of [`attend`][attnlab.functional.backends.attend] less `backend`. Each runs *after* the checks:
+  called from a module's `forward`, the kernel trusts what that `forward` checked.
 - `check_backend(value) -> Backend`: the name, or `ValueError` naming `backend` and the
   choices.
 - `BackendProperty()`: a descriptor; `backend = BackendProperty()` in a class body gives
@@ -76,7 +76,7 @@ from torch import Tensor
 from torch.nn.attention.bias import CausalBias
 
 from attnlab.functional import sdpa as F
-from attnlab.functional.flash import flash_attention_impl
+from attnlab.functional.flash import flash_attention
 from attnlab.rules import masks
 from attnlab.rules.masks import Alignment
 
@@ -237,12 +237,11 @@ def _positional_mask(
     if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
         return None, True  # PyTorch's own top-left is_causal: the fused path
     attn_mask = materialize(attn_mask, device)  # combined with another causal rule
-    # The caller checked sizes, window and mask at its boundary: the unvalidated builders.
     if align == "bottom-right":
-        band = masks.decode_mask_impl(t_q, t_k, window=window, device=device)  # None: all seen
+        band = masks.decode_mask(t_q, t_k, window=window, device=device)  # None: all seen
     else:
-        band = masks.band_impl(t_q, t_k, "top-left", window, device)  # (L, S)
-    return masks.combine_impl(band, attn_mask), False
+        band = masks.band(t_q, t_k, "top-left", window, device)  # (L, S)
+    return masks.combine(band, attn_mask), False
 
 
 class _SDPAKernel(Protocol):
@@ -308,11 +307,11 @@ def _sink_as_key(
     """
     t_q, t_k = query.shape[-2], key.shape[-2]
     if is_causal:
-        attn_mask = masks.band_impl(t_q, t_k, "top-left", None, query.device)  # (L, S)
+        attn_mask = masks.band(t_q, t_k, "top-left", None, query.device)  # (L, S)
     attn_mask = materialize(attn_mask, query.device)  # a CausalBias as its bool mask
     bias = torch.zeros((t_q, t_k), dtype=query.dtype, device=query.device)  # (L, S)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        bias = bias + masks.allowed_to_additive_impl(attn_mask, query.dtype)  # (..., L, S)
+        bias = bias + masks.allowed_to_additive(attn_mask, query.dtype)  # (..., L, S)
     elif attn_mask is not None:
         bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
     sink = sinks.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
@@ -385,15 +384,14 @@ def _flash(
     )
     query = query.expand(*batch, *query.shape[-2:])  # flash does not broadcast
     key, value = key.expand(*batch, *key.shape[-2:]), value.expand(*batch, *value.shape[-2:])
-    t_q, t_k = query.shape[-2], key.shape[-2]
-    return flash_attention_impl(
+    return flash_attention(
         query,
         key,
         value,
         is_causal=is_causal,
         window=window,
         scale=None if scale is None else float(scale),
-        offset=masks.alignment_offset(t_q, t_k, align),
+        align=align,
         softcap=softcap,
         sinks=sinks,  # one per query head: after repeat_heads as before
     )
@@ -402,7 +400,7 @@ def _flash(
 BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
     {
         "torch": _with_positional_mask(_torch_sdpa),
-        "scratch": _with_positional_mask(F.scaled_dot_product_attention_impl),
+        "scratch": _with_positional_mask(F.scaled_dot_product_attention),
         "flash": _flash,
     }
 )
@@ -472,9 +470,9 @@ def attention_weights(
 
     Every backend computes the same weights; fused kernels do not return them, so they
     come from attnlab's from-scratch
-    [`attention_weights`][attnlab.functional.sdpa.attention_weights], unvalidated.
+    [`attention_weights`][attnlab.functional.sdpa.attention_weights].
     """
     t_q, t_k = query.shape[-2], key.shape[-2]
     mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
     opts = (dropout_p, causal, scale, enable_gqa)
-    return F.attention_weights_impl(query, key, mask, *opts, softcap=softcap, sinks=sinks)
+    return F.attention_weights(query, key, mask, *opts, softcap=softcap, sinks=sinks)

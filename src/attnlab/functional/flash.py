@@ -18,9 +18,8 @@ This is plain PyTorch: each block is a batched matmul over all batch and head di
 at once, so the Python loop runs over blocks only. The chapter
 "FlashAttention from scratch" derives every line.
 
-Kernel API, for code in attnlab that runs the passes itself (ring attention) or has
-checked its inputs already (the backend registry): `flash_attention_impl` is
-`flash_attention` without the checks; `flash_forward(q, k, v, out, lse, is_causal, scale,
+Kernel API, for code in attnlab that runs the passes itself (ring attention):
+`flash_forward(q, k, v, out, lse, is_causal, scale,
 block_q, block_k, window=None, offset=0)` fills `out (n, L, Ev)` and the log-sum-exp
 `lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`; `flash_backward(q, k, v,
 out, lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None,
@@ -50,13 +49,14 @@ from attnlab.rules._validation import (
     check_sinks,
     check_softcap,
     check_tensor,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 from attnlab.rules.masks import (
     Alignment,
     alignment_offset,
-    allowed_to_additive_impl,
-    band_at_impl,
+    allowed_to_additive,
+    band_at,
     check_window,
     is_causal_window,
 )
@@ -67,6 +67,7 @@ _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
 
 
+@entry
 def flash_attention(
     query: Tensor,
     key: Tensor,
@@ -176,8 +177,8 @@ def flash_attention(
         >>> torch.allclose(out, sdpa(q, k, v, attn_mask=mask))
         True
     """
-    if is_validation_enabled():
-        # Checked as autocast casts them; flash_attention_impl then finds them cast.
+    if checking():
+        # Checked as autocast casts them; the cast below then finds them cast.
         query, key, value = autocast_inputs(query, key, value)
         _check_inputs(query, key, value)
         check_bool("is_causal", is_causal)
@@ -189,42 +190,8 @@ def flash_attention(
         check_sinks("sinks", sinks, query, query.shape[-3] if query.ndim > 2 else None)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
-    return flash_attention_impl(
-        query,
-        key,
-        value,
-        is_causal=is_causal,
-        window=window,
-        scale=scale,
-        block_q=block_q,
-        block_k=block_k,
-        offset=alignment_offset(query.shape[-2], key.shape[-2], align),
-        softcap=softcap,
-        sinks=sinks,
-    )
-
-
-def flash_attention_impl(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    is_causal: bool = False,
-    window: int | None = None,
-    scale: float | None = None,
-    block_q: int = 256,
-    block_k: int = 256,
-    offset: int = 0,
-    softcap: float | None = None,
-    sinks: Tensor | None = None,
-) -> Tensor:
-    """[`flash_attention`][attnlab.functional.flash.flash_attention] without the checks.
-
-    For callers inside attnlab that validated at their own public boundary (the backend
-    registry of the modules). `offset` in place of `align` places query $i$ at key
-    position $i + $ `offset` for the causal and window rules (0: top-left; `S - L`:
-    bottom-right, the new tokens after a KV cache).
-    """
+    # Query i sits at key position i + offset for the causal and window rules.
+    offset = alignment_offset(query.shape[-2], key.shape[-2], align)
     q, k, v = autocast_inputs(query, key, value)
     *batch, t_q, e = q.shape
     t_k, e_v = k.shape[-2], v.shape[-1]
@@ -420,8 +387,8 @@ def _bias(
     like: Tensor,
 ) -> Tensor:
     """0 where query i may see key j (i - window < j <= i), else -inf; (rows, cols)."""
-    seen = band_at_impl(i1 - i0, j1 - j0, i0 - j0, window, like.device)  # (rows, cols)
-    return allowed_to_additive_impl(seen, like.dtype)  # 0 where seen, else -inf
+    seen = band_at(i1 - i0, j1 - j0, i0 - j0, window, like.device)  # (rows, cols)
+    return allowed_to_additive(seen, like.dtype)  # 0 where seen, else -inf
 
 
 # --8<-- [end:tiles]

@@ -42,9 +42,10 @@ from attnlab.rules._validation import (
     check_rank,
     check_same_dtype_device,
     check_tensor,
-    is_validation_enabled,
+    checking,
+    entry,
 )
-from attnlab.rules.masks import band_impl
+from attnlab.rules.masks import band
 
 __all__ = [
     "DELTA_RULE_MODES",
@@ -73,6 +74,7 @@ def elu_feature_map(x: Tensor) -> Tensor:
 # --- linear attention -------------------------------------------------------------------
 
 
+@entry
 def linear_attention(
     query: Tensor,
     key: Tensor,
@@ -116,19 +118,8 @@ def linear_attention(
     """
     check_choice("form", form, _FORMS)
     check_bool("is_causal", is_causal)
-    if is_validation_enabled():
+    if checking():
         _check_linear_inputs(query, key, value)
-    return linear_attention_impl(query, key, value, is_causal, form, feature_map)
-
-
-def linear_attention_impl(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    is_causal: bool,
-    form: str,
-    feature_map: Callable[[Tensor], Tensor],
-) -> Tensor:
     q, k = feature_map(query), feature_map(key)
     # The normaliser gets Katharopoulos et al.'s epsilon: a query whose features all
     # underflow to 0 (elu + 1 of a large negative input) then reads 0, not 0 / 0.
@@ -169,6 +160,7 @@ def _check_linear_inputs(query: object, key: object, value: object) -> None:
 # --- the delta rule ---------------------------------------------------------------------
 
 
+@entry
 def delta_rule(
     query: Tensor,
     key: Tensor,
@@ -231,30 +223,23 @@ def delta_rule(
     """
     check_choice("mode", mode, DELTA_RULE_MODES)
     check_positive_int("chunk_size", chunk_size)
-    if is_validation_enabled():
+    if checking():
         _check_delta_inputs(query, key, value, beta, log_decay, initial_state)
-    return delta_rule_impl(query, key, value, beta, log_decay, mode, chunk_size, initial_state)
-
-
-def delta_rule_impl(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    beta: Tensor,
-    log_decay: Tensor | None,
-    mode: str,
-    chunk_size: int,
-    initial_state: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    """[`delta_rule`][attnlab.functional.linear.delta_rule] without its checks (for the layers)."""
     dtype = query.dtype
     wide = compute_dtype(dtype)
     if wide != dtype:  # half precision: compute in float32, return the outputs in dtype
         query, key, value, beta = (x.to(wide) for x in (query, key, value, beta))
         log_decay = None if log_decay is None else log_decay.to(wide)
         initial_state = None if initial_state is None else initial_state.to(wide)
-        out, state = delta_rule_impl(
-            query, key, value, beta, log_decay, mode, chunk_size, initial_state
+        out, state = delta_rule(
+            query,
+            key,
+            value,
+            beta,
+            log_decay,
+            mode=mode,
+            chunk_size=chunk_size,
+            initial_state=initial_state,
         )
         return out.to(dtype), state
     if initial_state is None:
@@ -318,7 +303,7 @@ def _delta_chunk(
         q_c, k_c, v_c = q[..., chunk, :], k[..., chunk, :], v[..., chunk, :]  # (b, h, c, d)
         beta_c, cum = beta[..., chunk], g[..., chunk].cumsum(-1)  # (b, h, c)
         c = q_c.shape[-2]
-        causal = band_impl(c, c, "top-left", None, q.device)  # (c, c): j <= i
+        causal = band(c, c, "top-left", None, q.device)  # (c, c): j <= i
         # log(Gamma_i / Gamma_j), masked above the diagonal before exp: it is > 0 there
         # and could overflow.
         log_ratio = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, -torch.inf)

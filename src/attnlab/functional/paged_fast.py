@@ -265,7 +265,7 @@ def _fused_online_attention(
             return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
         mask = None
         if seen is not None:  # the kernel takes an additive mask of the query's dtype
-            mask = masks.allowed_to_additive_impl(seen, wide)  # (1, b, g * t_q, T)
+            mask = masks.allowed_to_additive(seen, wide)  # (1, b, g * t_q, T)
         tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
         tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
         if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf

@@ -19,12 +19,10 @@ grouped-query attention), and
 
 Shapes follow PyTorch: any leading batch dimensions, then sequence, then features.
 
-Each public function that checks its arguments is the check followed by an unvalidated
-twin with the same arguments, named with an `_impl` suffix
-(`scaled_dot_product_attention_impl`, `attention_weights_impl`, `attention_scores_impl`,
-`scaled_softmax_impl`, `context_vectors_impl`); code inside attnlab that has checked its
-own inputs calls the twin, so that the arguments of a call are checked once, at the
-outermost public boundary. They are not in `__all__`.
+Each function checks its arguments when it is called from outside attnlab, and trusts
+them when a module of attnlab that checked them already calls it (the rule of
+[`entry`][attnlab.rules._validation.entry]): the arguments of a call are checked once, at
+the outermost public boundary.
 """
 
 from __future__ import annotations
@@ -51,7 +49,8 @@ from attnlab.rules._validation import (
     check_sinks,
     check_softcap,
     check_tensor,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 from attnlab.rules.masks import Alignment
 
@@ -97,6 +96,7 @@ def _check_product_operands(
     )
 
 
+@entry
 def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
     r"""Unnormalized attention weights $\omega_{ij} = q^{(i)} \cdot k^{(j)}$.
 
@@ -120,7 +120,7 @@ def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
         tensor([[1., 3., 0.],
                 [2., 0., 2.]])
     """
-    if is_validation_enabled():
+    if checking():
         _check_product_operands(
             ("queries", queries, "(..., t_q, d_k) or (d_k,)"),
             ("keys", keys, "(..., t_k, d_k)"),
@@ -128,14 +128,10 @@ def attention_scores(queries: Tensor, keys: Tensor) -> Tensor:
             mismatch="queries and keys must have the same feature size d_k, got "
             "queries.shape={left} and keys.shape={right}",
         )
-    return attention_scores_impl(queries, keys)
-
-
-def attention_scores_impl(queries: Tensor, keys: Tensor) -> Tensor:
-    """[`attention_scores`][attnlab.functional.sdpa.attention_scores] without the checks."""
     return queries @ keys.transpose(-2, -1)  # (..., t_q, t_k)
 
 
+@entry
 def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tensor:
     r"""Attention weights $\alpha = \operatorname{softmax}(\omega / \sqrt{d_k})$ over the last axis.
 
@@ -169,7 +165,7 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
         >>> scaled_softmax(torch.tensor([[0.0, 2.0]]), d_k=4, mask=torch.tensor([[True, False]]))
         tensor([[1., 0.]])
     """
-    if is_validation_enabled():
+    if checking():
         check_tensor("scores", scores)
         check_min_rank("scores", scores, 1, "(..., t_q, t_k)")
         check_positive_int("d_k", d_k)
@@ -184,16 +180,12 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
                     f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
                     f"shape {tuple(scores.shape)}"
                 )
-    return scaled_softmax_impl(scores, d_k, mask)
-
-
-def scaled_softmax_impl(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tensor:
-    """[`scaled_softmax`][attnlab.functional.sdpa.scaled_softmax] without the checks."""
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return _softmax_or_zeros(scores / math.sqrt(d_k))
 
 
+@entry
 def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
     r"""Context vectors $z^{(i)} = \sum_j \alpha_{ij} v^{(j)}$, i.e. $Z = \alpha V$.
 
@@ -214,7 +206,7 @@ def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
         >>> context_vectors(torch.tensor([[0.25, 0.75]]), torch.tensor([[4.0], [8.0]]))
         tensor([[7.]])
     """
-    if is_validation_enabled():
+    if checking():
         _check_product_operands(
             ("weights", weights, "(..., t_q, t_k) or (t_k,)"),
             ("values", values, "(..., t_k, d_v)"),
@@ -222,11 +214,6 @@ def context_vectors(weights: Tensor, values: Tensor) -> Tensor:
             mismatch="weights has {left_size} keys per query but values has {right_size} "
             "positions; they must match (weights.shape={left}, values.shape={right})",
         )
-    return context_vectors_impl(weights, values)
-
-
-def context_vectors_impl(weights: Tensor, values: Tensor) -> Tensor:
-    """[`context_vectors`][attnlab.functional.sdpa.context_vectors] without the checks."""
     return weights @ values  # (..., t_q, d_v)
 
 
@@ -259,7 +246,7 @@ def causal_bias_alignment(bias: CausalBias) -> Alignment:
 def causal_bias_mask(bias: CausalBias, device: torch.device) -> Tensor:
     """The bool mask (True = attend) of PyTorch's `causal_upper_left` / `causal_lower_right`."""
     align = causal_bias_alignment(bias)
-    return masks.band_impl(bias.seq_len_q, bias.seq_len_kv, align, None, device)  # (L, S)
+    return masks.band(bias.seq_len_q, bias.seq_len_kv, align, None, device)  # (L, S)
 
 
 def _check_attention_args(
@@ -332,14 +319,14 @@ def _weights(
     # softmax_scale counts E = 0 features as 1: every score is 0 then whatever the scale
     # (PyTorch then averages the values), and 1 / sqrt(0) would raise ZeroDivisionError.
     s = softmax_scale(query.size(-1), scale)
-    logits = attention_scores_impl(query, key) * s  # (..., L, S)
+    logits = attention_scores(query, key) * s  # (..., L, S)
     if softcap is not None:
         # Gemma 2: squash the scores smoothly into (-softcap, softcap) before the mask,
         # so no score can grow without bound; small scores pass almost unchanged.
         logits = softcap * torch.tanh(logits / softcap)
     if is_causal:
-        # The unvalidated builder: the lengths come from tensors checked at the boundary.
-        attn_mask = masks.band_impl(query.size(-2), key.size(-2), "top-left", None, query.device)
+        # The relation itself: the lengths come from tensors checked at the boundary.
+        attn_mask = masks.band(query.size(-2), key.size(-2), "top-left", None, query.device)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # False = this key is hidden from this query: its score becomes -inf, weight 0.
         logits = logits.masked_fill(~attn_mask, float("-inf"))
@@ -392,7 +379,7 @@ def _attend(
             return weights.to(dtype)  # (..., L, S)
         if enable_gqa:
             value = repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-        return context_vectors_impl(weights, value).to(dtype)  # (..., L, Ev)
+        return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
 
 
 def _check_public(
@@ -412,7 +399,7 @@ def _check_public(
     Returns the inputs so cast (as they came with validation off), so that `_attend`
     does not convert them a second time.
     """
-    if not is_validation_enabled():
+    if not checking():
         return query, key, value, attn_mask
     if isinstance(query, Tensor):  # else the checks name what query is instead
         query, key = autocast_inputs(query, key)
@@ -424,6 +411,7 @@ def _check_public(
     return query, key, value, attn_mask
 
 
+@entry
 def attention_weights(
     query: Tensor,
     key: Tensor,
@@ -493,26 +481,7 @@ def attention_weights(
     return _attend(*args, *opts, softcap, sinks)
 
 
-def attention_weights_impl(
-    query: Tensor,
-    key: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | Tensor | None = None,
-    enable_gqa: bool = False,
-    *,
-    softcap: float | None = None,
-    sinks: Tensor | None = None,
-) -> Tensor:
-    """[`attention_weights`][attnlab.functional.sdpa.attention_weights] without the checks.
-
-    For callers inside attnlab that validated their inputs at their own public boundary.
-    """
-    opts = (dropout_p, is_causal, scale, enable_gqa)
-    return _attend(query, key, None, attn_mask, *opts, softcap, sinks)
-
-
+@entry
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -623,32 +592,8 @@ def scaled_dot_product_attention(
     args = _check_public(query, key, value, attn_mask, *opts, softcap, sinks)
     if window is None:
         return _attend(*args, *opts, softcap, sinks)
-    if is_validation_enabled():
+    if checking():
         masks.check_window(window, attn_mask)
     q, k, v, _ = args
-    band = masks.band_impl(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
+    band = masks.band(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
     return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa, softcap, sinks)
-
-
-def scaled_dot_product_attention_impl(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | Tensor | None = None,
-    enable_gqa: bool = False,
-    *,
-    softcap: float | None = None,
-    sinks: Tensor | None = None,
-) -> Tensor:
-    """[`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
-    without the checks.
-
-    For callers inside attnlab (modules, the backend registry) that validated their
-    inputs at their own public boundary: validation runs once per call, not once per
-    layer it passes through.
-    """
-    opts = (dropout_p, is_causal, scale, enable_gqa)
-    return _attend(query, key, value, attn_mask, *opts, softcap, sinks)

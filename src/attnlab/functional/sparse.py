@@ -18,11 +18,12 @@ from attnlab.rules._validation import (
     check_positive_int,
     check_rank,
     check_tensor,
+    checking,
+    entry,
     is_integer_dtype,
-    is_validation_enabled,
     value_checks_enabled,
 )
-from attnlab.rules.masks import band_impl
+from attnlab.rules.masks import band
 
 __all__ = [
     "indexer_loss",
@@ -38,7 +39,7 @@ def hide_future(scores: Tensor) -> Tensor:
     query `i` may see keys `0 .. i + s - t`: the causal mask of `masks`.
     """
     t, s = scores.shape[-2], scores.shape[-1]
-    allowed = band_impl(t, s, "bottom-right", None, scores.device)  # (t, s)
+    allowed = band(t, s, "bottom-right", None, scores.device)  # (t, s)
     return scores.masked_fill(~allowed, float("-inf"))
 
 
@@ -54,6 +55,7 @@ def _check_scores(scores: object) -> Tensor:
     return scores
 
 
+@entry
 def topk_indices(scores: Tensor, k: int) -> Tensor:
     """The `k` keys of highest score for each query, never a future one.
 
@@ -83,21 +85,16 @@ def topk_indices(scores: Tensor, k: int) -> Tensor:
                  [ 0,  1],
                  [ 1,  2]]])
     """
-    if is_validation_enabled():
+    if checking():
         check_positive_int("k", k)
         _check_scores(scores)
-    return topk_indices_impl(scores, k)
-
-
-def topk_indices_impl(scores: Tensor, k: int) -> Tensor:
-    """[`topk_indices`][attnlab.functional.sparse.topk_indices] without the checks (attnlab's own
-    calls)."""
     masked = hide_future(scores)
     values, indices = masked.topk(min(k, scores.shape[-1]), dim=-1)  # (b, t, k)
     # topk fills a short row with hidden keys (score -inf): mark those slots empty.
     return indices.masked_fill(values == float("-inf"), -1)
 
 
+@entry
 def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
     """A boolean mask `(b, t, num_keys)` (or `(t, num_keys)`), True at the selected keys.
 
@@ -119,9 +116,15 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
         tensor([[[ True, False, False],
                  [ True,  True, False]]])
     """
-    if is_validation_enabled():
+    if checking():
         _check_indices(indices, num_keys)
-    return selection_mask_impl(indices, num_keys)
+    # An extra column takes the empty slots (-1), then is dropped: scattering into the
+    # real columns would let an empty slot overwrite a selected key.
+    slots = torch.where(indices < 0, num_keys, indices).long()
+    mask = torch.zeros(
+        *indices.shape[:-1], num_keys + 1, dtype=torch.bool, device=indices.device
+    )  # (..., t, s + 1)
+    return mask.scatter(-1, slots, True)[..., :num_keys]  # (b, t, s)
 
 
 def _check_indices(indices: object, num_keys: object) -> None:
@@ -141,17 +144,7 @@ def _check_indices(indices: object, num_keys: object) -> None:
         )
 
 
-def selection_mask_impl(indices: Tensor, num_keys: int) -> Tensor:
-    """[`selection_mask`][attnlab.functional.sparse.selection_mask] without the checks."""
-    # An extra column takes the empty slots (-1), then is dropped: scattering into the
-    # real columns would let an empty slot overwrite a selected key.
-    slots = torch.where(indices < 0, num_keys, indices).long()
-    mask = torch.zeros(
-        *indices.shape[:-1], num_keys + 1, dtype=torch.bool, device=indices.device
-    )  # (..., t, s + 1)
-    return mask.scatter(-1, slots, True)[..., :num_keys]  # (b, t, s)
-
-
+@entry
 def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None) -> Tensor:
     r"""DeepSeek-V3.2's training objective for the indexer: KL from the main attention.
 
@@ -187,12 +180,12 @@ def indexer_loss(scores: Tensor, weights: Tensor, indices: Tensor | None = None)
         >>> float(indexer_loss(scores, weights))  # the indexer already agrees
         0.0
     """
-    if is_validation_enabled():
+    if checking():
         _check_loss_inputs(scores, weights, indices)
     target = weights.detach().sum(-3).to(scores.dtype)  # (..., t, s)
     s = scores.shape[-1]
     if indices is not None:
-        keep = selection_mask_impl(indices, s)  # (..., t, s)
+        keep = selection_mask(indices, s)  # (..., t, s)
         target = target * keep
         scores = scores.masked_fill(~keep, float("-inf"))
     target = target / target.sum(-1, keepdim=True)

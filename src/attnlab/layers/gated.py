@@ -54,25 +54,21 @@ class GatedAttention(nn.Module):
         """The attention's [`check_cache`][attnlab.layers.gqa.GroupedQueryAttention.check_cache]."""
         return self.attention.check_cache(cache, **kwargs)
 
-    def forward(self, x: Tensor, **kwargs: Any) -> Tensor:
-        """The attention's `forward` (same arguments and checks), gated."""
-        return self._gate(x, self.attention(x, **kwargs))
-
     @overload
-    def forward_impl(
+    def forward(
         self, x: Tensor, *, need_weights: Literal[False] = False, **kwargs: Any
     ) -> Tensor: ...
 
     @overload
-    def forward_impl(
+    def forward(
         self, x: Tensor, *, need_weights: Literal[True], **kwargs: Any
     ) -> tuple[Tensor, Tensor]: ...
 
-    def forward_impl(
+    def forward(
         self, x: Tensor, *, need_weights: bool = False, **kwargs: Any
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """The attention's unchecked `forward_impl`, gated."""
+        """The attention's `forward` (same arguments and checks, there), gated."""
         if need_weights:
-            heads, weights = self.attention.forward_impl(x, need_weights=True, **kwargs)
+            heads, weights = self.attention(x, need_weights=True, **kwargs)
             return self._gate(x, heads), weights
-        return self._gate(x, self.attention.forward_impl(x, **kwargs))
+        return self._gate(x, self.attention(x, **kwargs))

@@ -53,7 +53,8 @@ from attnlab.rules._validation import (
     check_scale,
     check_softcap,
     check_tokens,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 from attnlab.rules.masks import check_causal_window, check_window
 from attnlab.rules.rope import (
@@ -371,6 +372,7 @@ class GroupedQueryAttention(nn.Module):
 
     # -- computation ---------------------------------------------------------------------
 
+    @overload
     def forward(
         self,
         x: Tensor,
@@ -380,7 +382,34 @@ class GroupedQueryAttention(nn.Module):
         cache: AttentionCache | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = True,
-    ) -> Tensor:
+        need_weights: Literal[False] = False,
+    ) -> Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: AttentionCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: Literal[True],
+    ) -> tuple[Tensor, Tensor]: ...
+
+    @entry
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: AttentionCache | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = True,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from each token of `x` to itself and the tokens before it (and the cache's).
 
         Checks run once, here: the arguments (`x`, positions, the mask) before any work,
@@ -403,20 +432,30 @@ class GroupedQueryAttention(nn.Module):
                 tokens' keys and values; the new ones are appended to it, and the
                 queries attend to the ones it says they see
                 ([`attend`][attnlab.caches.kv.KVCache.attend]).
+                Or another [`AttentionCache`][attnlab.caches.kv.AttentionCache], such as
+                one layer's view of a paged cache of many sequences (`ragged`), which
+                stores the rotated keys and values and attends itself; then `positions`
+                (or `position_embeddings`) must place the tokens, and there is no
+                `attn_mask`, window, dropout or `need_weights`.
             attn_mask: An extra mask, combined with the causal one: bool (True = attend;
                 e.g. [`masks.key_padding`][attnlab.rules.masks.key_padding]) or float (added to
                 the scores), broadcastable to `(b, num_heads, t, cache.seen + t)`.
             is_causal: Hide from each query the keys after it in absolute positions (the
                 mask is bottom-right aligned after a cache). False attends to every key
                 (e.g. an encoder), which a module with a `window` refuses.
+            need_weights: Also return the attention weights `(b, num_heads, t, t_k)`
+                (without dropout: call it in eval mode), computed from scratch from the
+                same queries and keys whatever the backend; `t_k` is the number of keys
+                attended to (a window drops older cached keys).
 
         Returns:
-            `(b, t, d_model)` or `(t, d_model)`, like `x`.
+            `(b, t, d_model)` or `(t, d_model)`, like `x`; with `need_weights`, the pair
+            `(out, weights)`.
 
         Raises:
             TypeError: If `x` is not a floating-point tensor, `positions` not an integer
                 tensor, `cache` not a `KVCache`, `attn_mask` of a wrong dtype or
-                `is_causal` not a bool.
+                `is_causal` or `need_weights` not a bool.
             ValueError: If the rank, feature size, dtype or device of `x` does not fit
                 the module; `positions` has a wrong shape or a negative value, or comes
                 with `position_embeddings` (or those do not fit); the cache cannot take
@@ -427,73 +466,9 @@ class GroupedQueryAttention(nn.Module):
                 a mask or dropout; or `backend="torch"` is set on a module with a
                 `softcap`.
         """
-        if is_validation_enabled():
+        if checking():
             self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
-        return self.forward_impl(
-            x,
-            positions=positions,
-            position_embeddings=position_embeddings,
-            cache=cache,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-        )
-
-    @overload
-    def forward_impl(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: AttentionCache | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = True,
-        need_weights: Literal[False] = False,
-    ) -> Tensor: ...
-
-    @overload
-    def forward_impl(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: AttentionCache | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = True,
-        need_weights: Literal[True],
-    ) -> tuple[Tensor, Tensor]: ...
-
-    def forward_impl(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: AttentionCache | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = True,
-        need_weights: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """[`forward`][attnlab.layers.gqa.GroupedQueryAttention.forward] without its checks.
-
-        For a model that validated its input at its own boundary
-        ([`attnlab.models.decoder.Decoder`][attnlab.models.decoder.Decoder]): each layer runs this
-        instead of
-        checking the same tokens again. A call the backend cannot serve (flash with a
-        mask or dropout) is still refused, and the cache still checks its append.
-
-        With `need_weights`, returns `(out, weights)`, the attention weights
-        `(b, num_heads, t, t_k)` (without dropout: call it in eval mode) computed from
-        scratch from the same queries and keys, whatever the backend; `t_k` is the
-        number of keys attended to (a window drops older cached keys).
-
-        `cache` may also be another [`AttentionCache`][attnlab.caches.kv.AttentionCache],
-        such as one layer's view of a paged cache of many sequences (`ragged`), which
-        stores the rotated keys and values and attends itself; then `positions` (or
-        `position_embeddings`) must place the tokens, and there is no `attn_mask`,
-        window, dropout or `need_weights`.
-        """
+            check_bool("need_weights", need_weights)
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
-from attnlab.functional.linear import delta_rule_impl, elu_feature_map, linear_attention_impl
+from attnlab.functional.linear import delta_rule, linear_attention
 from attnlab.layers.norms import rms_normalize
 from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
@@ -35,7 +35,8 @@ from attnlab.rules._validation import (
     check_rank,
     check_tensor,
     check_tokens,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 
 __all__ = [
@@ -60,7 +61,7 @@ class LinearSelfAttention(nn.Module):
     `d_model // num_heads` features; each head attends with elu + 1 features in the
     masked parallel form, and `out` projects the concatenated heads back. It has the
     call that a [`TinyTransformer`][attnlab.models.tiny.TinyTransformer] block makes of its
-    attention (`forward_impl(x, is_causal=True)`) and the same number of parameters as
+    attention (`attn(x, is_causal=True)`) and the same number of parameters as
     the [`MultiHeadAttention`][attnlab.MultiHeadAttention] it replaces, so a block's
     `attn` can be swapped for it. It has no softmax weights to return, so
     `attention_maps` and head scores do not apply to a model that uses it.
@@ -95,6 +96,7 @@ class LinearSelfAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}"
 
+    @entry
     def forward(self, x: Tensor, *, is_causal: bool = True) -> Tensor:
         """Attend over `x` `(b, t, d_model)`; query `i` sees keys `j <= i` if `is_causal`.
 
@@ -102,19 +104,15 @@ class LinearSelfAttention(nn.Module):
             TypeError: If `x` is not a floating-point tensor or `is_causal` not a bool.
             ValueError: If `x` is not `(b, t, d_model)`.
         """
-        if is_validation_enabled():
+        if checking():
             x = check_tensor("x", x)
             check_rank("x", x, (3,), "(b, t, d_model)")
             check_features("x", x, self.d_model, "LinearSelfAttention", "d_model")
             check_bool("is_causal", is_causal)
-        return self.forward_impl(x, is_causal=is_causal)
-
-    def forward_impl(self, x: Tensor, is_causal: bool = True) -> Tensor:
-        """[`forward`][attnlab.layers.linear.LinearSelfAttention.forward] without its checks."""
         b, t, d = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (b, num_heads, t, head_dim) each
-        heads = linear_attention_impl(q, k, v, is_causal, "parallel", elu_feature_map)
+        heads = linear_attention(q, k, v, is_causal=is_causal)
         out: Tensor = self.out(heads.transpose(1, 2).reshape(b, t, d))  # (b, t, d_model)
         return out
 
@@ -291,6 +289,7 @@ class GatedDeltaNet(nn.Module):
         shape = (batch_size, self.num_v_heads, self.head_k_dim, self.head_v_dim)
         return GatedDeltaNetState(conv, torch.zeros(shape, dtype=wide, device=like.device))
 
+    @entry
     def forward(
         self,
         x: Tensor,
@@ -299,6 +298,9 @@ class GatedDeltaNet(nn.Module):
         padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Apply the layer to `x` `(b, t, d_model)` or `(t, d_model)`.
+
+        In `"chunk"` mode a single token runs the recurrent step (a chunk of one token
+        is that step), as Hugging Face's layer decodes.
 
         Args:
             x: The tokens, after the ones `state` has seen (if any).
@@ -322,7 +324,7 @@ class GatedDeltaNet(nn.Module):
                 the wrong shape, values other than 0 and 1, pads on the right or has a
                 row without tokens.
         """
-        if is_validation_enabled():
+        if checking():
             x = check_tokens(
                 "x", x, features=self.d_model, param="d_model", owner="GatedDeltaNet",
                 like=self.out_proj.weight,
@@ -332,21 +334,6 @@ class GatedDeltaNet(nn.Module):
                 self.check_state(state, b)
             if padding_mask is not None:
                 check_padding_of(padding_mask, x, x.shape[1])
-        return self.forward_impl(x, state, padding_mask=padding_mask)
-
-    def forward_impl(
-        self,
-        x: Tensor,
-        state: GatedDeltaNetState | None = None,
-        *,
-        padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        """[`forward`][attnlab.layers.linear.GatedDeltaNet.forward] without its checks (for a
-        model that checked its input at its own boundary).
-
-        In `"chunk"` mode a single token runs the recurrent step (a chunk of one token
-        is that step), as Hugging Face's layer decodes.
-        """
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
@@ -371,9 +358,9 @@ class GatedDeltaNet(nn.Module):
         dt = F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (b, t, h)
         g = (-self.A_log.to(wide).exp() * dt).transpose(1, 2)  # (b, num_v_heads, t)
         mode = "recurrent" if t == 1 and self.mode == "chunk" else self.mode
-        out, recurrent = delta_rule_impl(
-            q * self.head_k_dim**-0.5, k, v, beta, g, mode, self.chunk_size,
-            None if state is None else state.recurrent,
+        out, recurrent = delta_rule(
+            q * self.head_k_dim**-0.5, k, v, beta, g, mode=mode, chunk_size=self.chunk_size,
+            initial_state=None if state is None else state.recurrent,
         )  # fmt: skip
         if state is not None:
             state.update(conv_state, recurrent, t)

@@ -45,9 +45,10 @@ from attnlab.rules._validation import (
     check_probability,
     check_scale,
     check_tensor,
-    is_validation_enabled,
+    checking,
+    entry,
 )
-from attnlab.rules.masks import check_window, needs_mask_impl
+from attnlab.rules.masks import check_window, needs_mask
 from attnlab.rules.rope import check_base, check_head_dim, default_positions, rope_cos_sin, rotate
 from attnlab.rules.rope_scaling import yarn_mscale
 
@@ -502,7 +503,7 @@ class MultiHeadLatentAttention(nn.Module):
         _, w_uv = self.up_weights()
         # Multi-query attention whose values are the latents; W_UV comes after the sum.
         b, h, t, _ = q.shape
-        if mask is None and not (is_causal and needs_mask_impl(t, k.shape[2], window=self.window)):
+        if mask is None and not (is_causal and needs_mask(t, k.shape[2], window=self.window)):
             # Every query sees every key (a decode step, or no mask at all): fold the heads
             # into the query length, one "head" of h * t rows over the one latent head
             # (FlashMLA's layout). enable_gqa would copy the shared head h times on CPU.
@@ -536,6 +537,7 @@ class MultiHeadLatentAttention(nn.Module):
             align="bottom-right",  # the queries are the last t of the s cached tokens
         )
 
+    @entry
     def forward(
         self,
         x: Tensor,
@@ -599,38 +601,10 @@ class MultiHeadLatentAttention(nn.Module):
                 module has a window and `is_causal` is False; or `backend="flash"` gets
                 a mask or dropout.
         """
-        if is_validation_enabled():
+        if checking():
             self._check_inputs(
                 x, positions, position_embeddings, cache, attn_mask, is_causal, absorb
             )
-        return self.forward_impl(
-            x,
-            positions=positions,
-            position_embeddings=position_embeddings,
-            cache=cache,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            absorb=absorb,
-        )
-
-    def forward_impl(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        absorb: bool = False,
-    ) -> Tensor:
-        """[`forward`][attnlab.layers.mla.MultiHeadLatentAttention.forward] without its checks.
-
-        For a caller that validated the input at its own boundary (e.g.
-        [`DeepSeekSparseAttention`][attnlab.layers.sparse.DeepSeekSparseAttention], whose mask
-        it builds itself). A call the backend cannot serve (flash with a mask or
-        dropout) is still refused, and the cache still checks its append.
-        """
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0

@@ -37,7 +37,8 @@ from attnlab.rules._validation import (
     check_probability,
     check_same_batch,
     check_tokens,
-    is_validation_enabled,
+    checking,
+    entry,
     mask_float_dtypes,
 )
 
@@ -260,7 +261,7 @@ class MultiHeadAttention(nn.Module):
         if key_padding_mask.dtype == torch.bool:  # True = padding, nn.MultiheadAttention's
             key_padding_mask = ~key_padding_mask  # allowed convention (checked in forward)
         padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
-        merged = masks.combine_impl(materialize(attn_mask, padding.device), padding)
+        merged = masks.combine(materialize(attn_mask, padding.device), padding)
         return merged  # (b, h|1, t, s)
 
     def _split(self, linear: nn.Linear, tokens: Tensor) -> Tensor:
@@ -314,6 +315,7 @@ class MultiHeadAttention(nn.Module):
         average_attn_weights: bool = True,
     ) -> Tensor | tuple[Tensor, Tensor]: ...
 
+    @entry
     def forward(
         self,
         x: Tensor,
@@ -378,44 +380,12 @@ class MultiHeadAttention(nn.Module):
                 `window`) are given, `window` is not positive, or `backend="flash"` is
                 asked for a mask or for dropout (training mode with `dropout > 0`).
         """
-        if is_validation_enabled():
+        if checking():
             self._check_inputs(
                 x, context, attn_mask, is_causal, value, key_padding_mask, window=window
             )
             check_bool("need_weights", need_weights)
             check_bool("average_attn_weights", average_attn_weights)
-        return self.forward_impl(
-            x,
-            context,
-            value,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            window=window,
-            key_padding_mask=key_padding_mask,
-            need_weights=need_weights,
-            average_attn_weights=average_attn_weights,
-        )
-
-    def forward_impl(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: bool = False,
-        average_attn_weights: bool = True,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """[`forward`][attnlab.MultiHeadAttention.forward] without its checks.
-
-        For callers that validated at their own boundary, such as a model whose blocks
-        are MultiHeadAttention layers: its forward checks the tokens once, and each layer
-        then runs this instead of checking its input again. A call the backend cannot
-        serve (flash with a mask or dropout) is still refused.
-        """
         dropout_p = self.dropout if self.training else 0.0
         x, context, value, unbatched = self._batched(x, context, value)
         mask = self._mask(attn_mask, key_padding_mask, unbatched)
@@ -430,7 +400,7 @@ class MultiHeadAttention(nn.Module):
             weights = attention_weights(
                 q, k, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, window=window
             )  # (b, h, t, s)
-            heads = F.context_vectors_impl(weights, v)  # (b, h, t, head_dim)
+            heads = F.context_vectors(weights, v)  # (b, h, t, head_dim)
         else:
             heads = attend(
                 self.backend,
@@ -451,6 +421,7 @@ class MultiHeadAttention(nn.Module):
             weights = weights.mean(dim=1)  # (b, t, s)
         return (out[0], weights[0]) if unbatched else (out, weights)
 
+    @entry
     def attention_weights(
         self,
         x: Tensor,
@@ -486,7 +457,7 @@ class MultiHeadAttention(nn.Module):
             TypeError: As `forward`.
             ValueError: As `forward`.
         """
-        if is_validation_enabled():
+        if checking():
             self._check_inputs(
                 x,
                 context,
@@ -497,28 +468,6 @@ class MultiHeadAttention(nn.Module):
                 needs_values=False,
                 window=window,
             )
-        return self.attention_weights_impl(
-            x,
-            context,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            window=window,
-            key_padding_mask=key_padding_mask,
-        )
-
-    def attention_weights_impl(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        key_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        """[`attention_weights`][attnlab.MultiHeadAttention.attention_weights] without
-        the checks, for callers that checked their inputs at their own boundary (a model
-        that draws every layer's weights, say)."""
         x, context, _, unbatched = self._batched(x, context, None)
         mask = self._mask(attn_mask, key_padding_mask, unbatched)
         q = self._split(self.W_query, x)  # (b, h, t, head_dim)

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from attnlab.caches.base import LayerCache
 from attnlab.caches.kv import KVCache
 from attnlab.functional.backends import attention_weights as _attention_weights
-from attnlab.functional.sparse import hide_future, selection_mask_impl, topk_indices_impl
+from attnlab.functional.sparse import hide_future, selection_mask, topk_indices
 from attnlab.layers.gqa import check_attention_inputs
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.rules._precision import compute_dtype
@@ -46,9 +46,10 @@ from attnlab.rules._validation import (
     check_rank,
     check_tensor,
     check_tokens,
-    is_validation_enabled,
+    checking,
+    entry,
 )
-from attnlab.rules.masks import padding_attention_mask_impl
+from attnlab.rules.masks import padding_attention_mask
 from attnlab.rules.rope import check_rope_dims, default_positions, rotate
 
 __all__ = [
@@ -142,6 +143,7 @@ class LightningIndexer(nn.Module):
         rot, rest = torch.split(x, [self.rope_dim, self.head_dim - self.rope_dim], -1)
         return torch.cat([rotate(rot, cos, sin, layout="half"), rest], dim=-1)
 
+    @entry
     def forward(
         self,
         x: Tensor,
@@ -172,19 +174,8 @@ class LightningIndexer(nn.Module):
             ValueError: If `x` or `q_input` has the wrong rank, features or length, or
                 `position_embeddings` is missing while `rope_dim > 0`.
         """
-        if is_validation_enabled():
+        if checking():
             self._check_inputs(x, q_input, position_embeddings, keys)
-        return self.forward_impl(x, q_input, position_embeddings=position_embeddings, keys=keys)
-
-    def forward_impl(
-        self,
-        x: Tensor,
-        q_input: Tensor | None = None,
-        *,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        keys: Tensor | None = None,
-    ) -> Tensor:
-        """[`forward`][attnlab.layers.sparse.LightningIndexer.forward] without its checks."""
         q_input = x if q_input is None else q_input
         b, t, _ = x.shape
         q = self.q_proj(q_input).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -192,7 +183,7 @@ class LightningIndexer(nn.Module):
             assert position_embeddings is not None
             q = self._rope(q, *position_embeddings)  # (b, h, t, head_dim)
         if keys is None:
-            keys = self.keys_impl(x, position_embeddings=position_embeddings)
+            keys = self.keys(x, position_embeddings=position_embeddings)
         compute = compute_dtype(x.dtype)  # as DeepSeek: no bf16 sums
         k = keys.to(compute).unsqueeze(1)  # (b, 1, s, head_dim): one key for all heads
         dots = q.to(compute) @ k.transpose(-1, -2)  # (b, h, t, s)
@@ -201,6 +192,7 @@ class LightningIndexer(nn.Module):
         scores = torch.einsum("bth,bhts->bts", w, per_head)  # (b, t, s)
         return hide_future(scores)
 
+    @entry
     def keys(
         self, x: Tensor, *, position_embeddings: tuple[Tensor, Tensor] | None = None
     ) -> Tensor:
@@ -213,14 +205,8 @@ class LightningIndexer(nn.Module):
         Returns:
             The LayerNormed, rotated keys, in the dtype of `x`.
         """
-        if is_validation_enabled():
+        if checking():
             self._check_inputs(x, None, position_embeddings, None)
-        return self.keys_impl(x, position_embeddings=position_embeddings)
-
-    def keys_impl(
-        self, x: Tensor, *, position_embeddings: tuple[Tensor, Tensor] | None = None
-    ) -> Tensor:
-        """[`keys`][attnlab.layers.sparse.LightningIndexer.keys] without its checks."""
         k: Tensor = self.k_norm(self.k_proj(x))  # (b, t, head_dim)
         if self.rope_dim:
             assert position_embeddings is not None
@@ -412,14 +398,15 @@ class DeepSeekSparseAttention(nn.Module):
             # MLA projects this latent again for its own queries: a small cost for keeping
             # MLA unchanged (the indexer reads it, as in DeepSeek's model).
             q_input = mla.q_norm(mla.q_down(x))
-        keys = self.indexer.keys_impl(x.detach(), position_embeddings=cos_sin)  # (b, t, hd)
+        keys = self.indexer.keys(x.detach(), position_embeddings=cos_sin)  # (b, t, hd)
         if past_keys is not None:
             keys = torch.cat([past_keys, keys], dim=1)  # (b, s, head_dim)
-        scores = self.indexer.forward_impl(
+        scores = self.indexer(
             x.detach(), q_input.detach(), position_embeddings=cos_sin, keys=keys
         )  # (b, t, s)
         return scores, cos_sin, keys
 
+    @entry
     def select(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The keys each query attends to: `(b, t, min(topk, t))`, -1 for an empty slot.
 
@@ -432,17 +419,21 @@ class DeepSeekSparseAttention(nn.Module):
             Indices as [`topk_indices`][attnlab.functional.sparse.topk_indices] gives them (without
             the batch axis for unbatched `x`).
         """
-        return topk_indices_impl(self.scores(x, positions=positions), self.topk)
+        if checking():
+            self._check_x(x, positions)
+        return topk_indices(self.scores(x, positions=positions), self.topk)
 
+    @entry
     def scores(self, x: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """The indexer's causal scores `(b, t, t)` (or `(t, t)` for unbatched `x`)."""
-        if is_validation_enabled():
+        if checking():
             self._check_x(x, positions)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         scores, _, _ = self._index(xb, positions)
         return scores[0] if unbatched else scores
 
+    @entry
     def attention_weights(
         self, x: Tensor, *, positions: Tensor | None = None, sparse: bool = True
     ) -> Tensor:
@@ -458,7 +449,7 @@ class DeepSeekSparseAttention(nn.Module):
         Returns:
             Each query's weights over the keys, summing to 1 (0 at unselected keys).
         """
-        if is_validation_enabled():
+        if checking():
             self._check_x(x, positions)
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
@@ -466,8 +457,8 @@ class DeepSeekSparseAttention(nn.Module):
         scores, (cos, sin), _ = self._index(xb, positions)
         mask = None
         if sparse:
-            indices = topk_indices_impl(scores, self.topk)
-            mask = selection_mask_impl(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
+            indices = topk_indices(scores, self.topk)
+            mask = selection_mask(indices, xb.shape[1]).unsqueeze(1)  # (b, 1, t, t)
         # MLA's absorbed scores: W_UK folded into the queries, the latents as keys.
         q_nope, q_rope = mla.queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
         c_kv, k_rope = mla.latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
@@ -536,6 +527,7 @@ class DeepSeekSparseAttention(nn.Module):
         latents = self.mla.new_cache(batch_size, max_length, dtype=dtype, device=device)
         return SparseAttentionCache(latents)
 
+    @entry
     def forward(
         self,
         x: Tensor,
@@ -580,23 +572,23 @@ class DeepSeekSparseAttention(nn.Module):
                 (as in MLA), or `padding_mask` has the wrong shape, values other than
                 0 and 1, pads on the right or has a row without tokens.
         """
-        if is_validation_enabled():  # once: the indexer and MLA run unchecked
+        if checking():  # once: the indexer and MLA trust what is checked here
             self._check_x(x, positions, cache, window=True)
             check_bool("absorb", absorb)
         past_keys = None if cache is None else cache.index_keys
         past = 0 if past_keys is None else past_keys.shape[1]
-        if is_validation_enabled() and padding_mask is not None:
+        if checking() and padding_mask is not None:
             check_padding_of(padding_mask, x, past + x.shape[1], what="(b, cached + t)")
         unbatched = x.ndim == 2
         xb = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         scores, cos_sin, keys = self._index(xb, positions, past_keys)  # (b, t, s)
         if padding_mask is not None:  # each query keeps itself: no empty row
-            allowed = padding_attention_mask_impl(padding_mask, xb.shape[1])  # (b, t, s)
+            allowed = padding_attention_mask(padding_mask, xb.shape[1])  # (b, t, s)
             scores = scores.masked_fill(~allowed, float("-inf"))
-        indices = topk_indices_impl(scores, self.topk)  # (b, t, k)
-        mask = selection_mask_impl(indices, scores.shape[-1]).unsqueeze(1)  # (b, 1, t, s)
+        indices = topk_indices(scores, self.topk)  # (b, t, k)
+        mask = selection_mask(indices, scores.shape[-1]).unsqueeze(1)  # (b, 1, t, s)
         # The selection holds no future key, so the mask alone is causal.
-        out: Tensor = self.mla.forward_impl(
+        out: Tensor = self.mla(
             xb,
             position_embeddings=cos_sin,
             cache=None if cache is None else cache.latents,

@@ -17,8 +17,8 @@ as in Hugging Face's `LlamaForCausalLM`, so
 copies its state dict key for key.
 
 As in `transformers`, the RoPE tables and the mask are built once per forward and passed
-to every layer, and the input is checked once, at the model's boundary; the layers run
-their unchecked [`forward_impl`][attnlab.layers.gqa.GroupedQueryAttention.forward_impl].
+to every layer, and the input is checked once, at the model's boundary: called from the
+model, the layers trust it (see [`entry`][attnlab.rules._validation.entry]).
 [`Decoder.generate`][attnlab.models.decoder.Decoder.generate] decodes greedily or by sampling from a
 static or dynamic [`KVCache`][attnlab.caches.kv.KVCache] per layer, for one prompt or a
 left-padded batch; [`Decoder.stream`][attnlab.models.decoder.Decoder.stream] yields the tokens as
@@ -78,12 +78,12 @@ from attnlab.rules._validation import (
     check_positive_int,
     check_token_id_set,
     check_token_ids,
+    checking,
+    entry,
     is_integer_dtype,
-    is_validation_enabled,
 )
-from attnlab.rules.masks import combine_impl, padding_attention_mask_impl
+from attnlab.rules.masks import combine, padding_attention_mask
 from attnlab.rules.rope import check_positions, default_positions, rope_cos_sin
-from attnlab.rules.rope_scaling import RopeScaling
 
 __all__ = ["Decoder", "DecoderBlock"]
 
@@ -187,14 +187,12 @@ class DecoderBlock(nn.Module):
         `padding` `(b, t)` (or None) the new tokens' padding mask for a linear layer."""
         if self.linear_attn is not None:
             state = cast("GatedDeltaNetState | None", cache)  # as check_cache checked
-            mixed = self.linear_attn.forward_impl(
-                self.input_layernorm(x), state, padding_mask=padding
-            )
+            mixed = self.linear_attn(self.input_layernorm(x), state, padding_mask=padding)
             return self._residual(x, mixed)
         assert self.self_attn is not None
         # The model's mask covers every token seen; GQA keeps the columns of the keys it
         # attends to (the last ones, when a rolling cache forgot the oldest).
-        attn = self.self_attn.forward_impl(
+        attn = self.self_attn(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
             cache=cast("AttentionCache | None", cache),  # as check_cache checked
@@ -220,7 +218,7 @@ class DecoderBlock(nn.Module):
         """`forward` (without a cache) and the attention weights `(b, heads, t, t)`."""
         if self.self_attn is None:
             raise ValueError("a linear-attention block has no attention weights")
-        attn, weights = self.self_attn.forward_impl(
+        attn, weights = self.self_attn(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
             attn_mask=attn_mask,
@@ -381,6 +379,14 @@ class Decoder(nn.Module):
                 f"the layers' caches have seen different numbers of tokens {sorted(seen)}"
             )
 
+    def _check_call(self, ids: object, last_only: object, logits_at: object) -> Tensor:
+        """The checks of `forward`'s `ids`, `last_only` and `logits_at`; returns `ids`."""
+        ids = self._check_ids(ids)
+        check_bool("last_only", last_only)
+        if logits_at is not None:
+            self._check_logits_at(logits_at, ids)
+        return ids
+
     def _check_logits_at(self, logits_at: object, ids: Tensor) -> None:
         b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
         if not isinstance(logits_at, Tensor) or not is_integer_dtype(logits_at.dtype):
@@ -404,84 +410,40 @@ class Decoder(nn.Module):
         weight = self.embed_tokens.weight
         return check_padding_mask(mask, batch, total, like=weight, what="(b, cached + t)")
 
-    # -- the forward pass ----------------------------------------------------------------
-
-    def _prepare(
+    def _check_context(
         self,
-        ids: Tensor,
+        x: Tensor,
         cache: Sequence[LayerCache] | None,
         positions: Tensor | None,
         padding_mask: Tensor | None,
         attn_mask: Tensor | None,
-        validate: bool,
-    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None, Tensor | None]:
-        """Embed; build the RoPE tables (one per kind of layer), the attention mask and
-        the new tokens' padding mask `(b, t)` for the linear layers, once."""
+    ) -> None:
+        """The checks of what comes with the embedded tokens `x` `(b, t, d_model)`: the
+        caches, the positions and the masks."""
         c = self.config
-        b, t = ids.shape
-        if validate:
-            self._check_cache(cache, b)
+        b, t, _ = x.shape
+        self._check_cache(cache, b)
         if cache and cache[0].ragged:
-            # A paged cache of sequences of different lengths: the caller places every
-            # token, and the cache decides what each query sees.
-            x = self._embed(ids)  # (b, t, d_model)
-            if validate:
-                self._check_ragged(positions, padding_mask, attn_mask)
-                check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
-            assert positions is not None
-            return x, self._rope_tables(positions), None, None
+            self._check_ragged(positions, padding_mask, attn_mask)
+            check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
+            return
         past = cache[0].seen if cache else 0
-        if validate and past + t > c.max_positions:
+        if past + t > c.max_positions:
             raise ValueError(
                 f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
                 f"the model's max_positions={c.max_positions}"
             )
-        x = self._embed(ids)  # (b, t, d_model)
-        mask = new_padding = None
         if padding_mask is not None:
-            pad = self._check_padding(padding_mask, b, past + t) if validate else padding_mask
-            pad = pad.bool()
-            if t > 1:  # one new token is never padding (it ends every row)
-                new_padding = pad[:, past:]  # (b, t)
-            if positions is None:  # count only real tokens, as transformers does
-                positions = (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
-            if t > 1 or not bool(pad.all()):
-                # Keys at padding are hidden; a padded query sees itself, so that no row
-                # is all masked (softmax of nothing is NaN, which would reach the values).
-                mask = padding_attention_mask_impl(pad, t)[:, None]  # (b, 1, t, T)
+            self._check_padding(padding_mask, b, past + t)
         if attn_mask is not None:
-            if validate:
-                target = (b, c.num_heads, t, past + t)
-                check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
-            mask = combine_impl(mask, attn_mask)
-        if positions is None:
-            positions = default_positions(past, t, ids.device)  # (t,)
-        elif validate:
+            target = (b, c.num_heads, t, past + t)
+            check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
+        if positions is not None:
             check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
-        return x, self._rope_tables(positions), mask, new_padding
 
-    def _embed(self, ids: Tensor) -> Tensor:
-        x: Tensor = self.embed_tokens(ids)  # (b, t, d_model)
-        if self.config.traits.embed_scale:
-            # Scaled by sqrt(d_model) rounded to the weights' dtype, as Gemma does.
-            x = x * x.new_tensor(self.config.d_model**0.5)
-        return x
+    # -- the forward pass ----------------------------------------------------------------
 
-    def _rope_tables(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
-        c = self.config
-        tables: dict[tuple[float, RopeScaling | None], tuple[Tensor, Tensor]] = {}
-        per_layer = []
-        for i in range(c.num_layers):
-            key = c.rope(i)
-            if key not in tables:
-                base, scaling = key
-                dims = c.head_dim if c.rope_dims is None else c.rope_dims
-                cos_sin = rope_cos_sin(positions, dims, base=base, scaling=scaling)
-                tables[key] = cos_sin  # (..., t, dims // 2) each
-            per_layer.append(tables[key])
-        return per_layer
-
+    @entry
     def forward(
         self,
         ids: Tensor,
@@ -526,56 +488,75 @@ class Decoder(nn.Module):
                 positions than the model has; the caches do not fit; `padding_mask` has
                 the wrong shape, pads on the right or has a row without tokens.
         """
-        if is_validation_enabled():
-            ids = self._check_ids(ids)
-            check_bool("last_only", last_only)
-            if logits_at is not None:
-                self._check_logits_at(logits_at, ids)
+        if checking():
+            ids = self._check_call(ids, last_only, logits_at)
         unbatched = ids.ndim == 1
         ids2 = ids[None] if unbatched else ids  # (b, t)
-        logits = self._logits(
-            ids2,
-            cache,
-            positions,
-            padding_mask,
-            attn_mask,
-            last_only,
-            logits_at,
-            validate=is_validation_enabled(),
-        )
-        return logits[0] if unbatched else logits
-
-    def _logits(
-        self,
-        ids: Tensor,
-        cache: Sequence[LayerCache] | None,
-        positions: Tensor | None,
-        padding_mask: Tensor | None,
-        attn_mask: Tensor | None,
-        last_only: bool,
-        logits_at: Tensor | None,
-        *,
-        validate: bool,
-    ) -> Tensor:
-        """`forward` on batched `(b, t)` ids that were checked; the rest checked if `validate`."""
-        x, tables, mask, padding = self._prepare(
-            ids, cache, positions, padding_mask, attn_mask, validate
-        )
+        x = self._embed(ids2)  # (b, t, d_model)
+        if checking():
+            self._check_context(x, cache, positions, padding_mask, attn_mask)
+        # A paged cache (ragged) places the tokens by `positions` itself.
+        past = 0 if not cache or cache[0].ragged else cache[0].seen
+        pad = None if padding_mask is None else padding_mask.bool()  # (b, past + t)
+        if positions is None:
+            positions = self._positions(pad, past, ids2)
+        tables, mask = self._rope_tables(positions), self._mask(pad, attn_mask, ids2.shape[1])
+        # The linear layers' padding (b, t); one new token is never padding: it ends every row.
+        padding = None if pad is None or ids2.shape[1] == 1 else pad[:, past:]
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache[i]
             x = layer(x, tables[i], layer_cache, mask, padding)  # (b, t, d_model)
+        logits = self._head(x, last_only, logits_at)
+        return logits[0] if unbatched else logits
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        x: Tensor = self.embed_tokens(ids)  # (b, t, d_model)
+        if self.config.traits.embed_scale:
+            # Scaled by sqrt(d_model) rounded to the weights' dtype, as Gemma does.
+            x = x * x.new_tensor(self.config.d_model**0.5)
+        return x
+
+    @staticmethod
+    def _positions(pad: Tensor | None, past: int, ids: Tensor) -> Tensor:
+        """The tokens' positions after the `past` cached ones, counting only real tokens
+        where there is padding, as transformers does."""
+        if pad is None:
+            return default_positions(past, ids.shape[1], ids.device)  # (t,)
+        return (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+
+    @staticmethod
+    def _mask(pad: Tensor | None, attn_mask: Tensor | None, t: int) -> Tensor | None:
+        """The attention layers' mask `(b, 1, t, past + t)` of the last `t` tokens under
+        the padding `pad` and `attn_mask`; None: causal only."""
+        mask = None
+        if pad is not None and (t > 1 or not bool(pad.all())):
+            # Keys at padding are hidden; a padded query sees itself, so that no row
+            # is all masked (softmax of nothing is NaN, which would reach the values).
+            mask = padding_attention_mask(pad, t)[:, None]  # (b, 1, t, past + t)
+        if attn_mask is not None:
+            mask = combine(mask, attn_mask)
+        return mask
+
+    def _rope_tables(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
+        c = self.config
+        dims = c.head_dim if c.rope_dims is None else c.rope_dims
+        kinds = [c.rope(i) for i in range(c.num_layers)]  # (base, scaling) of each layer
+        tables = {k: rope_cos_sin(positions, dims, base=k[0], scaling=k[1]) for k in set(kinds)}
+        return [tables[kind] for kind in kinds]  # (..., t, dims // 2) each
+
+    def _head(self, x: Tensor, last_only: bool, logits_at: Tensor | None) -> Tensor:
         if logits_at is not None:
-            rows = torch.arange(x.shape[0], device=x.device)  # (b,)
-            x = x[rows, logits_at][:, None]  # (b, 1, d_model)
+            x = x[torch.arange(x.shape[0], device=x.device), logits_at][:, None]  # (b, 1, d_model)
         elif last_only:
             x = x[:, -1:]  # (b, 1, d_model)
-        # (b, t, vocab_size); (b, 1, vocab_size) with logits_at or last_only
-        logits: Tensor = self.lm_head(self.norm(x))
+        logits: Tensor = self.lm_head(self.norm(x))  # (b, t or 1, vocab_size)
         cap = self.config.final_softcap
         if cap is not None:  # Gemma 2: the logits squashed into (-cap, cap)
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    @entry
     def attention_maps(
         self,
         ids: Tensor,
@@ -597,16 +578,20 @@ class Decoder(nn.Module):
             One tensor per layer; row `i` of head `h` is how token `i` spreads its
             attention over the tokens up to it (each row sums to 1).
         """
-        if is_validation_enabled():
+        if checking():
             ids = self._check_ids(ids)
+        if "linear" in map(self.config.kind, range(self.config.num_layers)):
+            raise ValueError("a model with linear-attention layers has no attention maps")
         unbatched = ids.ndim == 1
-        ids2 = ids[None] if unbatched else ids
+        ids2 = ids[None] if unbatched else ids  # (b, t)
         maps = []
         with torch.no_grad():
-            validate = is_validation_enabled()
-            if "linear" in map(self.config.kind, range(self.config.num_layers)):
-                raise ValueError("a model with linear-attention layers has no attention maps")
-            x, tables, mask, _ = self._prepare(ids2, None, None, padding_mask, attn_mask, validate)
+            x = self._embed(ids2)  # (b, t, d_model)
+            if checking():
+                self._check_context(x, None, None, padding_mask, attn_mask)
+            pad = None if padding_mask is None else padding_mask.bool()  # (b, t)
+            mask = self._mask(pad, attn_mask, ids2.shape[1])
+            tables = self._rope_tables(self._positions(pad, 0, ids2))
             for layer, table in zip(self.layers, tables, strict=True):
                 assert isinstance(layer, DecoderBlock)
                 x, weights = layer.forward_with_weights(x, table, mask)
@@ -635,7 +620,7 @@ class Decoder(nn.Module):
         the checks run when the iteration starts. Stops after `max_new_tokens` steps, or
         once every sequence has produced an end token.
         """
-        if is_validation_enabled():
+        if checking():
             ids = self._check_ids(ids)
         ids2 = ids[None] if ids.ndim == 1 else ids  # (b, t)
         b, t = ids2.shape
@@ -650,9 +635,7 @@ class Decoder(nn.Module):
         else:
             total = past + t
             mask = (
-                self._check_padding(padding_mask, b, total)
-                if is_validation_enabled()
-                else padding_mask.bool()
+                self._check_padding(padding_mask, b, total) if checking() else padding_mask.bool()
             )
         if past + t + steps > self.config.max_positions:
             raise ValueError(
@@ -667,9 +650,7 @@ class Decoder(nn.Module):
             # no_grad here) around each step only, never across a yield: the caller's code
             # between two tokens runs in its own mode.
             with torch.inference_mode():
-                # Checked once, above: the steps skip the per-forward checks (the id
-                # range and the padding mask are host syncs).
-                logits = self._logits(new, caches, None, mask, None, True, None, validate=False)
+                logits = self._step(new, caches, mask)
                 token = sample(logits[:, -1])  # (b,)
                 if eos:
                     token = torch.where(unfinished, token, torch.full_like(token, pad))
@@ -681,6 +662,15 @@ class Decoder(nn.Module):
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)  # (b, total + 1)
             new = token[:, None]  # (b, 1)
+
+    @entry
+    def _step(
+        self, ids: Tensor, cache: Sequence[LayerCache], padding_mask: Tensor | None
+    ) -> Tensor:
+        """One step of `stream`: an entry with no checks of its own, so that the forward
+        trusts what `stream` checked once (the id range and the padding mask are host
+        syncs)."""
+        return cast(Tensor, self(ids, cache=cache, padding_mask=padding_mask, last_only=True))
 
     def generate(
         self,

@@ -6,19 +6,55 @@ finished row, and the end-of-sequence test.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from attnlab.rules._validation import (
-    check_nonnegative_float,
-    check_positive_int,
-    check_share,
-    check_token_id_set,
-)
+from attnlab.rules._validation import check_positive_int, check_token_id_set, is_real
 
-__all__ = ["Sampler", "is_any_of", "pad_token"]
+__all__ = ["Sampler", "check_nonnegative_float", "check_share", "is_any_of", "pad_token"]
+
+
+def check_nonnegative_float(name: str, value: object) -> float:
+    """Return `value` as a float if it is a finite real number >= 0; raise otherwise.
+
+    The rule of a scalar for which 0 is a setting of its own (a sampling temperature,
+    where 0 means greedy): Python and NumPy ints and floats; not bools, strings or
+    tensors.
+
+    Raises:
+        TypeError: If `value` is a bool or not a real number.
+        ValueError: If it is not finite or is negative.
+    """
+    if not is_real(value):
+        raise TypeError(
+            f"{name} must be a non-negative float, got {value!r} ({type(value).__name__})"
+        )
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0.0):
+        raise ValueError(f"{name} must be a non-negative finite float, got {number}")
+    return number
+
+
+def check_share(name: str, value: object) -> float:
+    """Return `value` as a float if it is a real number in (0, 1]; raise otherwise.
+
+    A share of the probability mass that must keep something (top-p sampling's `top_p`;
+    1 keeps everything). Unlike `check_probability` (dropout's `[0, 1)`), 0 is refused
+    and 1 accepted.
+
+    Raises:
+        TypeError: If `value` is a bool or not a real number.
+        ValueError: If it is not in (0, 1].
+    """
+    if not is_real(value):
+        raise TypeError(f"{name} must be a float in (0, 1], got {value!r} ({type(value).__name__})")
+    share = float(value)
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1], got {value}")
+    return share
 
 
 class Sampler:

@@ -29,7 +29,8 @@ from attnlab.rules._validation import (
     check_multiple,
     check_positive_int,
     check_token_ids,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 
 __all__ = [
@@ -96,8 +97,7 @@ class Block(nn.Module):
             self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: Tensor) -> Tensor:
-        # The model checked its tokens once at its boundary: the layer's unvalidated path.
-        attended = self.attn.forward_impl(self.norm_attn(x), is_causal=True)
+        attended = self.attn(self.norm_attn(x), is_causal=True)
         assert isinstance(attended, Tensor)  # need_weights=False: the output alone
         x = x + attended  # (b, t, d_model)
         if self.mlp is not None:
@@ -163,12 +163,13 @@ class TinyTransformer(nn.Module):
         Returns:
             `(b, t, d_model)`.
         """
-        if is_validation_enabled():
+        if checking():
             tokens = self.check_tokens(tokens)
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x: Tensor = self.token_embedding(tokens) + self.position_embedding(positions)
         return x  # (b, t, d_model)
 
+    @entry
     def forward(self, tokens: Tensor) -> Tensor:
         """Next-token logits `(b, t, vocab_size)` for integer `tokens` `(b, t)`.
 
@@ -184,6 +185,7 @@ class TinyTransformer(nn.Module):
         logits: Tensor = self.unembed(self.norm(x))
         return logits
 
+    @entry
     @torch.no_grad()
     def attention_maps(self, tokens: Tensor) -> list[Tensor]:
         """The causal attention weights of every layer, `(b, num_heads, t, t)` each.
@@ -195,7 +197,7 @@ class TinyTransformer(nn.Module):
         maps = []
         for block in self.blocks:
             assert isinstance(block, Block)
-            maps.append(block.attn.attention_weights_impl(block.norm_attn(x), is_causal=True))
+            maps.append(block.attn.attention_weights(block.norm_attn(x), is_causal=True))
             x = block(x)
         return maps
 

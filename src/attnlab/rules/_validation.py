@@ -16,15 +16,27 @@ The checks of what a call receives (tensors, masks, per-call flags) run only whi
 `torch.distributions.Distribution.set_default_validate_args`. Checks of configuration
 (constructor arguments, mask builders, the toy data, plotting) always run: they do not
 sit in a training step.
+
+**Checked once, where a call enters the package.** A public function or `forward` has
+one signature and one body, marked with [`entry`][attnlab.rules._validation.entry], and
+its checks sit under `if checking():`. The decorator counts how deep this thread is in
+entries; [`checking`][attnlab.rules._validation.checking] is True in the outermost one
+only. So `flash_attention` checks what a user hands it and trusts what a layer hands
+it: a decoder checks its tokens, and its layers and kernels skip their checks. The
+count is a `threading.local` (another thread is its own boundary) that Dynamo traces
+without a graph break and `torch.export` runs as Python: models with validation on still
+compile in one graph and export. A generator cannot be an entry: its body runs later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
-from collections.abc import Iterator, Sequence
-from typing import TypeGuard
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import ParamSpec, TypeGuard, TypeVar
 
 import torch
 from torch import Tensor
@@ -60,6 +72,8 @@ __all__ = [
     "check_token_id_set",
     "check_token_ids",
     "check_tokens",
+    "checking",
+    "entry",
     "is_integer_dtype",
     "is_real",
     "is_validation_enabled",
@@ -71,6 +85,10 @@ __all__ = [
 ]
 
 _enabled = True
+_calls = threading.local()  # .depth: how many entries the running thread is inside
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def set_validation(enabled: bool) -> None:
@@ -119,6 +137,36 @@ def is_validation_enabled() -> bool:
         True
     """
     return _enabled
+
+
+def entry(fn: Callable[P, R]) -> Callable[P, R]:
+    """Mark `fn` as a place where calls enter the package: its checks run only there.
+
+    Inside `fn`, [`checking`][attnlab.rules._validation.checking] is True unless another
+    entry of this thread called it; then `fn` trusts its caller's checks.
+
+    Examples:
+        >>> inner = entry(checking)
+        >>> inner(), entry(inner)()  # alone it checks; called from an entry, not
+        (True, False)
+    """
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        depth = getattr(_calls, "depth", 0)
+        _calls.depth = depth + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _calls.depth = depth  # also after a check raised: the next call checks again
+
+    return call
+
+
+def checking() -> bool:
+    """Whether the running call checks its arguments: validation is on, and no
+    [`entry`][attnlab.rules._validation.entry] of this thread runs above the current one."""
+    return _enabled and getattr(_calls, "depth", 0) <= 1
 
 
 def value_checks_enabled() -> bool:
@@ -737,46 +785,6 @@ def check_positive_float(name: str, value: object) -> float:
     if not (math.isfinite(number) and number > 0.0):
         raise ValueError(f"{name} must be a positive finite float, got {number}")
     return number
-
-
-def check_nonnegative_float(name: str, value: object) -> float:
-    """Return `value` as a float if it is a finite real number >= 0; raise otherwise.
-
-    The rule of a scalar for which 0 is a setting of its own (a sampling temperature,
-    where 0 means greedy): Python and NumPy ints and floats; not bools, strings or
-    tensors.
-
-    Raises:
-        TypeError: If `value` is a bool or not a real number.
-        ValueError: If it is not finite or is negative.
-    """
-    if not is_real(value):
-        raise TypeError(
-            f"{name} must be a non-negative float, got {value!r} ({type(value).__name__})"
-        )
-    number = float(value)
-    if not (math.isfinite(number) and number >= 0.0):
-        raise ValueError(f"{name} must be a non-negative finite float, got {number}")
-    return number
-
-
-def check_share(name: str, value: object) -> float:
-    """Return `value` as a float if it is a real number in (0, 1]; raise otherwise.
-
-    A share of the probability mass that must keep something (top-p sampling's `top_p`;
-    1 keeps everything). Unlike `check_probability` (dropout's `[0, 1)`), 0 is refused
-    and 1 accepted.
-
-    Raises:
-        TypeError: If `value` is a bool or not a real number.
-        ValueError: If it is not in (0, 1].
-    """
-    if not is_real(value):
-        raise TypeError(f"{name} must be a float in (0, 1], got {value!r} ({type(value).__name__})")
-    share = float(value)
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1], got {value}")
-    return share
 
 
 def check_token_ids(

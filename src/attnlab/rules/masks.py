@@ -35,7 +35,8 @@ from attnlab.rules._validation import (
     check_nonnegative_int,
     check_padding_mask,
     check_positive_int,
-    is_validation_enabled,
+    checking,
+    entry,
     tracing,
 )
 
@@ -81,34 +82,35 @@ def alignment_offset(t_q: int, t_k: int, align: str) -> int:
     return t_k - t_q if align == "bottom-right" else 0
 
 
-def band_impl(
+def band(
     t_q: int, t_k: int, align: str, window: int | None, device: torch.device | str | None
 ) -> Tensor:
     """Allowed mask `(t_q, t_k)`: query i sees key j if i + offset - window < j <= i + offset.
 
-    The unvalidated builder behind [`causal`][attnlab.rules.masks.causal] and
-    [`sliding_window`][attnlab.rules.masks.sliding_window] (`window=None`: causal only), for
-    callers that checked their arguments at their own boundary.
+    The causal/window relation itself, behind [`causal`][attnlab.rules.masks.causal] and
+    [`sliding_window`][attnlab.rules.masks.sliding_window] (`window=None`: causal only). It
+    takes no check: its callers are those builders and the kernels, which checked the sizes
+    at their boundary.
 
     Query i sits at key position `i + offset`: `offset = 0` when the queries are the first
     `t_q` tokens (top-left), `t_k - t_q` when they are the last ones (bottom-right, as
     when decoding after a cache). Built at its own size, so one decoded query against a
     long cache costs a row, not a square over the whole sequence.
     """
-    return band_at_impl(t_q, t_k, alignment_offset(t_q, t_k, align), window, device)
+    return band_at(t_q, t_k, alignment_offset(t_q, t_k, align), window, device)
 
 
-def band_at_impl(
+def band_at(
     t_q: int, t_k: int, offset: int, window: int | None, device: torch.device | str | None
 ) -> Tensor:
-    """[`band_impl`][attnlab.rules.masks.band_impl] with the queries at any `offset`.
+    """[`band`][attnlab.rules.masks.band] with the queries at any `offset`.
 
     Query i sits at key position `i + offset`, whatever that is: FlashAttention's tiles
     and ring attention's blocks place a tile of queries `i0 - j0` positions after its
-    tile of keys. Unchecked, like `band_impl`.
+    tile of keys. Unchecked, like `band`.
 
     Examples:
-        >>> band_at_impl(2, 4, 1, 2, "cpu").long()  # queries at key positions 1 and 2
+        >>> band_at(2, 4, 1, 2, "cpu").long()  # queries at key positions 1 and 2
         tensor([[1, 1, 0, 0],
                 [0, 1, 1, 0]])
     """
@@ -170,7 +172,7 @@ def causal(
                 [ True,  True,  True,  True]])
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
-    return band_impl(t_q, t_k, align, None, device)
+    return band(t_q, t_k, align, None, device)
 
 
 def sliding_window(
@@ -211,7 +213,7 @@ def sliding_window(
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
-    return band_impl(t_q, t_k, align, window, device)
+    return band(t_q, t_k, align, window, device)
 
 
 def sink_window(
@@ -263,9 +265,9 @@ def sink_window(
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
     check_nonnegative_int("sinks", sinks)
-    mask = band_impl(t_q, t_k, align, window, device)  # (t_q, t_k): the window
+    mask = band(t_q, t_k, align, window, device)  # (t_q, t_k): the window
     first = torch.arange(t_k, device=device) < sinks  # (t_k,): the sink keys
-    return mask | (band_impl(t_q, t_k, align, None, device) & first)  # not the future
+    return mask | (band(t_q, t_k, align, None, device) & first)  # not the future
 
 
 def check_causal_window(is_causal: object, window: int | None) -> bool:
@@ -351,6 +353,7 @@ def check_window(window: object, attn_mask: object) -> int | None:
     return checked
 
 
+@entry
 def decode_mask(
     t_q: int,
     t_k: int,
@@ -392,20 +395,14 @@ def decode_mask(
         >>> decode_mask(1, 4, window=2)
         tensor([[False, False,  True,  True]])
     """
-    if is_validation_enabled():
+    if checking():
         t_q, t_k = _check_decode(t_q, t_k, window, device)
-    return decode_mask_impl(t_q, t_k, window=window, device=device)
-
-
-def decode_mask_impl(
-    t_q: int, t_k: int, *, window: int | None = None, device: torch.device | str | None = None
-) -> Tensor | None:
-    """[`decode_mask`][attnlab.rules.masks.decode_mask] without its checks (callers checked)."""
-    if not needs_mask_impl(t_q, t_k, window=window):
+    if not needs_mask(t_q, t_k, window=window):
         return None
-    return band_impl(t_q, t_k, "bottom-right", window, device)  # (t_q, t_k)
+    return band(t_q, t_k, "bottom-right", window, device)  # (t_q, t_k)
 
 
+@entry
 def needs_mask(t_q: int, t_k: int, *, window: int | None = None) -> bool:
     """Whether causal attention of `t_q` new tokens over `t_k` keys hides any key.
 
@@ -433,13 +430,8 @@ def needs_mask(t_q: int, t_k: int, *, window: int | None = None) -> bool:
         >>> needs_mask(2, 6)
         True
     """
-    if is_validation_enabled():
+    if checking():
         t_q, t_k = _check_decode(t_q, t_k, window, None)
-    return needs_mask_impl(t_q, t_k, window=window)
-
-
-def needs_mask_impl(t_q: int, t_k: int, *, window: int | None = None) -> bool:
-    """[`needs_mask`][attnlab.rules.masks.needs_mask] without its checks (callers checked)."""
     return not (t_q <= 1 and (window is None or window >= t_k))
 
 
@@ -449,6 +441,7 @@ def _check_decode(t_q: object, t_k: object, window: object, device: object) -> t
     return sizes
 
 
+@entry
 def padding_attention_mask(padding_mask: Tensor, t: int) -> Tensor:
     """The keys that each of the last `t` tokens may see under a padding mask, `(b, t, T)`.
 
@@ -477,7 +470,7 @@ def padding_attention_mask(padding_mask: Tensor, t: int) -> Tensor:
         >>> padding_attention_mask(torch.tensor([[0, 0, 1]]), 3)[0, 0]  # itself only
         tensor([ True, False,  True])
     """
-    if is_validation_enabled():
+    if checking():
         t = check_nonnegative_int("t", t)
         if not isinstance(padding_mask, Tensor):
             raise TypeError(
@@ -491,11 +484,6 @@ def padding_attention_mask(padding_mask: Tensor, t: int) -> Tensor:
             )
         b, total = padding_mask.shape
         check_padding_mask(padding_mask, b, total, like=padding_mask, what="(b, T)")
-    return padding_attention_mask_impl(padding_mask, t)
-
-
-def padding_attention_mask_impl(padding_mask: Tensor, t: int) -> Tensor:
-    """[`padding_attention_mask`][attnlab.rules.masks.padding_attention_mask] without its checks."""
     pad = padding_mask.bool()
     b, total = pad.shape
     allowed = pad[:, None, :].expand(b, t, total).clone()  # (b, t, T)
@@ -504,6 +492,7 @@ def padding_attention_mask_impl(padding_mask: Tensor, t: int) -> Tensor:
     return allowed
 
 
+@entry
 def combine(*masks: Tensor | None) -> Tensor | None:
     r"""One mask that hides every key that any of `masks` hides; None entries are skipped.
 
@@ -536,7 +525,7 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         True
     """
     given = [m for m in masks if m is not None]
-    if is_validation_enabled():
+    if checking():
         for i, m in enumerate(masks):
             if m is not None and (
                 not isinstance(m, Tensor) or not (m.dtype == torch.bool or m.is_floating_point())
@@ -550,19 +539,13 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         except RuntimeError:
             shapes = ", ".join(str(tuple(m.shape)) for m in given)
             raise ValueError(f"masks must broadcast together, got shapes {shapes}") from None
-    return combine_impl(*given)
-
-
-def combine_impl(*masks: Tensor | None) -> Tensor | None:
-    """[`combine`][attnlab.rules.masks.combine] without its checks (callers checked the masks)."""
-    given = [m for m in masks if m is not None]
     if len(given) <= 1:
         return given[0] if given else None
     floats = [m.dtype for m in given if m.dtype != torch.bool]
     if not floats:
         return functools.reduce(torch.logical_and, given)
     dtype = functools.reduce(torch.promote_types, floats)
-    additive = [allowed_to_additive_impl(m, dtype) if m.dtype == torch.bool else m for m in given]
+    additive = [allowed_to_additive(m, dtype) if m.dtype == torch.bool else m for m in given]
     return functools.reduce(torch.add, additive)
 
 
@@ -708,6 +691,7 @@ def blocked_to_allowed(mask: Tensor) -> Tensor:
     return ~_check_bool_mask("mask", mask)
 
 
+@entry
 def allowed_to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     r"""Convert an allowed mask to an additive one: 0 where True, $-\infty$ where False.
 
@@ -729,14 +713,9 @@ def allowed_to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Ten
         tensor([[0., -inf],
                 [0., 0.]])
     """
-    _check_bool_mask("mask", mask)
-    check_float_dtype("dtype", dtype)
-    return allowed_to_additive_impl(mask, dtype)
-
-
-def allowed_to_additive_impl(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """[`allowed_to_additive`][attnlab.rules.masks.allowed_to_additive] without its checks,
-    for the kernels that take an additive mask (callers that know the arguments)."""
+    if checking():
+        _check_bool_mask("mask", mask)
+        check_float_dtype("dtype", dtype)
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
 

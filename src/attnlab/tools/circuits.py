@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models.tiny import Block, TinyTransformer
-from attnlab.rules._validation import check_choice, check_positive_int
+from attnlab.rules._validation import check_choice, check_positive_int, entry
 
 __all__ = [
     "LogitAttribution",
@@ -144,6 +144,7 @@ class ResidualComponents:
         return self.embed + self.heads.sum(dim=(0, 1)) + self.biases.sum(dim=0)
 
 
+@entry  # the tokens are checked once, by the model's embed; its layers trust them
 @torch.no_grad()
 def residual_components(model: TinyTransformer, tokens: Tensor) -> ResidualComponents:
     """Split the final residual stream of `model` on `tokens` into embedding and heads.
@@ -169,7 +170,7 @@ def residual_components(model: TinyTransformer, tokens: Tensor) -> ResidualCompo
     for layer in range(model.config.num_layers):
         block, attn = _attn(model, layer)
         normed = block.norm_attn(x)
-        weights = attn.attention_weights_impl(normed, is_causal=True)  # (b, h, t, t)
+        weights = attn.attention_weights(normed, is_causal=True)  # (b, h, t, t)
         v = attn.W_value(normed).view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
         z = weights @ v  # (b, h, t, head_dim)
         w_o = attn.out_proj.weight.view(d, attn.num_heads, attn.head_dim)  # (d, h, head_dim)
