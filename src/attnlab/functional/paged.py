@@ -31,8 +31,9 @@ from attnlab.rules._validation import (
     check_same_dtype_device,
     check_scale,
     check_tensor,
+    checking,
+    entry,
     is_integer_dtype,
-    is_validation_enabled,
     value_checks_enabled,
 )
 
@@ -50,6 +51,7 @@ _METHODS: tuple[Method, ...] = ("gather", "online")
 # --- attention through the block table --------------------------------------------
 
 
+@entry
 def paged_attention(
     query: Tensor,
     key_pool: Tensor,
@@ -153,8 +155,8 @@ def paged_attention(
         >>> torch.allclose(out, gather, atol=1e-6)
         True
     """
-    if is_validation_enabled():
-        # Checked as autocast casts them, once: paged_attention_impl then finds them cast.
+    if checking():
+        # Checked as autocast casts them; run_kernel then finds them cast.
         query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
         check_paged(
             query,
@@ -168,34 +170,6 @@ def paged_attention(
             backend,
         )
         check_positive_int("blocks_per_tile", blocks_per_tile)
-    return paged_attention_impl(
-        query,
-        key_pool,
-        value_pool,
-        block_tables,
-        lengths,
-        query_lengths=query_lengths,
-        scale=scale,
-        method=method,
-        blocks_per_tile=blocks_per_tile,
-        backend=backend,
-    )
-
-
-def paged_attention_impl(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    lengths: Tensor,
-    *,
-    query_lengths: Tensor | None = None,
-    scale: float | None = None,
-    method: Method = "online",
-    blocks_per_tile: int = 32,
-    backend: Backend = "torch",
-) -> Tensor:
-    """[`paged_attention`][attnlab.functional.paged.paged_attention] without the checks."""
     kernel = _kernel(method, backend, blocks_per_tile)
     return run_kernel(
         kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale

@@ -57,13 +57,13 @@ def paged_attention_fast(
     blocks_per_tile: int = 32,
     backend: Backend = "torch",
 ) -> Tensor:
-    """[`paged_attention_impl`][attnlab.functional.paged.paged_attention_impl], fast on the CPU.
+    """[`paged_attention`][attnlab.functional.paged.paged_attention], fast on the CPU.
 
-    The same arguments and the same result (to float round-off); no checks, as for
-    `paged_attention_impl`: its callers check first
+    The same arguments and the same result (to float round-off), without the checks:
+    its callers check first
     ([`PagedKVCache.attend`][attnlab.serving.cache.PagedKVCache.attend] does). With
     `method="online"` and `backend="torch"`, on the CPU, without gradient and not
-    compiling, it runs the module's own kernels; otherwise `paged_attention_impl`'s.
+    compiling, it runs the module's own kernels; otherwise `paged_attention`'s.
     """
     kernel: Kernel
     if method != "online" or backend != "torch" or not _host_inference(query, key_pool, value_pool):

@@ -51,9 +51,10 @@ from attnlab.rules._validation import (
     check_device,
     check_positive_int,
     check_tensor,
+    checking,
+    entry,
     is_integer_dtype,
     is_real,
-    is_validation_enabled,
     tracing,
 )
 
@@ -363,6 +364,7 @@ def _angles(positions: Tensor, frequencies: Tensor) -> Tensor:
     return positions[..., None].float() * frequencies.float()  # (..., t, head_dim/2)
 
 
+@entry
 def rope_frequencies(
     head_dim: int, *, base: float = 10000.0, device: torch.device | str | None = None
 ) -> Tensor:
@@ -388,12 +390,13 @@ def rope_frequencies(
         >>> rope_frequencies(8, base=10000.0)
         tensor([1.0000, 0.1000, 0.0100, 0.0010])
     """
-    if is_validation_enabled():
+    if checking():
         head_dim, base = check_head_dim(head_dim), check_base(base)
         check_device("device", device)
     return _frequencies(head_dim, base, device)
 
 
+@entry
 def rope_angles(positions: Tensor, head_dim: int, *, base: float = 10000.0) -> Tensor:
     r"""The angles $m\,\theta_i$ by which pair $i$ of the vector at position $m$ turns.
 
@@ -416,7 +419,7 @@ def rope_angles(positions: Tensor, head_dim: int, *, base: float = 10000.0) -> T
                 [1.0000, 0.0100],
                 [2.0000, 0.0200]])
     """
-    if is_validation_enabled():
+    if checking():
         _check_integer_tensor(positions)
         head_dim, base = check_head_dim(head_dim), check_base(base)
     return _angles(positions, _frequencies(head_dim, base, positions.device))
@@ -543,6 +546,7 @@ def _check_x(x: object) -> Tensor:
     return x
 
 
+@entry
 def apply_rope(
     x: Tensor,
     positions: Tensor | None = None,
@@ -585,7 +589,7 @@ def apply_rope(
         >>> torch.allclose(a, b, atol=1e-5)
         True
     """
-    if is_validation_enabled():
+    if checking():
         x = _check_x(x)
         if positions is not None:
             check_positions(positions, x)
@@ -663,7 +667,7 @@ class RopeCache:
             >>> tuple(cos.shape), torch.equal(cos, rope_cos_sin(positions, 8)[0])
             ((1, 3, 4), True)
         """
-        if is_validation_enabled():
+        if checking():
             _check_integer_tensor(positions)
             if positions.numel() and not tracing():
                 _check_range(positions, 0, self.max_positions)
@@ -684,7 +688,7 @@ class RopeCache:
             ValueError: As `apply_rope`, and if a position is negative or not below
                 `max_positions`, or `x`'s head size is not the table's.
         """
-        if is_validation_enabled():
+        if checking():
             x = _check_x(x)
             check_layout(layout)
             if x.shape[-1] != self.head_dim:

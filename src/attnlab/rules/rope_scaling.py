@@ -25,7 +25,8 @@ from attnlab.rules._validation import (
     check_device,
     check_positive_float,
     check_positive_int,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 from attnlab.rules.rope import _frequencies, check_base, check_head_dim
 
@@ -226,6 +227,7 @@ class RopeScaling:
             )
         return yarn_mscale(self.factor)
 
+    @entry
     def frequencies(
         self,
         dim: int,
@@ -255,7 +257,7 @@ class RopeScaling:
             >>> bool((ntk.frequencies(8, seq_len=64) <= rope_frequencies(8)).all())
             True
         """
-        if is_validation_enabled():
+        if checking():
             dim, base = check_head_dim(dim, "dim"), check_base(base)
             check_device("device", device)
             if self.is_dynamic and dim <= 2:

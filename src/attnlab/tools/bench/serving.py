@@ -11,8 +11,8 @@ parts, each a ratio taken within the one run (issue 15's goals in brackets):
   [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention], PyTorch's SDPA over the
   keys and values a [`StaticKVCache`][attnlab.caches.kv.StaticKVCache] hands it. Both read
   the same keys and values and their outputs are compared. The teaching path
-  ([`paged_attention_impl`][attnlab.functional.paged.paged_attention_impl], tile by tile,
-  scores spelled out) is timed too. [paged / contiguous
+  ([`paged_attention`][attnlab.functional.paged.paged_attention], tile by tile,
+  scores spelled out, with validation off) is timed too. [paged / contiguous
   <= 1.3]
 - **memory**: a mixed workload (prompts and outputs of different lengths, two requests
   sharing a system prompt) held at once, with SmolLM2's cache geometry (30 layers): bytes
@@ -60,9 +60,10 @@ from torch import Tensor
 
 from attnlab.caches.kv import StaticKVCache, kv_cache_bytes_per_token
 from attnlab.functional.backends import attend
-from attnlab.functional.paged import paged_attention_impl
+from attnlab.functional.paged import paged_attention
 from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._provenance import begin, command_line
+from attnlab.rules._validation import validation
 from attnlab.serving.cache import PagedKVCache
 from attnlab.tools.bench.config import SERVING_GOALS as GOALS
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
@@ -297,7 +298,8 @@ def decode_case(settings: ServingSettings, context: int, *, seed: int = 0) -> De
         return paged_attention_fast(query, key_pool, value_pool, tables, lengths)
 
     def teaching() -> Tensor:
-        return paged_attention_impl(query, key_pool, value_pool, tables, lengths)
+        with validation(False):  # the kernel, as the engine's call would run it
+            return paged_attention(query, key_pool, value_pool, tables, lengths)
 
     def contiguous() -> Tensor:  # GroupedQueryAttention's call after its cache
         return attend(
