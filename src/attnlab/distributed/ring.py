@@ -26,7 +26,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,6 @@ __all__ = [
 
 ShardLayout = Literal["contiguous", "zigzag"]
 """How a sequence is split over the ranks: `"contiguous"` or `"zigzag"`."""
-_LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
 
 
 _KV_TAG, _DKV_TAG = 0, 1
@@ -109,7 +108,7 @@ def shard_ranges(
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
     check_positive_int("world_size", world_size)
-    check_choice("layout", layout, _LAYOUTS)
+    check_choice("layout", layout, get_args(ShardLayout))
     chunks = world_size if layout == "contiguous" else 2 * world_size
     base, extra = divmod(length, chunks)
     bounds = [0]
@@ -699,7 +698,7 @@ def _check_local(
     check_bool("is_causal", is_causal)
     check_window(window, None)
     check_scale("scale", scale)
-    check_choice("layout", layout, _LAYOUTS)
+    check_choice("layout", layout, get_args(ShardLayout))
     check_positive_int("block_size", block_size)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -44,8 +44,6 @@ __all__ = [
 
 Method = Literal["gather", "online"]
 """How [`paged_attention`][attnlab.functional.paged.paged_attention] reads the blocks."""
-
-_METHODS: tuple[Method, ...] = ("gather", "online")
 
 
 # --- attention through the block table --------------------------------------------
@@ -398,7 +396,7 @@ def check_paged(
     (query_lengths' still are).
     """
     check_scale("scale", scale)
-    check_choice("method", method, _METHODS)
+    check_choice("method", method, get_args(Method))
     if not takes_mask(check_backend(backend)):  # the backends' own rule
         raise ValueError(
             f"backend={backend!r} masks only by position, but paged attention masks by "

@@ -40,7 +40,7 @@ Hugging Face config.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -81,9 +81,6 @@ __all__ = [
 
 RopeLayout = Literal["half", "interleaved"]
 """Which features of a head are rotated together: see the module docstring."""
-
-
-_LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
 
 
 # -- the rules ---------------------------------------------------------------------------
@@ -184,7 +181,7 @@ def check_layout(layout: object, name: str = "layout") -> RopeLayout:
         >>> check_layout("half")
         'half'
     """
-    checked: RopeLayout = check_choice(name, layout, _LAYOUTS)  # type: ignore[assignment]
+    checked: RopeLayout = check_choice(name, layout, get_args(RopeLayout))  # type: ignore[assignment]
     return checked
 
 

