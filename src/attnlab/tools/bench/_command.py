@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,12 +66,13 @@ def replot(args: argparse.Namespace, plots: Plots) -> bool:
     return True
 
 
-def start(name: str, args: argparse.Namespace, argv: Sequence[str] | None) -> str:
-    """Set the torch threads; return the command line the provenance stores."""
+def start(name: str, args: argparse.Namespace, argv: Sequence[str]) -> str:
+    """Set the torch threads; return the command line the provenance stores.
+
+    `argv` is what `main` parsed: only a `main` reads `sys.argv`.
+    """
     torch.set_num_threads(args.threads)
-    return command_line(
-        f"attnlab.tools.bench.{name}", list(argv if argv is not None else sys.argv[1:])
-    )
+    return command_line(f"attnlab.tools.bench.{name}", list(argv))
 
 
 def write_results(args: argparse.Namespace, data: dict[str, Any]) -> None:

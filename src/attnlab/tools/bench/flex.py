@@ -305,6 +305,7 @@ def write_flex_plot(data: dict[str, Any], out_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.flex [--json PATH] [--rounds N] ...`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _command.parser("flex", __doc__)
     defaults = FlexSettings()
     parser.add_argument("--lengths", type=int, nargs="+", default=list(defaults.lengths))

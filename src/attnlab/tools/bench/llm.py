@@ -594,6 +594,7 @@ def _long_prompt(tokenizer: Any, n: int) -> Tensor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.llm [--json PATH] [--rounds N] ...`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _command.parser("llm", __doc__)
     defaults = LLMSettings()
     parser.add_argument("--rounds", type=int, default=defaults.rounds)

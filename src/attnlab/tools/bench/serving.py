@@ -736,6 +736,7 @@ def measure_serving(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.serving [--json PATH] [--quick] ...`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _command.parser("serving", __doc__)
     defaults = ServingSettings()
     parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
