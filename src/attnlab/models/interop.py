@@ -573,6 +573,23 @@ def split_deltanet_projections(
 # -- decoders -----------------------------------------------------------------------------
 
 
+def _hf_sizes(config: Any) -> dict[str, Any]:
+    """The sizes every supported Hugging Face decoder config states the same way."""
+    heads = config.num_attention_heads
+    return {
+        "vocab_size": config.vocab_size,
+        "d_model": config.hidden_size,
+        "num_layers": config.num_hidden_layers,
+        "num_heads": heads,
+        "num_kv_heads": config.num_key_value_heads,
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        "hidden_dim": config.intermediate_size,
+        "norm_eps": float(config.rms_norm_eps),
+        "max_positions": int(config.max_position_embeddings),
+        "tie_embeddings": bool(config.tie_word_embeddings),
+    }
+
+
 def config_from_hf(cls: type[C], config: Any) -> C:
     """The body of [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf]."""
     model_type = config.model_type
@@ -581,13 +598,11 @@ def config_from_hf(cls: type[C], config: Any) -> C:
     if model_type == "qwen3_next":
         return _qwen3_next_config(cls, config)
     rope_base, scaling = hf_rope(config)
-    max_positions = int(config.max_position_embeddings)
+    sizes = _hf_sizes(config)
     if scaling is not None and scaling.is_dynamic:
-        max_positions = int(max_positions * scaling.factor)
+        sizes["max_positions"] = int(sizes["max_positions"] * scaling.factor)
     if config.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     qwen2 = model_type == "qwen2"
     windows: tuple[int | None, ...] | None = None
     if qwen2 and getattr(config, "use_sliding_window", False):
@@ -599,17 +614,8 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         windows = (int(config.sliding_window),) * config.num_hidden_layers
     attention_bias = bool(getattr(config, "attention_bias", False))
     return cls(
-        vocab_size=config.vocab_size,
-        d_model=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=int(head_dim),
-        hidden_dim=config.intermediate_size,
+        **sizes,
         rope_base=rope_base,
-        norm_eps=float(config.rms_norm_eps),
-        max_positions=max_positions,
-        tie_embeddings=bool(config.tie_word_embeddings),
         qkv_bias=True if qwen2 else attention_bias,
         out_bias=False if qwen2 else attention_bias,
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
@@ -641,20 +647,11 @@ def _gemma_config(cls: type[C], config: Any) -> C:
         local_base, local_scaling = hf_rope(config, "sliding_attention")
     bias = bool(config.attention_bias)
     return cls(
-        vocab_size=config.vocab_size,
-        d_model=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=int(config.head_dim),
-        hidden_dim=config.intermediate_size,
+        **_hf_sizes(config),
         rope_base=base,
         rope_scaling=scaling,
         local_rope_base=local_base,
         local_rope_scaling=local_scaling,
-        norm_eps=float(config.rms_norm_eps),
-        max_positions=int(config.max_position_embeddings),
-        tie_embeddings=bool(config.tie_word_embeddings),
         qkv_bias=bias,
         out_bias=bias,
         windows=tuple(kinds[kind] for kind in config.layer_types),
@@ -692,18 +689,9 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
         moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
     bias = bool(config.attention_bias)
     return cls(
-        vocab_size=config.vocab_size,
-        d_model=config.hidden_size,
-        num_layers=n,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=head_dim,
-        hidden_dim=config.intermediate_size,
+        **_hf_sizes(config),
         rope_base=rope_base,
         rope_scaling=scaling,
-        norm_eps=float(config.rms_norm_eps),
-        max_positions=int(config.max_position_embeddings),
-        tie_embeddings=bool(config.tie_word_embeddings),
         qkv_bias=bias,
         out_bias=bias,
         qk_norm="head",
