@@ -57,6 +57,7 @@ N = TypeVar("N", bound=GatedDeltaNet)
 C = TypeVar("C", bound=DecoderConfig)
 R = TypeVar("R", bound=RopeScaling)
 D = TypeVar("D", bound="Decoder")
+K = TypeVar("K")
 
 
 # -- RoPE ---------------------------------------------------------------------------------
@@ -590,6 +591,13 @@ def _hf_sizes(config: Any) -> dict[str, Any]:
     }
 
 
+def _layer_kinds(config: Any, kinds: dict[str, K]) -> tuple[K, ...]:
+    """`config.layer_types`, each as `kinds` names it; raise on a type it does not name."""
+    if not set(config.layer_types) <= set(kinds):
+        raise ValueError(f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}")
+    return tuple(kinds[kind] for kind in config.layer_types)
+
+
 def config_from_hf(cls: type[C], config: Any) -> C:
     """The body of [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf]."""
     model_type = config.model_type
@@ -636,9 +644,9 @@ def _gemma_config(cls: type[C], config: Any) -> C:
         raise ValueError(
             "config.use_bidirectional_attention=True: Decoder is causal and does not port it"
         )
-    kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
-    if not set(config.layer_types) <= set(kinds):
-        raise ValueError(f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}")
+    windows = _layer_kinds(
+        config, {"full_attention": None, "sliding_attention": int(config.sliding_window)}
+    )
     gemma3 = config.model_type == "gemma3_text"
     local_base: float | None = None
     local_scaling: RopeScaling | None = None
@@ -654,7 +662,7 @@ def _gemma_config(cls: type[C], config: Any) -> C:
         local_rope_scaling=local_scaling,
         qkv_bias=bias,
         out_bias=bias,
-        windows=tuple(kinds[kind] for kind in config.layer_types),
+        windows=windows,
         query_pre_attn_scalar=float(config.query_pre_attn_scalar),
         qk_norm="head" if gemma3 else None,
         attn_softcap=None if gemma3 else config.attn_logit_softcapping,
@@ -670,8 +678,7 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
     if config.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
     names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
-    if not set(config.layer_types) <= set(names):
-        raise ValueError(f"config.layer_types must name {sorted(names)}, got {config.layer_types}")
+    layer_kinds = _layer_kinds(config, names)
     params = config.rope_parameters  # also holds partial_rotary_factor
     rope_base, scaling = hf_rope(config)
     head_dim = int(config.head_dim)
@@ -696,7 +703,7 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
         out_bias=bias,
         qk_norm="head",
         family="qwen3_next",
-        layer_kinds=tuple(names[kind] for kind in config.layer_types),
+        layer_kinds=layer_kinds,
         linear=LinearAttentionConfig(
             num_k_heads=config.linear_num_key_heads,
             num_v_heads=config.linear_num_value_heads,
