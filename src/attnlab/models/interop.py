@@ -574,9 +574,12 @@ def split_deltanet_projections(
 # -- decoders -----------------------------------------------------------------------------
 
 
-def _hf_sizes(config: Any) -> dict[str, Any]:
-    """The sizes every supported Hugging Face decoder config states the same way."""
+def _hf_common(config: Any, rope_layer: str | None = None) -> dict[str, Any]:
+    """What every supported Hugging Face decoder config states the same way: the sizes,
+    RoPE (of the layers of type `rope_layer`, where each type has its own), the biases."""
     heads = config.num_attention_heads
+    rope_base, scaling = hf_rope(config, rope_layer)
+    bias = bool(getattr(config, "attention_bias", False))
     return {
         "vocab_size": config.vocab_size,
         "d_model": config.hidden_size,
@@ -588,6 +591,10 @@ def _hf_sizes(config: Any) -> dict[str, Any]:
         "norm_eps": float(config.rms_norm_eps),
         "max_positions": int(config.max_position_embeddings),
         "tie_embeddings": bool(config.tie_word_embeddings),
+        "rope_base": rope_base,
+        "rope_scaling": scaling,
+        "qkv_bias": bias,
+        "out_bias": bias,
     }
 
 
@@ -605,10 +612,10 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         return _gemma_config(cls, config)
     if model_type == "qwen3_next":
         return _qwen3_next_config(cls, config)
-    rope_base, scaling = hf_rope(config)
-    sizes = _hf_sizes(config)
+    common = _hf_common(config)
+    scaling = common["rope_scaling"]
     if scaling is not None and scaling.is_dynamic:
-        sizes["max_positions"] = int(sizes["max_positions"] * scaling.factor)
+        common["max_positions"] = int(common["max_positions"] * scaling.factor)
     if config.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
     qwen2 = model_type == "qwen2"
@@ -620,16 +627,9 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         )
     elif model_type == "mistral" and getattr(config, "sliding_window", None):
         windows = (int(config.sliding_window),) * config.num_hidden_layers
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    return cls(
-        **sizes,
-        rope_base=rope_base,
-        qkv_bias=True if qwen2 else attention_bias,
-        out_bias=False if qwen2 else attention_bias,
-        mlp_bias=bool(getattr(config, "mlp_bias", False)),
-        windows=windows,
-        rope_scaling=scaling,
-    )
+    if qwen2:  # biases on the q, k, v projections and none on the output, always
+        common.update(qkv_bias=True, out_bias=False)
+    return cls(**common, mlp_bias=bool(getattr(config, "mlp_bias", False)), windows=windows)
 
 
 def _gemma_config(cls: type[C], config: Any) -> C:
@@ -650,18 +650,12 @@ def _gemma_config(cls: type[C], config: Any) -> C:
     gemma3 = config.model_type == "gemma3_text"
     local_base: float | None = None
     local_scaling: RopeScaling | None = None
-    base, scaling = hf_rope(config, "full_attention")
     if gemma3:  # one RoPE per layer type
         local_base, local_scaling = hf_rope(config, "sliding_attention")
-    bias = bool(config.attention_bias)
     return cls(
-        **_hf_sizes(config),
-        rope_base=base,
-        rope_scaling=scaling,
+        **_hf_common(config, "full_attention"),
         local_rope_base=local_base,
         local_rope_scaling=local_scaling,
-        qkv_bias=bias,
-        out_bias=bias,
         windows=windows,
         query_pre_attn_scalar=float(config.query_pre_attn_scalar),
         qk_norm="head" if gemma3 else None,
@@ -680,7 +674,6 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
     names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
     layer_kinds = _layer_kinds(config, names)
     params = config.rope_parameters  # also holds partial_rotary_factor
-    rope_base, scaling = hf_rope(config)
     head_dim = int(config.head_dim)
     n = config.num_hidden_layers
     moe, moe_layers = None, None
@@ -694,13 +687,8 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
         )
         step, dense = config.decoder_sparse_step, set(config.mlp_only_layers)
         moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
-    bias = bool(config.attention_bias)
     return cls(
-        **_hf_sizes(config),
-        rope_base=rope_base,
-        rope_scaling=scaling,
-        qkv_bias=bias,
-        out_bias=bias,
+        **_hf_common(config),
         qk_norm="head",
         family="qwen3_next",
         layer_kinds=layer_kinds,
