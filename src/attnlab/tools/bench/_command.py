@@ -34,7 +34,7 @@ class Bench:
     settings: type[Any]  # a frozen dataclass; its defaults are the options' defaults
     options: tuple[str, ...]  # the settings the command line sets, in this order
     measure: Measure
-    plots: Plots
+    plots: Plots | None = None  # None: no figures, so no --out-dir and no --replot
     helps: Mapping[str, str] = dataclasses.field(default_factory=dict)  # per setting
     extra: Callable[[argparse.ArgumentParser], None] = lambda parser: None  # own options
 
@@ -50,12 +50,15 @@ def parser(bench: Bench) -> argparse.ArgumentParser:
         description=(bench.doc or "").split("\n")[0],
     )
     made.add_argument("--json", help="write the results to this file (else print them)")
-    made.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="folder for the SVG figures (default: the folder of --json; none without it)",
-    )
+    if bench.plots is not None:
+        made.add_argument(
+            "--out-dir",
+            type=Path,
+            help="folder for the SVG figures (default: the folder of --json; none without it)",
+        )
+        made.add_argument(
+            "--replot", type=Path, help="redraw the figures of this results file, without measuring"
+        )
     defaults = bench.settings()
     for name in bench.options:
         value, flag, text = getattr(defaults, name), name.replace("_", "-"), bench.helps.get(name)
@@ -70,12 +73,6 @@ def parser(bench: Bench) -> argparse.ArgumentParser:
         "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
     )
     made.add_argument("--seed", type=int, default=0)
-    made.add_argument(
-        "--replot",
-        type=Path,
-        default=None,
-        help="redraw the figures of this results file, without measuring",
-    )
     return made
 
 
@@ -87,12 +84,15 @@ def run(bench: Bench, argv: Sequence[str]) -> int:
     `--out-dir` are drawn silently), so that the output can be piped.
     """
     args = parser(bench).parse_args(argv)
-    out_dir: Path | None = args.out_dir or (Path(args.json).parent if args.json else None)
-    if args.replot is not None:
-        data = json.loads(args.replot.read_text(encoding="utf-8"))
-        for path in bench.plots(data, out_dir or args.replot.parent):
-            print(path)
-        return 0
+    plots = bench.plots
+    out_dir: Path | None = None
+    if plots is not None:
+        out_dir = args.out_dir or (Path(args.json).parent if args.json else None)
+        if args.replot is not None:
+            data = json.loads(args.replot.read_text(encoding="utf-8"))
+            for path in plots(data, out_dir or args.replot.parent):
+                print(path)
+            return 0
     torch.set_num_threads(args.threads)
     command = command_line(f"attnlab.tools.bench.{bench.name}", list(argv))
     options = {name: getattr(args, name) for name in bench.options}
@@ -106,7 +106,7 @@ def run(bench: Bench, argv: Sequence[str]) -> int:
         print(args.json)
     else:
         print(text)
-    paths = [] if out_dir is None else list(bench.plots(data, out_dir))
+    paths = [] if plots is None or out_dir is None else list(plots(data, out_dir))
     if args.json:
         for path in paths:
             print(path)
