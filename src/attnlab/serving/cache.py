@@ -683,8 +683,11 @@ class PagedKVCache:
         seq.filled[layer] = end
         # Offer to the prefix cache the prompt blocks that every layer has filled.
         done = min(min(seq.filled) // bs, len(seq.hashes))
-        self._blocks.register(seq.hashes[seq.registered : done], seq.table[seq.registered : done])
-        seq.registered = max(seq.registered, done)
+        if done > seq.registered:
+            self._blocks.register(
+                seq.hashes[seq.registered : done], seq.table[seq.registered : done]
+            )
+            seq.registered = done
 
     # --- reading ------------------------------------------------------------------
 
