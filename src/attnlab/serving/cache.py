@@ -48,7 +48,8 @@ from attnlab.rules._validation import (
     check_positive_int,
     check_rank,
     check_tensor,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 
 __all__ = [
@@ -558,6 +559,7 @@ class PagedKVCache:
         """Tokens the whole cache can hold: `num_blocks * block_size`."""
         return self.num_blocks * self.block_size
 
+    @entry
     def add_sequence(self, token_ids: Sequence[int] | Tensor = ()) -> tuple[int, int]:
         """Start a sequence; return its id and how many of its prompt tokens are cached.
 
@@ -580,22 +582,16 @@ class PagedKVCache:
             TypeError: If `token_ids` is not a sequence of ints.
             ValueError: If the prompt is longer than the whole cache.
         """
-        tokens = _token_list(token_ids)
-        capacity = self.capacity
-        if len(tokens) > capacity:
-            raise ValueError(
-                f"token_ids has {len(tokens)} tokens but the cache holds at most {capacity} "
-                f"(num_blocks={self.num_blocks} x block_size={self.block_size})"
-            )
-        return self.add_sequence_impl(tokens)
-
-    def add_sequence_impl(self, tokens: list[int]) -> tuple[int, int]:
-        """[`add_sequence`][attnlab.serving.cache.PagedKVCache.add_sequence] without its checks.
-
-        For a caller that checked the prompt already (the serving engine checks it once,
-        against the model's vocabulary, when the request comes in): `tokens` a list of
-        ints no longer than the cache.
-        """
+        if checking():
+            tokens = _token_list(token_ids)
+            capacity = self.capacity
+            if len(tokens) > capacity:
+                raise ValueError(
+                    f"token_ids has {len(tokens)} tokens but the cache holds at most "
+                    f"{capacity} (num_blocks={self.num_blocks} x block_size={self.block_size})"
+                )
+        else:  # e.g. the serving engine's call: it checked the prompt when it came in
+            tokens = token_ids.tolist() if isinstance(token_ids, Tensor) else list(token_ids)
         hashes = _block_hashes(tokens, self.block_size) if self.prefix_caching else []
         # At least one token is left to compute, for the logits of the next one.
         matched = self._blocks.lookup(hashes[: max(0, len(tokens) - 1) // self.block_size])
@@ -646,6 +642,7 @@ class PagedKVCache:
 
     # --- writing ------------------------------------------------------------------
 
+    @entry
     def append(self, seq_id: int, layer: int, key: Tensor, value: Tensor) -> None:
         """Write the keys and values of `t` new tokens of `seq_id` into `layer`.
 
@@ -666,7 +663,7 @@ class PagedKVCache:
         """
         seq = self._tables.get(seq_id)
         layer = _check_id("layer", layer, self.num_layers, "layers")
-        if is_validation_enabled():
+        if checking():
             _check_kv(key, value, self.key_pools, self.value_pools)
         start = seq.filled[layer]
         end = start + key.shape[1]
@@ -704,6 +701,7 @@ class PagedKVCache:
         counts = [self._tables.get(s).filled[layer] for s in seq_ids]
         return torch.tensor(counts, dtype=torch.long, device=self.key_pools.device)
 
+    @entry
     def attend(
         self,
         layer: int,
@@ -738,7 +736,7 @@ class PagedKVCache:
         lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
         key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
         tables = self._tables.kept_tensor(seq_ids)
-        if is_validation_enabled():  # the tables and lengths are the cache's own
+        if checking():  # the tables and lengths are the cache's own
             query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
             check_paged(
                 query,
