@@ -63,6 +63,7 @@ from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
 from attnlab.caches.kv import AttentionCache, DynamicKVCache, RollingKVCache, StaticKVCache
+from attnlab.functional.backends import backend_for
 from attnlab.layers.gated import GatedAttention
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
@@ -145,7 +146,7 @@ class DecoderBlock(nn.Module):
                 qk_norm_eps=float(config.norm_eps),
                 qk_norm_unit_offset=traits.norm_unit_offset,
                 softcap=config.attn_softcap,
-                backend="torch" if config.attn_softcap is None else "scratch",
+                backend=backend_for(config.attn_softcap),
             )
             self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention
         self.post_attention_layernorm = _norm(config)
