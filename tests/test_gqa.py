@@ -33,6 +33,7 @@ from attnlab.models.config import DecoderConfig
 from attnlab.rules import masks
 from attnlab.rules.rope import apply_rope, rope_cos_sin
 from attnlab.rules.rope_scaling import RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -164,11 +165,11 @@ def test_sinks_agree_on_every_backend_with_a_causal_bias() -> None:
     q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 6)
     sinks = torch.randn(4)
     bias = causal_lower_right(3, 5)
-    expected = _backends.attend(
-        "flash", q, k, v, is_causal=True, align="bottom-right", enable_gqa=True, sinks=sinks
-    )
+    causal = ScoreRule(is_causal=True, align="bottom-right", sink_logits=sinks)
+    expected = _backends.attend("flash", q, k, v, causal, enable_gqa=True)
     for backend in ("torch", "scratch"):
-        got = _backends.attend(backend, q, k, v, attn_mask=bias, enable_gqa=True, sinks=sinks)
+        rule = ScoreRule(sink_logits=sinks)
+        got = _backends.attend(backend, q, k, v, rule, attn_mask=bias, enable_gqa=True)
         torch.testing.assert_close(got, expected, msg=backend)
 
 

@@ -69,6 +69,7 @@ from attnlab.rules.rope import (
     rotate,
 )
 from attnlab.rules.rope_scaling import RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 __all__ = ["GroupedQueryAttention", "check_attention_inputs"]
 
@@ -268,7 +269,7 @@ class GroupedQueryAttention(nn.Module):
         self.softcap = check_softcap("softcap", softcap)
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
-        check_backend_call(backend, attn_mask=None, dropout_p=0.0, softcap=self.softcap)
+        check_backend_call(backend, ScoreRule(softcap=self.softcap), attn_mask=None, dropout_p=0.0)
         self.sinks: nn.Parameter | None = None
         if check_bool("sinks", sinks):
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
@@ -472,9 +473,17 @@ class GroupedQueryAttention(nn.Module):
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0
-        check_backend_call(
-            self.backend, attn_mask=attn_mask, dropout_p=dropout_p, softcap=self.softcap
+        window = self.window if is_causal else None
+        # The new queries are the last t of the t_k keys: the causal mask is bottom-right.
+        rule = ScoreRule(
+            scale=self.scale,
+            is_causal=is_causal,
+            align="bottom-right",
+            window=window,
+            softcap=self.softcap,
+            sink_logits=self.sinks,
         )
+        check_backend_call(self.backend, rule, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
@@ -498,7 +507,6 @@ class GroupedQueryAttention(nn.Module):
                 )
             q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
             k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
-        window = self.window if is_causal else None
         rules = (attn_mask, self.window, self.scale, self.softcap, self.sinks)
         unserved = dropout_p or need_weights or any(r is not None for r in rules)
         if cache is not None and cache.ragged and unserved:
@@ -515,23 +523,10 @@ class GroupedQueryAttention(nn.Module):
                 # them: the window dropped the oldest, or a RollingKVCache forgot them.
                 mask = mask[..., -k.shape[2] :]
             attended.append((k, mask))
-            # The new queries are the last t of the t_k keys: the causal mask is
-            # bottom-right.
-            return attend(
-                self.backend,
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                scale=self.scale,
-                window=window,
-                enable_gqa=True,
-                align="bottom-right",
-                softcap=self.softcap,
-                sinks=self.sinks,
-            )  # (b, h, t, head_dim)
+            out = attend(
+                self.backend, q, k, v, rule, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
+            )
+            return out  # (b, h, t, head_dim)
 
         # The cache stores the new keys and values and runs the kernel over the ones the
         # queries see (a paged view reads its blocks instead).
@@ -542,18 +537,7 @@ class GroupedQueryAttention(nn.Module):
         if not need_weights:
             return out
         k, mask = attended[0]
-        weights = attention_weights(
-            q,
-            k,
-            attn_mask=mask,
-            is_causal=is_causal,
-            scale=self.scale,
-            window=window,
-            enable_gqa=True,
-            align="bottom-right",
-            softcap=self.softcap,
-            sinks=self.sinks,
-        )  # (b, h, t, t_k)
+        weights = attention_weights(q, k, rule, attn_mask=mask, enable_gqa=True)  # (b, h, t, t_k)
         return out, weights[0] if unbatched else weights
 
     def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:

@@ -51,6 +51,7 @@ from attnlab.rules._validation import (
 from attnlab.rules.masks import check_window, needs_mask
 from attnlab.rules.rope import check_base, check_head_dim, default_positions, rope_cos_sin, rotate
 from attnlab.rules.rope_scaling import yarn_mscale
+from attnlab.rules.scores import ScoreRule
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
 
@@ -523,18 +524,12 @@ class MultiHeadLatentAttention(nn.Module):
         enable_gqa: bool = False,
     ) -> Tensor:
         """Both forms' attention, on the module's backend; causal in absolute positions."""
+        window = self.window if is_causal else None
+        # The queries are the last t of the s cached tokens.
+        rule = ScoreRule(scale=self.scale, is_causal=is_causal, align="bottom-right", window=window)
+        dropout_p = self.dropout if self.training else 0.0
         return attend(
-            self.backend,
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            scale=self.scale,
-            window=self.window if is_causal else None,
-            enable_gqa=enable_gqa,
-            align="bottom-right",  # the queries are the last t of the s cached tokens
+            self.backend, q, k, v, rule, attn_mask=mask, dropout_p=dropout_p, enable_gqa=enable_gqa
         )
 
     @entry

@@ -27,6 +27,7 @@ from attnlab.layers.norms import QKNorm
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
 from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
 from attnlab.rules.rope_scaling import _ROPE_TYPES, RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 if TYPE_CHECKING:
     from attnlab.models.decoder import Decoder
@@ -187,7 +188,7 @@ def backend_for(softcap: float | None) -> Backend:
         if not takes_mask(name):  # FlashAttention takes neither a mask nor dropout
             continue
         try:
-            check_backend_call(name, attn_mask=None, dropout_p=0.0, softcap=softcap)
+            check_backend_call(name, ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
         except ValueError:  # e.g. "torch" has no softcap
             continue
         return name
