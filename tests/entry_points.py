@@ -361,9 +361,9 @@ ENTRIES: dict[str, Entry] = {
         **QKV_NAMES,
     ),
     "scaled_dot_product_attention softcap, sinks": Entry(
-        {**QKV, "sinks": (HEADS,)},
+        {**QKV, "sink_logits": (HEADS,)},
         lambda m, i: AF.scaled_dot_product_attention(
-            i["q"], i["k"], i["v"], is_causal=True, softcap=2.0, sinks=i["sinks"]
+            i["q"], i["k"], i["v"], is_causal=True, softcap=2.0, sink_logits=i["sink_logits"]
         ),
         **QKV_NAMES,
     ),
@@ -394,7 +394,7 @@ ENTRIES: dict[str, Entry] = {
     # More queries than keys, aligned bottom-right: the first query sees only the sink.
     "flash_attention softcap, sinks, bottom-right": Entry(
         {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)}
-        | {"sinks": (HEADS,)},
+        | {"sink_logits": (HEADS,)},
         lambda m, i: AF.flash_attention(
             i["q"],
             i["k"],
@@ -402,7 +402,7 @@ ENTRIES: dict[str, Entry] = {
             is_causal=True,
             align="bottom-right",
             softcap=2.0,
-            sinks=i["sinks"],
+            sink_logits=i["sink_logits"],
             block_size=(2, 2),
         ),
         custom_backward=True,
@@ -430,7 +430,7 @@ ENTRIES: dict[str, Entry] = {
     "GroupedQueryAttention[scratch] qk_norm, softcap, sinks": Entry(
         X_GQA,
         lambda m, i: _m(m)(i["x"]),
-        _gqa("scratch", qk_norm="head", softcap=2.0, sinks=True),
+        _gqa("scratch", qk_norm="head", softcap=2.0, learned_sinks=True),
     ),
     "GroupedQueryAttention decode after a cache": Entry(
         X_GQA, lambda m, i: _decode(_m(m), i["x"]), _gqa("torch"), query=None

@@ -595,7 +595,7 @@ def test_sdpa_window_is_checked() -> None:
 
 def test_sdpa_softcap_and_sinks_compose_with_window_dropout_and_float_masks() -> None:
     q, k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 5)
-    extra = {"softcap": 1.5, "sinks": torch.tensor([0.5, -1.0, 2.0])}
+    extra = {"softcap": 1.5, "sink_logits": torch.tensor([0.5, -1.0, 2.0])}
     band = masks.sliding_window(6, window=3)
     windowed = AF.scaled_dot_product_attention(q, k, v, window=3, **extra)
     torch.testing.assert_close(windowed, AF.scaled_dot_product_attention(q, k, v, band, **extra))
@@ -616,9 +616,9 @@ def test_sdpa_softcap_and_sinks_compose_with_window_dropout_and_float_masks() ->
 def test_sdpa_softcap_and_sinks_in_half_precision_compute_in_float32(dtype: torch.dtype) -> None:
     q, k, v = (torch.randn(2, 3, 5, 8).mul(20).to(dtype) for _ in range(3))
     sinks = torch.tensor([1.0, 0.0, -3.0], dtype=dtype)
-    out = AF.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0, sinks=sinks)
+    out = AF.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0, sink_logits=sinks)
     wide = AF.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), is_causal=True, softcap=30.0, sinks=sinks.float()
+        q.float(), k.float(), v.float(), is_causal=True, softcap=30.0, sink_logits=sinks.float()
     )
     assert out.dtype == dtype
     torch.testing.assert_close(out, wide.to(dtype), rtol=0, atol=0)

@@ -52,7 +52,7 @@ def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None
     """The layer as a loop over heads, in float64."""
     b, t, _ = x.shape
     x64 = x.double()
-    w = {n: getattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    w = {n: getattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
 
     def project(name: str, heads: int) -> Tensor:
         lin = w[name]
@@ -82,9 +82,9 @@ def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None
         scores = scores.masked_fill(~allowed, float("-inf"))
         heads.append(scores.softmax(-1) @ v[:, kv])  # (b, t, hd)
     concat = torch.cat(heads, dim=-1)  # (b, t, num_heads * hd)
-    out = concat @ w["o_proj"].weight.double().T
-    if w["o_proj"].bias is not None:
-        out = out + w["o_proj"].bias.double()
+    out = concat @ w["out_proj"].weight.double().T
+    if w["out_proj"].bias is not None:
+        out = out + w["out_proj"].bias.double()
     return out.to(x.dtype)
 
 
@@ -106,7 +106,7 @@ def test_forward_equals_per_head_reference(name: str, backend: str) -> None:
     module = _module(**{**CONFIGS[name], "backend": backend})
     if module.bias:
         with torch.no_grad():
-            for lin in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
+            for lin in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
                 if lin.bias is not None:
                     lin.bias.normal_()
     x = torch.randn(B, T, D_MODEL)
@@ -134,11 +134,11 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     """PyTorch's SDPA has no sinks: the torch backend adds one key of zeros whose score is
     the sink logit (a float-mask column). It must equal the scratch kernel's sinks on the
     fused causal path, with a bool padding mask and with a float one, gradients included."""
-    torch_module = _module(sinks=True)
+    torch_module = _module(learned_sinks=True)
     with torch.no_grad():
-        assert torch_module.sinks is not None
-        torch_module.sinks.normal_(0.0, 2.0)
-    scratch = _module(sinks=True, backend="scratch")
+        assert torch_module.sink_logits is not None
+        torch_module.sink_logits.normal_(0.0, 2.0)
+    scratch = _module(learned_sinks=True, backend="scratch")
     scratch.load_state_dict(torch_module.state_dict())
     x1 = torch.randn(B, T, D_MODEL, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
@@ -151,10 +151,10 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     torch.stack([b.square().sum() for _, b in outs]).sum().backward()
     assert x1.grad is not None
     assert x2.grad is not None
-    assert torch_module.sinks is not None
-    assert scratch.sinks is not None
+    assert torch_module.sink_logits is not None
+    assert scratch.sink_logits is not None
     torch.testing.assert_close(x1.grad, x2.grad)
-    torch.testing.assert_close(torch_module.sinks.grad, scratch.sinks.grad)
+    torch.testing.assert_close(torch_module.sink_logits.grad, scratch.sink_logits.grad)
     # The sink takes its share: every row of weights sums to less than 1.
     _, weights = torch_module(x1, need_weights=True)
     assert weights.sum(-1).max() < 1.0
@@ -200,7 +200,7 @@ def test_group_size_and_repr() -> None:
         "  (q_proj): Linear(in_features=20, out_features=24, bias=False)\n"
         "  (k_proj): Linear(in_features=20, out_features=8, bias=False)\n"
         "  (v_proj): Linear(in_features=20, out_features=8, bias=False)\n"
-        "  (o_proj): Linear(in_features=24, out_features=20, bias=False)\n)"
+        "  (out_proj): Linear(in_features=24, out_features=20, bias=False)\n)"
     )
 
 
@@ -400,7 +400,7 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
         ({"softcap": 0.0}, ValueError, r"softcap must be a positive finite float .* got 0.0"),
         ({"softcap": 30.0}, ValueError, r"backend='torch' has no softcap .* softcap=30.0"),
-        ({"sinks": 1}, TypeError, r"sinks must be a bool, got 1 \(int\)"),
+        ({"learned_sinks": 1}, TypeError, r"learned_sinks must be a bool, got 1 \(int\)"),
     ],
 )
 def test_constructor_rejects_bad_configuration(
@@ -607,7 +607,7 @@ def test_not_causal_attends_to_every_key() -> None:
     heads = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     )
-    expected = module.o_proj(heads.transpose(1, 2).reshape(B, T, H * HD))
+    expected = module.out_proj(heads.transpose(1, 2).reshape(B, T, H * HD))
     torch.testing.assert_close(module(x, is_causal=False), expected)
     with pytest.raises(ValueError, match="is_causal=False with window=3"):
         _module(window=WINDOW)(x, is_causal=False)
@@ -626,9 +626,11 @@ def test_forward_rejects_other_inputs() -> None:
         match=re.escape("does not broadcast to the attention weights' shape (2, 6, 9, 9)"),
     ):
         module(torch.randn(B, T, D_MODEL), attn_mask=torch.ones(T, T + 1, dtype=torch.bool))
-    with_sinks = _module(sinks=True)
-    with_sinks.sinks = torch.nn.Parameter(torch.zeros(3))  # one per key/value head: wrong
-    with pytest.raises(ValueError, match=r"sinks must hold one logit per query head, shape \(6,\)"):
+    with_sinks = _module(learned_sinks=True)
+    with_sinks.sink_logits = torch.nn.Parameter(torch.zeros(3))  # one per key/value head: wrong
+    with pytest.raises(
+        ValueError, match=r"sink_logits must hold one logit per query head, shape \(6,\)"
+    ):
         with_sinks(torch.randn(B, T, D_MODEL))
 
 

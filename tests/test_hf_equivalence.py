@@ -215,6 +215,13 @@ class Reference:
         return out
 
 
+def _ours(name: str) -> str:
+    """attnlab's name of a transformers attention parameter: PyTorch's `out_proj` for
+    `o_proj`, `sink_logits` for gpt-oss's `sinks`; the others are the same."""
+    head, dot, rest = name.partition(".")
+    return {"o_proj": "out_proj", "sinks": "sink_logits"}.get(head, head) + dot + rest
+
+
 def _port(ref: Reference, kind: str) -> GroupedQueryAttention:
     return GroupedQueryAttention.from_hf(ref.attn, backend=BACKEND.get(kind, "torch"))  # type: ignore[arg-type]
 
@@ -239,7 +246,7 @@ def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
     assert x.grad is not None
     assert x_ours.grad is not None
     torch.testing.assert_close(x_ours.grad, x.grad, **TOL)
-    theirs = dict(ref.attn.named_parameters())
+    theirs = {_ours(n): p for n, p in ref.attn.named_parameters()}
     mine = dict(ours.named_parameters())
     assert set(mine) == set(theirs)  # same names: q_proj.weight, ..., q_proj.bias (Qwen2)
     for name, p in theirs.items():
@@ -281,14 +288,14 @@ def test_from_hf_copies_layout_and_biases(kind: str) -> None:
     assert ours.scale == (10**-0.5 if gemma else None)  # query_pre_attn_scalar = 10
     assert (ours.q_norm is not None and ours.q_norm.unit_offset) == kind.startswith("gemma3")
     assert ours.softcap == (2.0 if kind == "gemma2-local" else None)
-    assert (ours.sinks is not None) == gpt_oss
+    assert (ours.sink_logits is not None) == gpt_oss
     scaled = ours.rope_scaling is not None
     assert scaled == (kind == "gemma3-global" or gpt_oss)  # Gemma 3: one RoPE per layer type
     assert ours.bias == (kind in ("llama-bias", "qwen2") or gpt_oss)
     assert ours.out_bias == (kind == "llama-bias" or gpt_oss)  # Qwen2: on q, k, v only
     for name, p in ref.attn.named_parameters():
-        assert torch.equal(ours.get_parameter(name), p), name
-        assert ours.get_parameter(name).data_ptr() != p.data_ptr()
+        assert torch.equal(ours.get_parameter(_ours(name)), p), name
+        assert ours.get_parameter(_ours(name)).data_ptr() != p.data_ptr()
 
 
 # Prefill lengths, then decode steps (several tokens at once, then one at a time), ending

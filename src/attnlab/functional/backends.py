@@ -19,10 +19,10 @@ saving the user chose is not there.
 Two score changes of 2024-2025 models pass through to every kernel that has them:
 `softcap` (Gemma 2's $c \tanh(x / c)$ on the scaled scores) and `sink_logits` (gpt-oss's one
 learned logit per query head, shape `(Hq,)`, in every row's softmax). PyTorch's fused
-SDPA has neither. For `"torch"`, sinks are emulated exactly: one extra key of zeros with
+SDPA has neither. For `"torch"`, sink logits are emulated exactly: one extra key of zeros with
 a zero value, whose score (0) plus a float-mask column holding the sink logit gives the
 sink's share of the softmax and adds nothing to the output, so PyTorch's kernel still
-runs (and differentiates the sinks through the mask). A tanh of the scores cannot be
+runs (and differentiates the sink logits through the mask). A tanh of the scores cannot be
 written as a mask, so `"torch"` refuses `softcap` with a `ValueError` naming the backend
 and the two that have it, rather than quietly running another kernel.
 
@@ -127,7 +127,7 @@ class AttentionFunction(Protocol):
 
 
 _PLAIN = ScoreRule()
-"""The score rule of plain attention: default scale, every key seen, no softcap or sinks."""
+"""The score rule of plain attention: default scale, every key seen, no softcap or sink logits."""
 
 
 def check_backend(value: object) -> Backend:
@@ -243,7 +243,7 @@ def _positional_mask(
 
 def _with_positional_mask(kernel: Callable[..., Tensor]) -> AttentionFunction:
     """The registry's signature for an SDPA-style kernel, `(query, key, value, attn_mask,
-    dropout_p, is_causal, scale, enable_gqa, *, softcap, sinks)` with PyTorch's top-left
+    dropout_p, is_causal, scale, enable_gqa, *, softcap, sink_logits)` with PyTorch's top-left
     `is_causal`: causality and window become its mask."""
 
     def run(
@@ -259,7 +259,9 @@ def _with_positional_mask(kernel: Callable[..., Tensor]) -> AttentionFunction:
         t_q, t_k = query.shape[-2], key.shape[-2]
         mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
         opts = (dropout_p, causal, rule.scale, enable_gqa)
-        return kernel(query, key, value, mask, *opts, softcap=rule.softcap, sinks=rule.sink_logits)
+        return kernel(
+            query, key, value, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits
+        )
 
     return run
 
@@ -270,9 +272,9 @@ def _sink_as_key(
     value: Tensor,
     attn_mask: Tensor | None,
     is_causal: bool,
-    sinks: Tensor,
+    sink_logits: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Learned sinks for a kernel without them: one more key and value of zeros per row.
+    """Learned sink logits for a kernel without them: one more key and value of zeros per row.
 
     The extra key's score is 0 whatever the query, so a float-mask column holding the
     sink logit makes it exactly that logit; its value of zeros adds nothing to the
@@ -288,7 +290,7 @@ def _sink_as_key(
         bias = bias + masks.allowed_to_additive(attn_mask, query.dtype)  # (..., L, S)
     elif attn_mask is not None:
         bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
-    sink = sinks.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
+    sink = sink_logits.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
     lead = torch.broadcast_shapes(bias.shape[:-2], sink.shape[:-2])  # type: ignore[no-untyped-call]
     bias = bias.expand(*lead, t_q, t_k)  # (..., Hq, L, S)
     column = sink.expand(*lead, t_q, 1)  # (..., Hq, L, 1)
@@ -309,12 +311,12 @@ def _torch_sdpa(
     enable_gqa: bool,
     *,
     softcap: float | None,
-    sinks: Tensor | None,
+    sink_logits: Tensor | None,
 ) -> Tensor:
     if softcap is not None:
         check_backend_call("torch", ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
-    if sinks is not None:
-        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sinks)
+    if sink_logits is not None:
+        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sink_logits)
         is_causal = False
     return torch.nn.functional.scaled_dot_product_attention(
         query,
@@ -364,7 +366,7 @@ def _flash(
         scale=None if rule.scale is None else float(rule.scale),
         align=align,
         softcap=rule.softcap,
-        sinks=rule.sink_logits,  # one per query head: after repeat_heads as before
+        sink_logits=rule.sink_logits,  # one per query head: after repeat_heads as before
     )
 
 
@@ -429,5 +431,5 @@ def attention_weights(
     mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
     opts = (dropout_p, causal, rule.scale, enable_gqa)
     return F.attention_weights(
-        query, key, mask, *opts, softcap=rule.softcap, sinks=rule.sink_logits
+        query, key, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits
     )

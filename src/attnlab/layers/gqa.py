@@ -119,7 +119,7 @@ class GroupedQueryAttention(nn.Module):
 
     The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
     `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
-    and `o_proj` maps the concatenated heads back to `d_model`. The attention runs on
+    and `out_proj` maps the concatenated heads back to `d_model`. The attention runs on
     PyTorch's `scaled_dot_product_attention` (`backend="torch"`), attnlab's
     [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
     (`backend="scratch"`) or [`flash_attention`][attnlab.functional.flash.flash_attention]
@@ -143,8 +143,8 @@ class GroupedQueryAttention(nn.Module):
         head_dim: Features per head; default `d_model // num_heads` (then `d_model` must
             be a multiple of `num_heads`). Even if `rope` is True.
         bias: Whether `q_proj`, `k_proj` and `v_proj` have a bias (Qwen2: True).
-        out_bias: Whether `o_proj` has a bias; default `bias` (Llama's `attention_bias`
-            sets all four, Qwen2 has none on `o_proj`).
+        out_bias: Whether `out_proj` has a bias; default `bias` (Llama's `attention_bias`
+            sets all four, Qwen2 has none on `out_proj`).
         rope: Rotate queries and keys by their positions
             ([`apply_rope`][attnlab.rules.rope.apply_rope]);
             False for a NoPE layer (SmolLM3 leaves every fourth layer unrotated).
@@ -171,8 +171,8 @@ class GroupedQueryAttention(nn.Module):
         softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
             $c \tanh(x / c)$ with $c$ = `softcap` before the mask; a positive float, or
             None. PyTorch's SDPA cannot do it: needs `backend="scratch"` or `"flash"`.
-        sinks: Learned attention sinks (gpt-oss): a parameter `sinks` of shape
-            `(num_heads,)`, one logit per query head that joins every row's softmax
+        learned_sinks: Learned attention sinks (gpt-oss): a parameter `sink_logits` of
+            shape `(num_heads,)`, one logit per query head that joins every row's softmax
             with no value (initialised to zeros), on every backend.
 
     Shapes:
@@ -222,7 +222,7 @@ class GroupedQueryAttention(nn.Module):
         qk_norm_eps: float = 1e-6,
         qk_norm_unit_offset: bool = False,
         softcap: float | None = None,
-        sinks: bool = False,
+        learned_sinks: bool = False,
         dropout: float = 0.0,
         backend: Backend = "torch",
     ) -> None:
@@ -270,15 +270,15 @@ class GroupedQueryAttention(nn.Module):
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
         check_backend_call(backend, ScoreRule(softcap=self.softcap), attn_mask=None, dropout_p=0.0)
-        self.sinks: nn.Parameter | None = None
-        if check_bool("sinks", sinks):
-            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+        self.sink_logits: nn.Parameter | None = None
+        if check_bool("learned_sinks", learned_sinks):
+            self.sink_logits = nn.Parameter(torch.zeros(self.num_heads))
         q_features = self.num_heads * self.head_dim
         kv_features = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, q_features, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
-        self.o_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
+        self.out_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if self.qk_norm is not None:
@@ -310,7 +310,7 @@ class GroupedQueryAttention(nn.Module):
             + ("" if self.scale is None else f"scale={self.scale}, ")
             + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm!r}, ")
             + ("" if self.softcap is None else f"softcap={self.softcap}, ")
-            + ("" if self.sinks is None else "sinks=True, ")
+            + ("" if self.sink_logits is None else "learned_sinks=True, ")
             + f"dropout={self.dropout}, backend={self.backend!r}"
         )
 
@@ -365,10 +365,11 @@ class GroupedQueryAttention(nn.Module):
             is_causal=is_causal,
             window=self.window,
         )
-        if self.sinks is not None and tuple(self.sinks.shape) != (self.num_heads,):
-            raise ValueError(  # a user may have assigned another tensor to module.sinks
-                f"sinks must hold one logit per query head, shape ({self.num_heads},), got "
-                f"sinks.shape={tuple(self.sinks.shape)}"
+        logits = self.sink_logits
+        if logits is not None and tuple(logits.shape) != (self.num_heads,):
+            raise ValueError(  # a user may have assigned another tensor to module.sink_logits
+                f"sink_logits must hold one logit per query head, shape ({self.num_heads},), "
+                f"got sink_logits.shape={tuple(logits.shape)}"
             )
 
     # -- computation ---------------------------------------------------------------------
@@ -462,7 +463,7 @@ class GroupedQueryAttention(nn.Module):
                 with `position_embeddings` (or those do not fit); the cache cannot take
                 the new keys and values (batch size, heads, head size, dtype, device, or
                 a full static cache) or is a rolling cache narrower than the window; the
-                mask does not broadcast; `is_causal=False` with a window; `sinks` was
+                mask does not broadcast; `is_causal=False` with a window; `sink_logits` was
                 replaced by a tensor not of shape `(num_heads,)`; `backend="flash"` gets
                 a mask or dropout; or `backend="torch"` is set on a module with a
                 `softcap`.
@@ -481,7 +482,7 @@ class GroupedQueryAttention(nn.Module):
             align="bottom-right",
             window=window,
             softcap=self.softcap,
-            sink_logits=self.sinks,
+            sink_logits=self.sink_logits,
         )
         check_backend_call(self.backend, rule, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
@@ -507,12 +508,12 @@ class GroupedQueryAttention(nn.Module):
                 )
             q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
             k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
-        rules = (attn_mask, self.window, self.scale, self.softcap, self.sinks)
+        rules = (attn_mask, self.window, self.scale, self.softcap, self.sink_logits)
         unserved = dropout_p or need_weights or any(r is not None for r in rules)
         if cache is not None and cache.ragged and unserved:
             raise ValueError(
                 f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                "window, dropout, need_weights, scale, softcap or sinks"
+                "window, dropout, need_weights, scale, softcap or sink_logits"
             )
         attended: list[tuple[Tensor, Tensor | None]] = []  # keys and mask, for need_weights
 
@@ -532,7 +533,7 @@ class GroupedQueryAttention(nn.Module):
         # queries see (a paged view reads its blocks instead).
         heads = kernel(q, k, v) if cache is None else cache.attend(q, k, v, kernel, window=window)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
-        out: Tensor = self.o_proj(concat)  # (b, t, d_model)
+        out: Tensor = self.out_proj(concat)  # (b, t, d_model)
         out = out[0] if unbatched else out
         if not need_weights:
             return out
@@ -574,9 +575,9 @@ class GroupedQueryAttention(nn.Module):
         | `q_proj` | `q_proj` | `(num_heads * head_dim, d_model)` |
         | `k_proj` | `k_proj` | `(num_kv_heads * head_dim, d_model)` |
         | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
-        | `o_proj` | `o_proj` | `(d_model, num_heads * head_dim)` |
+        | `o_proj` | `out_proj` | `(d_model, num_heads * head_dim)` |
         | `q_norm`, `k_norm` | `q_norm`, `k_norm` | `(head_dim,)`; OLMo 2: the projections' |
-        | `sinks` | `sinks` | `(num_heads,)` |
+        | `sinks` | `sink_logits` | `(num_heads,)` |
 
         Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
         `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
@@ -593,9 +594,10 @@ class GroupedQueryAttention(nn.Module):
         `config.sliding_window`; QK-norm from the layer's `q_norm` and `k_norm` (their
         epsilon, and Gemma's `1 + weight` as `qk_norm_unit_offset`); partial RoPE
         (`module.rotary_ndims`, StableLM's `head_dim * partial_rotary_factor`) as
-        `rope_dims`; Gemma 2's `attn_logit_softcapping` as `softcap`; gpt-oss's `sinks`;
-        SmolLM3's NoPE layers (`module.use_rope` False, from
-        `config.no_rope_layers`) as `rope=False`; and RoPE's context extension
+        `rope_dims`; Gemma 2's `attn_logit_softcapping` as `softcap`; gpt-oss's `sinks`
+        (as `learned_sinks`, the logits in `sink_logits`); SmolLM3's NoPE layers
+        (`module.use_rope` False, from `config.no_rope_layers`) as `rope=False`; and
+        RoPE's context extension
         ([`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]: `"linear"`,
         `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2). Gemma 3's layer keeps
         `attn_logit_softcapping` but does not apply it, so neither does the port.

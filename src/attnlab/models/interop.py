@@ -254,14 +254,37 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
         qk_norm_eps=norm_eps,
         qk_norm_unit_offset=unit_offset,
         softcap=softcap,
-        sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
+        learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
         dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         backend=backend_for(softcap) if backend is None else backend,
     ).to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         for name, ours_p in new.named_parameters():
-            ours_p.copy_(module.get_parameter(name))
+            ours_p.copy_(module.get_parameter(_hf_name(name)))
     return new.train(module.training)
+
+
+_HF_NAMES = {"out_proj": "o_proj", "sink_logits": "sinks"}
+"""Transformers' names of the attention parameters attnlab spells otherwise (PyTorch's
+`out_proj`; `sink_logits`, since a sink is also StreamingLLM's kept token)."""
+
+
+def _hf_name(name: str) -> str:
+    """The transformers name of attnlab's attention parameter `name` (`out_proj.weight`
+    is `o_proj.weight` there)."""
+    head, dot, rest = name.partition(".")
+    return _HF_NAMES.get(head, head) + dot + rest
+
+
+def _from_hf_names(key: str) -> str:
+    """A transformers state-dict key as attnlab's: its attention's `o_proj` and `sinks`
+    renamed (`layers.0.self_attn.o_proj.weight` -> `layers.0.self_attn.out_proj.weight`)."""
+    prefix, attn, name = key.partition(".self_attn.")
+    if not attn:
+        return key
+    ours = {theirs: mine for mine, theirs in _HF_NAMES.items()}
+    head, dot, rest = name.partition(".")
+    return prefix + attn + ours.get(head, head) + dot + rest
 
 
 def mha_from_torch(cls: type[M], module: nn.MultiheadAttention, *, backend: Backend) -> M:
@@ -433,7 +456,7 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
         rope_base=rope_base,
         rope_frequencies=frequencies,
         rope_scale=rope_scale,
-        rope_interleave=bool(getattr(config, "rope_interleave", True)),
+        rope_layout="interleaved" if getattr(config, "rope_interleave", True) else "half",
         softmax_scale=float(hf.scaling),
         bias=hf.kv_a_proj_with_mqa.bias is not None,
         norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
@@ -750,7 +773,7 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
     if config.tie_embeddings:
         new.lm_head.weight = new.embed_tokens.weight
     state = {
-        key.removeprefix("model."): value
+        _from_hf_names(key.removeprefix("model.")): value
         for key, value in hf.state_dict().items()
         if "rotary_emb" not in key and ".linear_attn." not in key
     }
@@ -768,7 +791,7 @@ def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict
     """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.layers.gated.GatedAttention]'s.
 
     Its `q_proj` rows (and bias) hold, per head, `head_dim` query rows then `head_dim`
-    gate rows; `o_proj` moves to the wrapper, the rest to the inner attention.
+    gate rows; `out_proj` moves to the wrapper, the rest to the inner attention.
     """
     out = {}
     h, hd = config.num_heads, config.head_dim
@@ -781,7 +804,7 @@ def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict
             query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
             out[f"{prefix}.self_attn.attention.{name}"] = query.reshape(h * hd, *value.shape[1:])
             out[f"{prefix}.self_attn.gate_{name[2:]}"] = gate.reshape(h * hd, *value.shape[1:])
-        elif name.startswith("o_proj."):
+        elif name.startswith("out_proj."):
             out[key] = value
         else:
             out[f"{prefix}.self_attn.attention.{name}"] = value
