@@ -234,7 +234,8 @@ def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
     ref = Reference(kind, impl)
     ours = _port(ref, kind)
     assert ours.window == (WINDOW if ref.windowed else None)
-    assert ours.rope_base == 500.0
+    assert ours.rope is not None
+    assert ours.rope.base == 500.0
     x = torch.randn(B, T, D_MODEL, requires_grad=True)
     x_ours = x.detach().clone().requires_grad_(True)
     expected, got = ref(x), ours(x_ours)
@@ -283,13 +284,13 @@ def test_from_hf_copies_layout_and_biases(kind: str) -> None:
         2,
         HEAD_DIM,
     )
-    assert ours.qk_norm == QK_NORM.get(kind)
+    assert (ours.qk_norm and ours.qk_norm.over) == QK_NORM.get(kind)
     gemma, gpt_oss = kind.startswith("gemma"), kind.startswith("gptoss")
     assert ours.scale == (10**-0.5 if gemma else None)  # query_pre_attn_scalar = 10
     assert (ours.q_norm is not None and ours.q_norm.unit_offset) == kind.startswith("gemma3")
     assert ours.softcap == (2.0 if kind == "gemma2-local" else None)
     assert (ours.sink_logits is not None) == gpt_oss
-    scaled = ours.rope_scaling is not None
+    scaled = ours.rope is not None and ours.rope.scaling is not None
     assert scaled == (kind == "gemma3-global" or gpt_oss)  # Gemma 3: one RoPE per layer type
     assert ours.bias == (kind in ("llama-bias", "qwen2") or gpt_oss)
     assert ours.out_bias == (kind == "llama-bias" or gpt_oss)  # Qwen2: on q, k, v only

@@ -10,6 +10,7 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 import attnlab.functional as AF
 from attnlab import MultiHeadAttention
 from attnlab.rules import masks
+from attnlab.rules.scores import ScoreRule
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 LENGTH_PAIRS = [(5, 5), (3, 7), (7, 3), (1, 4), (0, 3)]
@@ -377,7 +378,7 @@ def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.Mon
         raise AssertionError("a module called a validating mask builder")
 
     torch.manual_seed(0)
-    gqa = GroupedQueryAttention(12, 3, 1, window=3).eval()
+    gqa = GroupedQueryAttention(12, 3, 1, scores=ScoreRule(window=3)).eval()
     mha = MultiHeadAttention(12, 12, 3, backend="scratch").eval()
     x, padding = torch.randn(2, 5, 12), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     expected = (gqa(x), mha(x, key_padding_mask=padding, is_causal=True))

@@ -23,9 +23,10 @@ from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.mlp import MoEConfig
 from attnlab.layers.multihead import MultiHeadAttention
-from attnlab.layers.norms import QKNorm
+from attnlab.layers.norms import QKNormSpec
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
 from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
+from attnlab.rules.rope import Rope
 from attnlab.rules.rope_scaling import _ROPE_TYPES, RopeScaling
 from attnlab.rules.scores import ScoreRule
 
@@ -226,13 +227,14 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
     else:
         window = getattr(config, "sliding_window", None)
     scale = float(getattr(hf, "scaling", head_dim**-0.5))
-    qk_norm: QKNorm | None = None
-    norm_eps, unit_offset = 1e-6, False
+    qk_norm: QKNormSpec | None = None
     q_norm: Any = getattr(hf, "q_norm", None)
     if q_norm is not None:
-        qk_norm = "head" if q_norm.weight.numel() == head_dim else "projection"
-        norm_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6)))
-        unit_offset = "Gemma3Attention" in names  # Gemma's RMSNorm scales by 1 + weight
+        qk_norm = QKNormSpec(
+            "head" if q_norm.weight.numel() == head_dim else "projection",
+            eps=float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6))),
+            unit_offset="Gemma3Attention" in names,  # Gemma's RMSNorm scales by 1 + weight
+        )
     # Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
     softcap = getattr(hf, "attn_logit_softcapping", None) if "Gemma2Attention" in names else None
     weight = hf.q_proj.weight
@@ -243,17 +245,13 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
         head_dim=head_dim,
         bias=hf.q_proj.bias is not None,
         out_bias=hf.o_proj.bias is not None,
-        rope=bool(getattr(hf, "use_rope", True)),
-        rope_base=rope_base,
-        rope_layout="half",
-        rope_scaling=scaling,
-        rope_dims=rope_dims,
-        window=window,
-        scale=None if scale == head_dim**-0.5 else scale,
+        rope=Rope(rope_base, "half", None if rope_dims == head_dim else rope_dims, scaling)
+        if getattr(hf, "use_rope", True)
+        else None,
+        scores=ScoreRule(
+            scale=None if scale == head_dim**-0.5 else scale, window=window, softcap=softcap
+        ),
         qk_norm=qk_norm,
-        qk_norm_eps=norm_eps,
-        qk_norm_unit_offset=unit_offset,
-        softcap=softcap,
         learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
         dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         backend=backend_for(softcap) if backend is None else backend,
