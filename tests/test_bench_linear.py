@@ -59,8 +59,12 @@ def test_cache_bytes_equal_hand_counts() -> None:
     ):
         model = Decoder(decoder_config(name, TINY))
         assert cache_bytes(model.make_cache(1, 24), 20) == expected
-    with pytest.raises(TypeError, match="StaticKVCache or GatedDeltaNetState"):
-        cache_bytes([DynamicKVCache()], 20)
+    # Any cache of the protocol counts; a dynamic one what it holds.
+    filled = DynamicKVCache()
+    filled.update(torch.zeros(1, 2, 20, 8), torch.zeros(1, 2, 20, 8))
+    assert cache_bytes([filled], 20) == kv_per_token * 20
+    with pytest.raises(TypeError, match=r"caches\[1\] must be a LayerCache, got dict"):
+        cache_bytes([filled, {}], 20)
 
 
 def test_record_holds_every_model_at_every_context() -> None:

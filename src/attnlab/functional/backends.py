@@ -53,6 +53,8 @@ API (internal; modules import these names):
 - `check_backend_call(backend, rule=None, *, attn_mask, dropout_p)`: the `ValueError`
   of a request the backend cannot serve; `attend` calls it, modules may call it before
   their projections.
+- `backend_for(softcap)`: the backend a layer that needs any mask and dropout (a ported
+  or decoder layer) runs: the fastest that also serves its softcap.
 - `materialize(attn_mask, device)`: PyTorch's `CausalBias` as its bool mask (other
   masks unchanged), for combining it with another mask.
 
@@ -90,6 +92,7 @@ __all__ = [
     "BackendProperty",
     "attend",
     "attention_weights",
+    "backend_for",
     "check_backend",
     "check_backend_call",
     "materialize",
@@ -208,6 +211,25 @@ def check_backend_call(
             "with dropout > 0); call module.eval(), set dropout=0.0, or use "
             "backend='torch' or 'scratch'"
         )
+
+
+def backend_for(softcap: float | None) -> Backend:
+    """The first backend, fastest first (`BACKEND_NAMES`' order), that can run every call
+    a layer may get: any mask, dropout in training, and the layer's softcap.
+
+    Examples:
+        >>> backend_for(None), backend_for(50.0)
+        ('torch', 'scratch')
+    """
+    for name in BACKEND_NAMES:
+        if not takes_mask(name):  # FlashAttention takes neither a mask nor dropout
+            continue
+        try:
+            check_backend_call(name, ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
+        except ValueError:  # e.g. "torch" has no softcap
+            continue
+        return name
+    raise AssertionError(f"no backend of {BACKEND_NAMES} serves softcap={softcap}")
 
 
 def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None:

@@ -63,6 +63,7 @@ from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
 from attnlab.caches.kv import AttentionCache, DynamicKVCache, RollingKVCache, StaticKVCache
+from attnlab.functional.backends import backend_for
 from attnlab.layers.gated import GatedAttention
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
@@ -144,7 +145,7 @@ class DecoderBlock(nn.Module):
                 qk_norm=None
                 if config.qk_norm is None
                 else QKNormSpec(config.qk_norm, float(config.norm_eps), traits.norm_unit_offset),
-                backend="torch" if config.attn_softcap is None else "scratch",
+                backend=backend_for(config.attn_softcap),
             )
             self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention
         self.post_attention_layernorm = _norm(config)

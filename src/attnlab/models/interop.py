@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from attnlab.functional.backends import BACKEND_NAMES, Backend, check_backend_call, takes_mask
+from attnlab.functional.backends import Backend, backend_for
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = [
     "HF_ATTENTION_CLASSES",
     "HF_DECODER_CLASSES",
-    "backend_for",
     "config_from_hf",
     "decoder_from_hf",
     "dsa_from_hf",
@@ -180,20 +179,6 @@ HF_ATTENTION_CLASSES = (
 )
 """The `transformers` attention layers (and their subclasses) that
 [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf] ports."""
-
-
-def backend_for(softcap: float | None) -> Backend:
-    """The first backend, fastest first (`BACKEND_NAMES`' order), that can run every call
-    a ported layer may get: any mask, dropout in training, and the layer's softcap."""
-    for name in BACKEND_NAMES:
-        if not takes_mask(name):  # FlashAttention takes neither a mask nor dropout
-            continue
-        try:
-            check_backend_call(name, ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
-        except ValueError:  # e.g. "torch" has no softcap
-            continue
-        return name
-    raise AssertionError(f"no backend of {BACKEND_NAMES} serves softcap={softcap}")
 
 
 def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = None) -> G:

@@ -48,7 +48,8 @@ from attnlab.rules._validation import (
     check_positive_int,
     check_rank,
     check_tensor,
-    is_validation_enabled,
+    checking,
+    entry,
 )
 
 __all__ = [
@@ -240,6 +241,193 @@ class _Sequence:
     registered: int  # leading blocks already matched or offered to the prefix cache
 
 
+class _BlockPool:
+    """The block ids of a paged cache: who holds each, and which prompt prefix each caches.
+
+    It knows ids only, never contents: the cache copies keys and values where a
+    copy-on-write says so. A block keeps its prefix hash while it is free, until
+    `allocate` hands it out again (longest-free first), so a prompt that returns soon
+    still finds it.
+    """
+
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self.allocator = allocator
+        self._block_of_hash: dict[str, int] = {}
+        self._hash_of_block: dict[int, str] = {}
+
+    def allocate(self, n: int) -> list[int]:
+        """Allocate n blocks; a block handed out again loses its cached prefix hash."""
+        blocks = self.allocator.allocate(n)
+        for block in blocks:
+            digest = self._hash_of_block.pop(block, None)
+            if digest is not None:
+                del self._block_of_hash[digest]
+        return blocks
+
+    def lookup(self, hashes: Sequence[str]) -> list[int]:
+        """The cached blocks of the leading `hashes`, each now held once more."""
+        matched: list[int] = []
+        for digest in hashes:
+            block = self._block_of_hash.get(digest)
+            if block is None:
+                break
+            matched.append(block)
+        for block in matched:
+            if self.allocator.refcount(block):
+                self.allocator.incref(block)
+            else:  # freed, contents kept: take it back from the free list
+                self.allocator.take(block)
+        return matched
+
+    def register(self, hashes: Sequence[str], blocks: Sequence[int]) -> None:
+        """Cache each full prompt block under its prefix hash."""
+        for digest, block in zip(hashes, blocks, strict=True):
+            # The first writer of a prefix is the one cached; a twin written at the same
+            # time keeps its block private.
+            if digest not in self._block_of_hash and block not in self._hash_of_block:
+                self._block_of_hash[digest] = block
+                self._hash_of_block[block] = digest
+
+    def hash_of(self, block: int) -> str | None:
+        """The prefix hash `block` is cached under, or None."""
+        return self._hash_of_block.get(block)
+
+    def make_private(self, table: list[int], first: int, last: int) -> list[tuple[int, int]]:
+        """Make entries [first, last) of `table` present and held by it alone.
+
+        Shared blocks are replaced by fresh ones and new blocks appended, all allocated
+        at once (raising before any change); returns the `(old, copy)` pairs whose
+        contents the caller must copy.
+        """
+        shared = [
+            i for i in range(first, min(last, len(table))) if self.allocator.refcount(table[i]) > 1
+        ]
+        new = max(0, last - len(table))
+        if not shared and not new:
+            return []
+        fresh = self.allocate(len(shared) + new)  # all or nothing: raises before a write
+        copies = []
+        for i, copy in zip(shared, fresh[: len(shared)], strict=True):
+            copies.append((table[i], copy))
+            self.allocator.free(table[i])  # one holder fewer; the others still hold it
+            table[i] = copy
+        table.extend(fresh[len(shared) :])
+        return copies
+
+
+class _BlockTables:
+    """The sequences of a paged cache by id, and their tables as the tensor attention reads.
+
+    Ids are ints handed out in order and never reused. The padded tables tensor of the
+    last batch is kept while no table changed: a decode step reads it in every layer.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sequences: dict[int, _Sequence] = {}
+        self._next_id = 0
+        self._version = 0  # bumped whenever a table changes or a sequence leaves
+        self._memo: tuple[tuple[int, ...], int, Tensor] | None = None
+
+    def add(self, seq: _Sequence) -> int:
+        """Hold `seq` under a new id; return the id."""
+        seq_id = self._next_id
+        self._next_id += 1
+        self.sequences[seq_id] = seq
+        return seq_id
+
+    def get(self, seq_id: object) -> _Sequence:
+        """The sequence `seq_id`; raise naming it if it is not one held."""
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+            raise TypeError(f"seq_id must be an int, got {seq_id!r} ({type(seq_id).__name__})")
+        seq = self.sequences.get(seq_id)
+        if seq is not None:
+            return seq
+        if 0 <= seq_id < self._next_id:
+            raise ValueError(f"seq_id {seq_id} was freed already (freed twice, or used after)")
+        raise ValueError(f"seq_id {seq_id} is not a sequence of this cache")
+
+    def remove(self, seq_id: int) -> None:
+        """Forget sequence `seq_id`."""
+        del self.sequences[seq_id]
+        self.changed()
+
+    def changed(self) -> None:
+        """A table changed: the kept tensor is stale."""
+        self._version += 1
+
+    def tensor(self, seq_ids: Sequence[int]) -> Tensor:
+        """The tables of `seq_ids` as one `(b, max_blocks)` int64 tensor, padded with 0."""
+        tables = [self.get(s).table for s in seq_ids]
+        width = max([1, *(len(t) for t in tables)])
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(rows, dtype=torch.long, device=self.device).reshape(
+            len(rows), width
+        )  # (b, max_blocks)
+
+    def kept_tensor(self, seq_ids: Sequence[int]) -> Tensor:
+        """`tensor(seq_ids)`, reused while no table changed."""
+        key = tuple(seq_ids)
+        memo = self._memo
+        if memo is not None and memo[0] == key and memo[1] == self._version:
+            return memo[2]
+        tables = self.tensor(seq_ids)
+        self._memo = (key, self._version, tables)
+        return tables
+
+
+def _check_kv(key: object, value: object, key_pools: Tensor, value_pools: Tensor) -> None:
+    """Check that `key` and `value` are `t` new tokens that fit the pools, naming each."""
+    k = check_tensor("key", key)
+    v = check_tensor("value", value)
+    check_rank("key", k, (3,), "(num_kv_heads, t, head_dim)")
+    check_rank("value", v, (3,), "(num_kv_heads, t, v_head_dim)")
+    num_kv_heads = key_pools.shape[1]
+    want = {"key": (k, key_pools.shape[-1]), "value": (v, value_pools.shape[-1])}
+    for name, (x, features) in want.items():
+        if x.shape[0] != num_kv_heads or x.shape[2] != features:
+            raise ValueError(
+                f"{name} must have shape (num_kv_heads={num_kv_heads}, t, "
+                f"{features}), got {name}.shape={tuple(x.shape)}"
+            )
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(
+            f"key and value must have the same number of tokens t, got "
+            f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
+        )
+    for name, x in (("key", k), ("value", v)):
+        if x.dtype != key_pools.dtype or x.device != key_pools.device:
+            raise ValueError(
+                f"{name} is {x.dtype} on {x.device} but the cache holds "
+                f"{key_pools.dtype} on {key_pools.device}"
+            )
+
+
+def _write(
+    pools: tuple[Tensor, Tensor],
+    layer: int,
+    table: list[int],
+    start: int,
+    key: Tensor,
+    value: Tensor,
+) -> None:
+    """Write `t` tokens' keys and values at positions `start, ...` of a sequence into `layer`."""
+    key_pools, value_pools = pools
+    block_size = key_pools.shape[3]
+    if key.shape[1] == 1:  # a decode step: one slot, plain indexing
+        block, slot = table[start // block_size], start % block_size
+        key_pools[layer, :, block, slot] = key[:, 0]  # (kv, head_dim)
+        value_pools[layer, :, block, slot] = value[:, 0]  # (kv, v_head_dim)
+        return
+    positions = torch.arange(start, start + key.shape[1], device=key_pools.device)  # (t,)
+    table_ = torch.tensor(table, dtype=torch.long, device=key_pools.device)
+    blocks = table_[positions // block_size]  # (t,) physical block of each token
+    slots = positions % block_size  # (t,) its place in the block
+    # Adjacent advanced indices stay in place: pool[:, blocks, slots] is (kv, t, hd).
+    key_pools[layer][:, blocks, slots] = key  # (kv, t, head_dim)
+    value_pools[layer][:, blocks, slots] = value  # (kv, t, v_head_dim)
+
+
 class PagedKVCache:
     r"""Keys and values of many sequences in one pool of blocks, for every layer.
 
@@ -336,17 +524,11 @@ class PagedKVCache:
         check_device("device", device)
         self.prefix_caching = check_bool("prefix_caching", prefix_caching)
         self.allocator = BlockAllocator(num_blocks)
+        self._blocks = _BlockPool(self.allocator)
         shape = (num_layers, num_kv_heads, num_blocks, block_size)
         self.key_pools = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
         self.value_pools = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
-        self._sequences: dict[int, _Sequence] = {}
-        self._next_id = 0
-        self._block_of_hash: dict[str, int] = {}
-        self._hash_of_block: dict[int, str] = {}
-        # attend's last (seq_ids, tables tensor), valid while no table changed or freed:
-        # a decode step reads the same tables in every layer.
-        self._tables_version = 0
-        self._tables_memo: tuple[tuple[int, ...], int, Tensor] | None = None
+        self._tables = _BlockTables(self.key_pools.device)
 
     # --- sizes --------------------------------------------------------------------
 
@@ -368,7 +550,7 @@ class PagedKVCache:
     @property
     def sequences(self) -> list[int]:
         """Ids of the sequences held, in the order they were added."""
-        return list(self._sequences)
+        return list(self._tables.sequences)
 
     # --- sequences ----------------------------------------------------------------
 
@@ -377,6 +559,7 @@ class PagedKVCache:
         """Tokens the whole cache can hold: `num_blocks * block_size`."""
         return self.num_blocks * self.block_size
 
+    @entry
     def add_sequence(self, token_ids: Sequence[int] | Tensor = ()) -> tuple[int, int]:
         """Start a sequence; return its id and how many of its prompt tokens are cached.
 
@@ -399,41 +582,22 @@ class PagedKVCache:
             TypeError: If `token_ids` is not a sequence of ints.
             ValueError: If the prompt is longer than the whole cache.
         """
-        tokens = _token_list(token_ids)
-        capacity = self.capacity
-        if len(tokens) > capacity:
-            raise ValueError(
-                f"token_ids has {len(tokens)} tokens but the cache holds at most {capacity} "
-                f"(num_blocks={self.num_blocks} x block_size={self.block_size})"
-            )
-        return self.add_sequence_impl(tokens)
-
-    def add_sequence_impl(self, tokens: list[int]) -> tuple[int, int]:
-        """[`add_sequence`][attnlab.serving.cache.PagedKVCache.add_sequence] without its checks.
-
-        For a caller that checked the prompt already (the serving engine checks it once,
-        against the model's vocabulary, when the request comes in): `tokens` a list of
-        ints no longer than the cache.
-        """
+        if checking():
+            tokens = _token_list(token_ids)
+            capacity = self.capacity
+            if len(tokens) > capacity:
+                raise ValueError(
+                    f"token_ids has {len(tokens)} tokens but the cache holds at most "
+                    f"{capacity} (num_blocks={self.num_blocks} x block_size={self.block_size})"
+                )
+        else:  # e.g. the serving engine's call: it checked the prompt when it came in
+            tokens = token_ids.tolist() if isinstance(token_ids, Tensor) else list(token_ids)
         hashes = _block_hashes(tokens, self.block_size) if self.prefix_caching else []
-        matched: list[int] = []
-        for digest in hashes[: max(0, len(tokens) - 1) // self.block_size]:
-            block = self._block_of_hash.get(digest)
-            if block is None:
-                break
-            matched.append(block)
-        for block in matched:
-            if self.allocator.refcount(block):
-                self.allocator.incref(block)
-            else:  # freed, contents kept: take it back from the free list
-                self.allocator.take(block)
+        # At least one token is left to compute, for the logits of the next one.
+        matched = self._blocks.lookup(hashes[: max(0, len(tokens) - 1) // self.block_size])
         cached = len(matched) * self.block_size
-        seq_id = self._next_id
-        self._next_id += 1
-        self._sequences[seq_id] = _Sequence(
-            table=matched, filled=[cached] * self.num_layers, hashes=hashes, registered=len(matched)
-        )
-        return seq_id, cached
+        seq = _Sequence(matched, [cached] * self.num_layers, hashes, registered=len(matched))
+        return self._tables.add(seq), cached
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of `seq_id` (copy-on-write); its id.
@@ -441,15 +605,14 @@ class PagedKVCache:
         Raises:
             ValueError: If `seq_id` is unknown or was freed.
         """
-        seq = self._get(seq_id)
+        seq = self._tables.get(seq_id)
         for block in seq.table:
             self.allocator.incref(block)
-        new_id = self._next_id
-        self._next_id += 1
-        self._sequences[new_id] = dataclasses.replace(
-            seq, table=list(seq.table), filled=list(seq.filled), hashes=list(seq.hashes)
+        return self._tables.add(
+            dataclasses.replace(
+                seq, table=list(seq.table), filled=list(seq.filled), hashes=list(seq.hashes)
+            )
         )
-        return new_id
 
     def free(self, seq_id: int) -> None:
         """Drop sequence `seq_id`; its blocks that no one else holds become free.
@@ -457,40 +620,29 @@ class PagedKVCache:
         Raises:
             ValueError: If `seq_id` is unknown or was already freed.
         """
-        seq = self._get(seq_id)
+        seq = self._tables.get(seq_id)
         for block in seq.table:
             self.allocator.free(block)
-        del self._sequences[seq_id]
-        self._tables_version += 1
+        self._tables.remove(seq_id)
 
     def block_table(self, seq_id: int) -> list[int]:
         """The block ids of sequence `seq_id`, in token order (a copy)."""
-        return list(self._get(seq_id).table)
+        return list(self._tables.get(seq_id).table)
 
     def length(self, seq_id: int, layer: int | None = None) -> int:
         """Tokens of `seq_id` written in `layer`, or in every layer if `layer` is None."""
-        seq = self._get(seq_id)
+        seq = self._tables.get(seq_id)
         if layer is None:
             return min(seq.filled)
         return seq.filled[_check_id("layer", layer, self.num_layers, "layers")]
 
     def block_hash(self, block_id: int) -> str | None:
         """The prefix hash block `block_id` is cached under, or None."""
-        block = _check_id("block_id", block_id, self.num_blocks, "block ids")
-        return self._hash_of_block.get(block)
-
-    def _get(self, seq_id: object) -> _Sequence:
-        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
-            raise TypeError(f"seq_id must be an int, got {seq_id!r} ({type(seq_id).__name__})")
-        seq = self._sequences.get(seq_id)
-        if seq is not None:
-            return seq
-        if 0 <= seq_id < self._next_id:
-            raise ValueError(f"seq_id {seq_id} was freed already (freed twice, or used after)")
-        raise ValueError(f"seq_id {seq_id} is not a sequence of this cache")
+        return self._blocks.hash_of(_check_id("block_id", block_id, self.num_blocks, "block ids"))
 
     # --- writing ------------------------------------------------------------------
 
+    @entry
     def append(self, seq_id: int, layer: int, key: Tensor, value: Tensor) -> None:
         """Write the keys and values of `t` new tokens of `seq_id` into `layer`.
 
@@ -509,100 +661,30 @@ class PagedKVCache:
                 while [validation][attnlab.set_validation] is on; the ids always).
             OutOfBlocksError: If the blocks needed are not free (nothing is written).
         """
-        seq = self._get(seq_id)
+        seq = self._tables.get(seq_id)
         layer = _check_id("layer", layer, self.num_layers, "layers")
-        if is_validation_enabled():
-            self._check_kv(key, value)
+        if checking():
+            _check_kv(key, value, self.key_pools, self.value_pools)
         start = seq.filled[layer]
         end = start + key.shape[1]
         if end == start:
             return
-        self._make_room(seq, start, end)
-        if end == start + 1:  # a decode step: one slot, plain indexing
-            block, slot = seq.table[start // self.block_size], start % self.block_size
-            self.key_pools[layer, :, block, slot] = key[:, 0]  # (kv, head_dim)
-            self.value_pools[layer, :, block, slot] = value[:, 0]  # (kv, v_head_dim)
-            seq.filled[layer] = end
-            self._register_full_blocks(seq)
-            return
-        device = self.key_pools.device
-        positions = torch.arange(start, end, device=device)  # (t,)
-        table = torch.tensor(seq.table, dtype=torch.long, device=device)
-        blocks = table[positions // self.block_size]  # (t,) physical block of each token
-        slots = positions % self.block_size  # (t,) its place in the block
-        # Adjacent advanced indices stay in place: pool[:, blocks, slots] is (kv, t, hd).
-        self.key_pools[layer][:, blocks, slots] = key  # (kv, t, head_dim)
-        self.value_pools[layer][:, blocks, slots] = value  # (kv, t, v_head_dim)
-        seq.filled[layer] = end
-        self._register_full_blocks(seq)
-
-    def _check_kv(self, key: object, value: object) -> None:
-        k = check_tensor("key", key)
-        v = check_tensor("value", value)
-        check_rank("key", k, (3,), "(num_kv_heads, t, head_dim)")
-        check_rank("value", v, (3,), "(num_kv_heads, t, v_head_dim)")
-        want = {"key": (k, self.head_dim), "value": (v, self.v_head_dim)}
-        for name, (x, features) in want.items():
-            if x.shape[0] != self.num_kv_heads or x.shape[2] != features:
-                raise ValueError(
-                    f"{name} must have shape (num_kv_heads={self.num_kv_heads}, t, "
-                    f"{features}), got {name}.shape={tuple(x.shape)}"
-                )
-        if k.shape[1] != v.shape[1]:
-            raise ValueError(
-                f"key and value must have the same number of tokens t, got "
-                f"key.shape={tuple(k.shape)} and value.shape={tuple(v.shape)}"
-            )
-        for name, x in (("key", k), ("value", v)):
-            if x.dtype != self.key_pools.dtype or x.device != self.key_pools.device:
-                raise ValueError(
-                    f"{name} is {x.dtype} on {x.device} but the cache holds "
-                    f"{self.key_pools.dtype} on {self.key_pools.device}"
-                )
-
-    def _make_room(self, seq: _Sequence, start: int, end: int) -> None:
-        """Make blocks for positions [start, end) of `seq` present and private."""
-        bs = self.block_size
-        first, last = start // bs, -(-end // bs)  # blocks touched: [first, last)
-        shared = [
-            i
-            for i in range(first, min(last, len(seq.table)))
-            if self.allocator.refcount(seq.table[i]) > 1
-        ]
-        new = max(0, last - len(seq.table))
-        if not shared and not new:
-            return
-        fresh = self._allocate(len(shared) + new)  # all or nothing: raises before a write
-        self._tables_version += 1
-        for i, copy in zip(shared, fresh[: len(shared)], strict=True):
-            old = seq.table[i]
-            # Copy-on-write, in every layer: the others keep the old block unchanged.
+        bs, size = self.block_size, len(seq.table)
+        copies = self._blocks.make_private(seq.table, start // bs, -(-end // bs))
+        for old, copy in copies:  # copy-on-write, in every layer: the others keep `old`
             self.key_pools[:, :, copy] = self.key_pools[:, :, old]
             self.value_pools[:, :, copy] = self.value_pools[:, :, old]
-            self.allocator.free(old)  # one holder fewer; the others still hold it
-            seq.table[i] = copy
-        seq.table.extend(fresh[len(shared) :])
-
-    def _allocate(self, n: int) -> list[int]:
-        """Allocate n blocks; a block handed out again loses its cached prefix hash."""
-        blocks = self.allocator.allocate(n)
-        for block in blocks:
-            digest = self._hash_of_block.pop(block, None)
-            if digest is not None:
-                del self._block_of_hash[digest]
-        return blocks
-
-    def _register_full_blocks(self, seq: _Sequence) -> None:
-        """Offer to the prefix cache the prompt blocks that every layer has filled."""
-        done = min(min(seq.filled) // self.block_size, len(seq.hashes))
-        for i in range(seq.registered, done):
-            digest, block = seq.hashes[i], seq.table[i]
-            # The first writer of a prefix is the one cached; a twin written at the same
-            # time keeps its block private.
-            if digest not in self._block_of_hash and block not in self._hash_of_block:
-                self._block_of_hash[digest] = block
-                self._hash_of_block[block] = digest
-        seq.registered = max(seq.registered, done)
+        if copies or len(seq.table) != size:
+            self._tables.changed()
+        _write((self.key_pools, self.value_pools), layer, seq.table, start, key, value)
+        seq.filled[layer] = end
+        # Offer to the prefix cache the prompt blocks that every layer has filled.
+        done = min(min(seq.filled) // bs, len(seq.hashes))
+        if done > seq.registered:
+            self._blocks.register(
+                seq.hashes[seq.registered : done], seq.table[seq.registered : done]
+            )
+            seq.registered = done
 
     # --- reading ------------------------------------------------------------------
 
@@ -611,19 +693,15 @@ class PagedKVCache:
 
         Padding entries point at block 0; attention masks them by the lengths.
         """
-        tables = [self._get(s).table for s in seq_ids]
-        width = max([1, *(len(t) for t in tables)])
-        rows = [t + [0] * (width - len(t)) for t in tables]
-        return torch.tensor(rows, dtype=torch.long, device=self.key_pools.device).reshape(
-            len(rows), width
-        )  # (b, max_blocks)
+        return self._tables.tensor(seq_ids)
 
     def lengths(self, seq_ids: Sequence[int], layer: int) -> Tensor:
         """Tokens written in `layer` for each of `seq_ids`, a `(b,)` int64 tensor."""
         layer = _check_id("layer", layer, self.num_layers, "layers")
-        counts = [self._get(s).filled[layer] for s in seq_ids]
+        counts = [self._tables.get(s).filled[layer] for s in seq_ids]
         return torch.tensor(counts, dtype=torch.long, device=self.key_pools.device)
 
+    @entry
     def attend(
         self,
         layer: int,
@@ -657,8 +735,8 @@ class PagedKVCache:
         """
         lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
         key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
-        tables = self._attend_tables(seq_ids)
-        if is_validation_enabled():  # the tables and lengths are the cache's own
+        tables = self._tables.kept_tensor(seq_ids)
+        if checking():  # the tables and lengths are the cache's own
             query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
             check_paged(
                 query,
@@ -683,13 +761,3 @@ class PagedKVCache:
             method=method,
             backend=backend,
         )
-
-    def _attend_tables(self, seq_ids: Sequence[int]) -> Tensor:
-        """`block_tables(seq_ids)`, reused while no table changed (every layer asks)."""
-        key = tuple(seq_ids)
-        memo = self._tables_memo
-        if memo is not None and memo[0] == key and memo[1] == self._tables_version:
-            return memo[2]
-        tables = self.block_tables(seq_ids)
-        self._tables_memo = (key, self._tables_version, tables)
-        return tables

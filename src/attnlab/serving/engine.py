@@ -51,6 +51,7 @@ from attnlab.rules._validation import (
     check_int_sequence,
     check_positive_int,
     check_token_id_set,
+    entry,
 )
 from attnlab.serving.cache import PagedKVCache
 
@@ -364,8 +365,8 @@ class Engine:
         if any(r.remaining > 1 for r in self._running):
             return
         request = self._waiting.popleft()
-        # submit checked the prompt: the cache's checks would only repeat it.
-        request.seq_id, request.computed = self.cache.add_sequence_impl(request.tokens)
+        # submit checked the prompt; inside step (an entry) the cache does not check again.
+        request.seq_id, request.computed = self.cache.add_sequence(request.tokens)
         self.num_cached_prompt_tokens += request.computed
         self._running.append(request)
 
@@ -405,6 +406,7 @@ class Engine:
 
     # --- running ------------------------------------------------------------------
 
+    @entry
     def step(self) -> dict[int, int]:
         """Run one batched forward pass; return the token each request made in it.
 

@@ -38,8 +38,7 @@ from typing import Any
 
 import torch
 
-from attnlab.caches.kv import StaticKVCache
-from attnlab.layers.linear import GatedDeltaNetState
+from attnlab.caches.base import LayerCache
 from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
 from attnlab.models.decoder import Decoder
 from attnlab.models.layout import cpu_decode_layout
@@ -146,21 +145,21 @@ def decoder_config(model: str, settings: LinearSettings) -> DecoderConfig:
 def cache_bytes(caches: Sequence[object], context: int) -> int:
     """Bytes that `caches` hold for `context` tokens of one batch.
 
-    A static cache counts its buffer's bytes per position times `context` (what a cache
-    sized to the context would hold), a `GatedDeltaNetState` its whole size, whatever
-    the context.
+    Asked of each through the cache protocol
+    ([`LayerCache`][attnlab.caches.base.LayerCache]): a cache preallocated for
+    `max_length` tokens (a static cache) counts its bytes per position times `context`
+    (what a cache sized to the context would hold); any other what it holds now
+    (`nbytes`), e.g. a `GatedDeltaNetState`'s whole size, whatever the context.
 
     Raises:
-        TypeError: For a cache of another kind.
+        TypeError: If an entry of `caches` is not a `LayerCache`.
     """
     total = 0
-    for c in caches:
-        if isinstance(c, GatedDeltaNetState):
-            total += c.nbytes
-        elif isinstance(c, StaticKVCache):
-            total += c.nbytes // c.max_length * context
-        else:
-            raise TypeError(f"caches must hold StaticKVCache or GatedDeltaNetState, got {c!r}")
+    for i, cache in enumerate(caches):
+        if not isinstance(cache, LayerCache):
+            raise TypeError(f"caches[{i}] must be a LayerCache, got {type(cache).__name__}")
+        max_length = cache.max_length
+        total += cache.nbytes if max_length is None else cache.nbytes // max_length * context
     return total
 
 
