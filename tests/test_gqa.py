@@ -427,6 +427,19 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
             r"backend='torch' has no softcap .* softcap=30.0",
         ),
         ({"learned_sinks": 1}, TypeError, r"learned_sinks must be a bool, got 1 \(int\)"),
+        ({"rope": True}, TypeError, r"rope must be a Rope or None \(no RoPE\), got bool"),
+        ({"rope": Rope(dims=6)}, ValueError, r"rope\.dims must be at most head_dim=4"),
+        ({"scores": {"window": 2}}, TypeError, "scores must be a ScoreRule, got dict"),
+        (
+            {"scores": ScoreRule(is_causal=True)},
+            ValueError,
+            r"scores sets is_causal, align or sink_logits.*forward\(\.\.\., is_causal=\.\.\.\)",
+        ),
+        (
+            {"scores": ScoreRule(sink_logits=torch.zeros(H))},
+            ValueError,
+            "learned_sinks=True instead",
+        ),
     ],
 )
 def test_constructor_rejects_bad_configuration(
