@@ -41,8 +41,10 @@ from attnlab.distributed import ShardLayout, ring_attention
 from attnlab.functional.linear import delta_rule, linear_attention
 from attnlab.functional.sparse import topk_indices
 from attnlab.layers.linear import GatedDeltaNet
+from attnlab.layers.norms import QKNormSpec
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
 from attnlab.rules import masks, rope
+from attnlab.rules.scores import ScoreRule
 
 # All sizes differ (a swapped pair of axes cannot pass by luck), and they are small: the
 # finite differences of gradcheck cost two forward passes per input element and parameter.
@@ -114,14 +116,16 @@ KV_NAMES: dict[str, Any] = {"names": {"k": "key", "v": "value"}, "query": None}
 D_MODEL, GQA_HEADS, KV_HEADS = 12, 4, 2
 
 
-def _gqa(backend: str, window: int | None = None, **options: Any) -> Callable[[], nn.Module]:
+def _gqa(
+    backend: str, window: int | None = None, softcap: float | None = None, **options: Any
+) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         return GroupedQueryAttention(
             D_MODEL,
             GQA_HEADS,
             KV_HEADS,
             head_dim=4,
-            window=window,
+            scores=ScoreRule(window=window, softcap=softcap),
             backend=backend,  # type: ignore[arg-type]
             **options,
         ).eval()
@@ -361,9 +365,9 @@ ENTRIES: dict[str, Entry] = {
         **QKV_NAMES,
     ),
     "scaled_dot_product_attention softcap, sinks": Entry(
-        {**QKV, "sinks": (HEADS,)},
+        {**QKV, "sink_logits": (HEADS,)},
         lambda m, i: AF.scaled_dot_product_attention(
-            i["q"], i["k"], i["v"], is_causal=True, softcap=2.0, sinks=i["sinks"]
+            i["q"], i["k"], i["v"], is_causal=True, softcap=2.0, sink_logits=i["sink_logits"]
         ),
         **QKV_NAMES,
     ),
@@ -394,7 +398,7 @@ ENTRIES: dict[str, Entry] = {
     # More queries than keys, aligned bottom-right: the first query sees only the sink.
     "flash_attention softcap, sinks, bottom-right": Entry(
         {"q": (B, HEADS, S, D_KQ), "k": (B, HEADS, T, D_KQ), "v": (B, HEADS, T, D_V)}
-        | {"sinks": (HEADS,)},
+        | {"sink_logits": (HEADS,)},
         lambda m, i: AF.flash_attention(
             i["q"],
             i["k"],
@@ -402,7 +406,7 @@ ENTRIES: dict[str, Entry] = {
             is_causal=True,
             align="bottom-right",
             softcap=2.0,
-            sinks=i["sinks"],
+            sink_logits=i["sink_logits"],
             block_size=(2, 2),
         ),
         custom_backward=True,
@@ -430,7 +434,7 @@ ENTRIES: dict[str, Entry] = {
     "GroupedQueryAttention[scratch] qk_norm, softcap, sinks": Entry(
         X_GQA,
         lambda m, i: _m(m)(i["x"]),
-        _gqa("scratch", qk_norm="head", softcap=2.0, sinks=True),
+        _gqa("scratch", qk_norm=QKNormSpec("head"), softcap=2.0, learned_sinks=True),
     ),
     "GroupedQueryAttention decode after a cache": Entry(
         X_GQA, lambda m, i: _decode(_m(m), i["x"]), _gqa("torch"), query=None

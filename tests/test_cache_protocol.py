@@ -22,13 +22,14 @@ from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
+from attnlab.rules.scores import ScoreRule
 
 B, D, H, H_KV, T = 2, 12, 4, 2, 7
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
 
 
 def _gqa(window: int | None = None) -> GroupedQueryAttention:
-    return GroupedQueryAttention(D, H, H_KV, head_dim=6, window=window).eval()
+    return GroupedQueryAttention(D, H, H_KV, head_dim=6, scores=ScoreRule(window=window)).eval()
 
 
 def _mla() -> MultiHeadLatentAttention:

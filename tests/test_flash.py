@@ -459,7 +459,11 @@ def test_flash_attention_accepts_tensor_and_numpy_scales(validate: bool, make_sc
         ({"window": 2.0}, TypeError, r"window must be a positive int, got 2.0 \(float\)"),
         ({"align": "lower-right"}, ValueError, "align must be one of 'top-left', 'bottom-r"),
         ({"softcap": 0.0}, ValueError, "softcap must be a positive finite float"),
-        ({"sinks": torch.zeros(3)}, ValueError, r"sinks must hold one logit .*shape \(2,\)"),
+        (
+            {"sink_logits": torch.zeros(3)},
+            ValueError,
+            r"sink_logits must hold one logit .*shape \(2,\)",
+        ),
     ],
 )
 def test_flash_attention_rejects_bad_input_naming_it(

@@ -84,8 +84,8 @@ def test_band_mods_equal_dense_masks(t_q: int, t_k: int, align: Any) -> None:
     for window in (1, 2, 3, 20):
         got = dense(flex.sliding_window_mod(t_q, t_k, window=window, align=align))
         assert torch.equal(got, masks.sliding_window(t_q, t_k, window=window, align=align))
-        mod = flex.sink_window_mod(t_q, t_k, window=window, sinks=2, align=align)
-        want = masks.sink_window(t_q, t_k, window=window, sinks=2, align=align)
+        mod = flex.sink_window_mod(t_q, t_k, window=window, num_sink_tokens=2, align=align)
+        want = masks.sink_window(t_q, t_k, window=window, num_sink_tokens=2, align=align)
         assert torch.equal(dense(mod), want)
 
 
@@ -95,7 +95,7 @@ def test_to_dense_equals_torch_create_mask() -> None:
 
     mods: list[tuple[flex.MaskMod, int]] = [
         (flex.causal_mod(5, 9, align="bottom-right"), 1),
-        (flex.sink_window_mod(window=2, sinks=1), 1),
+        (flex.sink_window_mod(window=2, num_sink_tokens=1), 1),
         (flex.padding_mod([3, 9]), 2),
         (flex.prefix_lm_mod([2, 4]), 2),
         (flex.document_mod(torch.tensor([[0, 0, 1, 1, 1, 2, 2, 2, 2]] * 2)), 2),
@@ -167,9 +167,9 @@ def test_plain_eager_flex(qkv: Any, plain_eager: None) -> None:
     q, k, v = qkv
     got = _flex(q, k, v, flex.causal_mod())
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    got = _flex(q, k, v, flex.sliding_window_mod(window=3), sinks=torch.zeros(H))
+    got = _flex(q, k, v, flex.sliding_window_mod(window=3), sink_logits=torch.zeros(H))
     dense = masks.sliding_window(L, S, window=3)
-    want = scaled_dot_product_attention(q, k, v, attn_mask=dense, sinks=torch.zeros(H))
+    want = scaled_dot_product_attention(q, k, v, attn_mask=dense, sink_logits=torch.zeros(H))
     torch.testing.assert_close(got, want, **TOL)
 
 
@@ -188,7 +188,11 @@ def test_masks_without_a_flash_path_equal_sdpa(qkv: Any) -> None:
         (flex.prefix_lm_mod(torch.tensor([3, 7])), prefixes, 2),
         (flex.document_mod(flex.document_ids([4, 1, 5])), documents, None),
         (flex.padding_mod([7, 2]), masks.key_padding([7, 2], L), 2),
-        (flex.sink_window_mod(window=3, sinks=2), masks.sink_window(L, window=3, sinks=2), None),
+        (
+            flex.sink_window_mod(window=3, num_sink_tokens=2),
+            masks.sink_window(L, window=3, num_sink_tokens=2),
+            None,
+        ),
     ]
     for mod, dense, b in cases:
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
@@ -246,14 +250,14 @@ def test_sinks_from_the_log_sum_exp(qkv: Any, align: Any) -> None:
     for keys, values in ((k, v), (k[..., :6, :], v[..., :6, :])):
         s = keys.shape[-2]
         mod = flex.sliding_window_mod(L, s, window=4, align=align)
-        got = _flex(q, keys, values, mod, sinks=sinks, score_mod=flex.softcap_mod(3.0))
+        got = _flex(q, keys, values, mod, sink_logits=sinks, score_mod=flex.softcap_mod(3.0))
         dense = masks.sliding_window(L, s, window=4, align=align)
         want = scaled_dot_product_attention(
-            q, keys, values, attn_mask=dense, sinks=sinks, softcap=3.0
+            q, keys, values, attn_mask=dense, sink_logits=sinks, softcap=3.0
         )
         torch.testing.assert_close(got, want, **TOL)
         tiled = flash_attention(
-            q, keys, values, window=4, align=align, sinks=sinks, softcap=3.0, block_size=BLOCK
+            q, keys, values, window=4, align=align, sink_logits=sinks, softcap=3.0, block_size=BLOCK
         )
         torch.testing.assert_close(got, tiled, **TOL)
 
@@ -325,7 +329,11 @@ def test_bad_arguments() -> None:
     bad: list[tuple[type[Exception], str, Callable[[], object]]] = [
         (ValueError, "window must be a positive int", lambda: flex.sliding_window_mod(window=0)),
         (TypeError, "window must be a positive int", lambda: flex.sliding_window_mod(window=2.0)),
-        (ValueError, "sinks must be a non-neg", lambda: flex.sink_window_mod(window=2, sinks=-1)),
+        (
+            ValueError,
+            "num_sink_tokens must be a non-neg",
+            lambda: flex.sink_window_mod(window=2, num_sink_tokens=-1),
+        ),
         (ValueError, "align must be one of", lambda: flex.causal_mod(align="top")),
         (ValueError, "needs both lengths", lambda: flex.causal_mod(4, align="bottom-right")),
         (ValueError, "softcap must be a positive", lambda: flex.softcap_mod(0.0)),
@@ -361,12 +369,12 @@ def _causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
 
 def test_bad_attention_inputs(qkv: Any) -> None:
     q, k, v = qkv
-    with pytest.raises(ValueError, match=r"sinks must hold one logit per head, shape \(3,\)"):
-        flex.attention(q, k, v, sinks=torch.zeros(2))
+    with pytest.raises(ValueError, match=r"sink_logits must hold one logit per head, shape \(3,\)"):
+        flex.attention(q, k, v, sink_logits=torch.zeros(2))
     with pytest.raises(ValueError, match=r"query must be \(b, H, L, E\) for FlexAttention"):
         flex.attention(q[0], k[0], v[0])
     with pytest.raises(NotImplementedError, match="sinks with compiled=True"):
-        flex.attention(q, k, v, sinks=torch.zeros(H), compiled=True)  # before compiling
+        flex.attention(q, k, v, sink_logits=torch.zeros(H), compiled=True)  # before compiling
 
 
 # -- the benchmark's pieces (the timing itself runs as python -m attnlab.tools.bench.flex) ----

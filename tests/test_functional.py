@@ -23,6 +23,7 @@ import attnlab.functional as AF
 from attnlab import validation
 from attnlab.functional import backends as _backends
 from attnlab.rules import masks
+from attnlab.rules.scores import ScoreRule
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 PROPERTY_SETTINGS = settings(max_examples=25, deadline=None)
@@ -540,25 +541,10 @@ def test_backend_registry_causal_rule_equals_the_explicit_mask(
         else masks.sliding_window(t_q, t_k, window=window, align=align)  # type: ignore[arg-type]
     )
     expected = TorchSDPA(q, k, v, attn_mask=mask, enable_gqa=True)
-    out = _backends.attend(
-        backend,  # type: ignore[arg-type]
-        q,
-        k,
-        v,
-        is_causal=True,
-        window=window,
-        enable_gqa=True,
-        align=align,  # type: ignore[arg-type]
-    )
+    rule = ScoreRule(is_causal=True, window=window, align=align)  # type: ignore[arg-type]
+    out = _backends.attend(backend, q, k, v, rule, enable_gqa=True)  # type: ignore[arg-type]
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
-    weights = _backends.attention_weights(
-        q,
-        k,
-        is_causal=True,
-        window=window,
-        enable_gqa=True,
-        align=align,  # type: ignore[arg-type]
-    )
+    weights = _backends.attention_weights(q, k, rule, enable_gqa=True)
     torch.testing.assert_close(weights, AF.attention_weights(q, k, mask, enable_gqa=True))
 
 
@@ -568,12 +554,11 @@ def test_backend_registry_combines_a_mask_with_the_causal_rule() -> None:
     allowed = masks.causal(4, 6, align="bottom-right") & padding
     expected = TorchSDPA(q, k, v, attn_mask=allowed)
     for backend in ("torch", "scratch"):
-        out = _backends.attend(
-            backend, q, k, v, attn_mask=padding, is_causal=True, align="bottom-right"
-        )
+        rule = ScoreRule(is_causal=True, align="bottom-right")
+        out = _backends.attend(backend, q, k, v, rule, attn_mask=padding)
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="backend='flash' takes no attn_mask"):
-        _backends.attend("flash", q, k, v, attn_mask=padding, is_causal=True)
+        _backends.attend("flash", q, k, v, ScoreRule(is_causal=True), attn_mask=padding)
     with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', 'flash'"):
         _backends.check_backend("cuda")
 
@@ -610,7 +595,7 @@ def test_sdpa_window_is_checked() -> None:
 
 def test_sdpa_softcap_and_sinks_compose_with_window_dropout_and_float_masks() -> None:
     q, k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 5)
-    extra = {"softcap": 1.5, "sinks": torch.tensor([0.5, -1.0, 2.0])}
+    extra = {"softcap": 1.5, "sink_logits": torch.tensor([0.5, -1.0, 2.0])}
     band = masks.sliding_window(6, window=3)
     windowed = AF.scaled_dot_product_attention(q, k, v, window=3, **extra)
     torch.testing.assert_close(windowed, AF.scaled_dot_product_attention(q, k, v, band, **extra))
@@ -631,9 +616,9 @@ def test_sdpa_softcap_and_sinks_compose_with_window_dropout_and_float_masks() ->
 def test_sdpa_softcap_and_sinks_in_half_precision_compute_in_float32(dtype: torch.dtype) -> None:
     q, k, v = (torch.randn(2, 3, 5, 8).mul(20).to(dtype) for _ in range(3))
     sinks = torch.tensor([1.0, 0.0, -3.0], dtype=dtype)
-    out = AF.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0, sinks=sinks)
+    out = AF.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0, sink_logits=sinks)
     wide = AF.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), is_causal=True, softcap=30.0, sinks=sinks.float()
+        q.float(), k.float(), v.float(), is_causal=True, softcap=30.0, sink_logits=sinks.float()
     )
     assert out.dtype == dtype
     torch.testing.assert_close(out, wide.to(dtype), rtol=0, atol=0)

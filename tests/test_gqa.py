@@ -27,12 +27,13 @@ from attnlab.functional import backends as _backends
 from attnlab.layers.gqa import GroupedQueryAttention, check_attention_inputs
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
-from attnlab.layers.norms import RMSNorm, rms_normalize
+from attnlab.layers.norms import QKNormSpec, RMSNorm, rms_normalize
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
 from attnlab.models.config import DecoderConfig
 from attnlab.rules import masks
-from attnlab.rules.rope import apply_rope, rope_cos_sin
+from attnlab.rules.rope import Rope, apply_rope, rope_cos_sin
 from attnlab.rules.rope_scaling import RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 D_MODEL, H, HD, B, T, WINDOW = 20, 6, 4, 2, 9, 3
 
@@ -51,7 +52,7 @@ def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None
     """The layer as a loop over heads, in float64."""
     b, t, _ = x.shape
     x64 = x.double()
-    w = {n: getattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    w = {n: getattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
 
     def project(name: str, heads: int) -> Tensor:
         lin = w[name]
@@ -64,10 +65,10 @@ def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None
         project("q_proj", module.num_heads),
         *(project(n, module.num_kv_heads) for n in ("k_proj", "v_proj")),
     )
-    if module.rope:
+    if module.rope is not None:
         pos = torch.arange(t) if positions is None else positions
-        q = apply_rope(q, pos, base=module.rope_base, layout=module.rope_layout)
-        k = apply_rope(k, pos, base=module.rope_base, layout=module.rope_layout)
+        q = apply_rope(q, pos, base=module.rope.base, layout=module.rope.layout)
+        k = apply_rope(k, pos, base=module.rope.base, layout=module.rope.layout)
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None, :]
     allowed = j <= i
@@ -81,9 +82,9 @@ def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None
         scores = scores.masked_fill(~allowed, float("-inf"))
         heads.append(scores.softmax(-1) @ v[:, kv])  # (b, t, hd)
     concat = torch.cat(heads, dim=-1)  # (b, t, num_heads * hd)
-    out = concat @ w["o_proj"].weight.double().T
-    if w["o_proj"].bias is not None:
-        out = out + w["o_proj"].bias.double()
+    out = concat @ w["out_proj"].weight.double().T
+    if w["out_proj"].bias is not None:
+        out = out + w["out_proj"].bias.double()
     return out.to(x.dtype)
 
 
@@ -91,11 +92,20 @@ CONFIGS = {
     "gqa": {"num_kv_heads": 3},
     "mqa": {"num_kv_heads": 1},
     "mha": {"num_kv_heads": 6},
-    "gqa-window": {"num_kv_heads": 3, "window": WINDOW},
-    "mqa-window-interleaved": {"num_kv_heads": 1, "window": WINDOW, "rope_layout": "interleaved"},
-    "gqa-no-rope": {"num_kv_heads": 3, "rope": False},
-    "mha-window-no-rope-bias": {"num_kv_heads": 6, "window": WINDOW, "rope": False, "bias": True},
-    "qwen2-biases": {"num_kv_heads": 2, "bias": True, "out_bias": False, "rope_base": 300.0},
+    "gqa-window": {"num_kv_heads": 3, "scores": ScoreRule(window=WINDOW)},
+    "mqa-window-interleaved": {
+        "num_kv_heads": 1,
+        "scores": ScoreRule(window=WINDOW),
+        "rope": Rope(layout="interleaved"),
+    },
+    "gqa-no-rope": {"num_kv_heads": 3, "rope": None},
+    "mha-window-no-rope-bias": {
+        "num_kv_heads": 6,
+        "scores": ScoreRule(window=WINDOW),
+        "rope": None,
+        "bias": True,
+    },
+    "qwen2-biases": {"num_kv_heads": 2, "bias": True, "out_bias": False, "rope": Rope(base=300.0)},
 }
 
 
@@ -105,7 +115,7 @@ def test_forward_equals_per_head_reference(name: str, backend: str) -> None:
     module = _module(**{**CONFIGS[name], "backend": backend})
     if module.bias:
         with torch.no_grad():
-            for lin in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
+            for lin in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
                 if lin.bias is not None:
                     lin.bias.normal_()
     x = torch.randn(B, T, D_MODEL)
@@ -113,8 +123,8 @@ def test_forward_equals_per_head_reference(name: str, backend: str) -> None:
 
 
 def test_backends_agree_in_gradients() -> None:
-    torch_module = _module(window=WINDOW)
-    scratch = _module(window=WINDOW, backend="scratch")
+    torch_module = _module(scores=ScoreRule(window=WINDOW))
+    scratch = _module(scores=ScoreRule(window=WINDOW), backend="scratch")
     scratch.load_state_dict(torch_module.state_dict())
     x1 = torch.randn(B, T, D_MODEL, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
@@ -133,11 +143,11 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     """PyTorch's SDPA has no sinks: the torch backend adds one key of zeros whose score is
     the sink logit (a float-mask column). It must equal the scratch kernel's sinks on the
     fused causal path, with a bool padding mask and with a float one, gradients included."""
-    torch_module = _module(sinks=True)
+    torch_module = _module(learned_sinks=True)
     with torch.no_grad():
-        assert torch_module.sinks is not None
-        torch_module.sinks.normal_(0.0, 2.0)
-    scratch = _module(sinks=True, backend="scratch")
+        assert torch_module.sink_logits is not None
+        torch_module.sink_logits.normal_(0.0, 2.0)
+    scratch = _module(learned_sinks=True, backend="scratch")
     scratch.load_state_dict(torch_module.state_dict())
     x1 = torch.randn(B, T, D_MODEL, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
@@ -150,10 +160,10 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     torch.stack([b.square().sum() for _, b in outs]).sum().backward()
     assert x1.grad is not None
     assert x2.grad is not None
-    assert torch_module.sinks is not None
-    assert scratch.sinks is not None
+    assert torch_module.sink_logits is not None
+    assert scratch.sink_logits is not None
     torch.testing.assert_close(x1.grad, x2.grad)
-    torch.testing.assert_close(torch_module.sinks.grad, scratch.sinks.grad)
+    torch.testing.assert_close(torch_module.sink_logits.grad, scratch.sink_logits.grad)
     # The sink takes its share: every row of weights sums to less than 1.
     _, weights = torch_module(x1, need_weights=True)
     assert weights.sum(-1).max() < 1.0
@@ -164,17 +174,17 @@ def test_sinks_agree_on_every_backend_with_a_causal_bias() -> None:
     q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 6)
     sinks = torch.randn(4)
     bias = causal_lower_right(3, 5)
-    expected = _backends.attend(
-        "flash", q, k, v, is_causal=True, align="bottom-right", enable_gqa=True, sinks=sinks
-    )
+    causal = ScoreRule(is_causal=True, align="bottom-right", sink_logits=sinks)
+    expected = _backends.attend("flash", q, k, v, causal, enable_gqa=True)
     for backend in ("torch", "scratch"):
-        got = _backends.attend(backend, q, k, v, attn_mask=bias, enable_gqa=True, sinks=sinks)
+        rule = ScoreRule(sink_logits=sinks)
+        got = _backends.attend(backend, q, k, v, rule, attn_mask=bias, enable_gqa=True)
         torch.testing.assert_close(got, expected, msg=backend)
 
 
 def test_softcap_runs_on_scratch_and_flash_and_torch_refuses_it() -> None:
-    scratch = _module(softcap=0.5, backend="scratch")
-    flash = _module(softcap=0.5, backend="flash")
+    scratch = _module(scores=ScoreRule(softcap=0.5), backend="scratch")
+    flash = _module(scores=ScoreRule(softcap=0.5), backend="flash")
     plain = _module(backend="scratch")
     flash.load_state_dict(scratch.state_dict())
     plain.load_state_dict(scratch.state_dict())
@@ -194,12 +204,13 @@ def test_group_size_and_repr() -> None:
     assert module.group_size == 3
     assert repr(module) == (
         "GroupedQueryAttention(\n  d_model=20, num_heads=6, num_kv_heads=2, head_dim=4, "
-        "rope_base=10000.0, rope_layout='half', window=None, bias=False, out_bias=False, "
+        "rope=Rope(base=10000.0, layout='half', dims=None, scaling=None), window=None, "
+        "bias=False, out_bias=False, "
         "dropout=0.0, backend='torch'\n"
         "  (q_proj): Linear(in_features=20, out_features=24, bias=False)\n"
         "  (k_proj): Linear(in_features=20, out_features=8, bias=False)\n"
         "  (v_proj): Linear(in_features=20, out_features=8, bias=False)\n"
-        "  (o_proj): Linear(in_features=24, out_features=20, bias=False)\n)"
+        "  (out_proj): Linear(in_features=24, out_features=20, bias=False)\n)"
     )
 
 
@@ -224,7 +235,7 @@ def test_future_tokens_do_not_change_earlier_outputs(name: str) -> None:
 
 
 def test_window_forgets_tokens_beyond_it() -> None:
-    module = _module(window=WINDOW)
+    module = _module(scores=ScoreRule(window=WINDOW))
     x = torch.randn(B, T, D_MODEL)
     changed = x.clone()
     changed[:, 0] = torch.randn(B, D_MODEL)
@@ -259,7 +270,7 @@ def test_unbatched_equals_batch_of_one() -> None:
 
 
 def test_padding_mask_combines_with_the_causal_mask() -> None:
-    module = _module(window=WINDOW)
+    module = _module(scores=ScoreRule(window=WINDOW))
     x = torch.randn(B, T, D_MODEL)
     lengths = [T, 6]
     out = module(x, attn_mask=masks.key_padding(lengths, max_len=T))
@@ -332,7 +343,7 @@ def test_cached_decoding_equals_full_forward(name: str, schedule: str, cache_kin
 
 
 def test_cached_decoding_with_both_backends_and_gradients() -> None:
-    module = _module(window=WINDOW, backend="scratch")
+    module = _module(scores=ScoreRule(window=WINDOW), backend="scratch")
     x = torch.randn(B, 8, D_MODEL, requires_grad=True)
     cache = DynamicKVCache()
     got = _decode(module, x, [3, 1, 1, 2, 1], cache)
@@ -363,7 +374,7 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
         [True, True, True, True, True, False],
         [True, True, True, True, True, True],
     ]
-    module = _module(rope=False)
+    module = _module(rope=None)
     x = torch.randn(B, 6, D_MODEL)
     cache = DynamicKVCache()
     module(x[:, :4], cache=cache)
@@ -389,17 +400,46 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
             "d_model=21 and num_heads=6",
         ),
         ({"head_dim": 5}, ValueError, r"head_dim must be even \(RoPE rotates pairs.*got 5"),
-        ({"window": 0}, ValueError, "window must be a positive int, got 0"),
-        ({"rope_base": 1.0}, ValueError, "rope_base must be a finite float greater than 1"),
-        ({"rope_base": "big"}, TypeError, "rope_base must be a float greater than 1, got 'big'"),
-        ({"rope_base": 0.5}, ValueError, "rope_base must be a finite float greater than 1"),
-        ({"rope_layout": "pairs"}, ValueError, "rope_layout must be one of 'half', 'interleaved'"),
+        ({"scores": ScoreRule(window=0)}, ValueError, "window must be a positive int, got 0"),
+        ({"rope": Rope(base=1.0)}, ValueError, r"rope\.base must be a finite float greater than 1"),
+        (
+            {"rope": Rope(base="big")},
+            TypeError,
+            r"rope\.base must be a float greater than 1, got 'big'",
+        ),
+        ({"rope": Rope(base=0.5)}, ValueError, r"rope\.base must be a finite float greater than 1"),
+        (
+            {"rope": Rope(layout="pairs")},
+            ValueError,
+            r"rope\.layout must be one of 'half', 'interleaved'",
+        ),
         ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
         ({"bias": 1}, TypeError, r"bias must be a bool, got 1 \(int\)"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
-        ({"softcap": 0.0}, ValueError, r"softcap must be a positive finite float .* got 0.0"),
-        ({"softcap": 30.0}, ValueError, r"backend='torch' has no softcap .* softcap=30.0"),
-        ({"sinks": 1}, TypeError, r"sinks must be a bool, got 1 \(int\)"),
+        (
+            {"scores": ScoreRule(softcap=0.0)},
+            ValueError,
+            r"softcap must be a positive finite float .* got 0.0",
+        ),
+        (
+            {"scores": ScoreRule(softcap=30.0)},
+            ValueError,
+            r"backend='torch' has no softcap .* softcap=30.0",
+        ),
+        ({"learned_sinks": 1}, TypeError, r"learned_sinks must be a bool, got 1 \(int\)"),
+        ({"rope": True}, TypeError, r"rope must be a Rope or None \(no RoPE\), got bool"),
+        ({"rope": Rope(dims=6)}, ValueError, r"rope\.dims must be at most head_dim=4"),
+        ({"scores": {"window": 2}}, TypeError, "scores must be a ScoreRule, got dict"),
+        (
+            {"scores": ScoreRule(is_causal=True)},
+            ValueError,
+            r"scores sets is_causal, align or sink_logits.*forward\(\.\.\., is_causal=\.\.\.\)",
+        ),
+        (
+            {"scores": ScoreRule(sink_logits=torch.zeros(H))},
+            ValueError,
+            "learned_sinks=True instead",
+        ),
     ],
 )
 def test_constructor_rejects_bad_configuration(
@@ -417,7 +457,7 @@ def test_constructor_rejects_bad_configuration(
 
 
 def test_odd_head_dim_is_fine_without_rope() -> None:
-    module = GroupedQueryAttention(D_MODEL, H, 3, head_dim=5, rope=False).eval()
+    module = GroupedQueryAttention(D_MODEL, H, 3, head_dim=5, rope=None).eval()
     x = torch.randn(B, T, D_MODEL)
     torch.testing.assert_close(module(x), reference(module, x).float(), atol=1e-5, rtol=1e-5)
 
@@ -517,10 +557,10 @@ def test_positions_of_one_row_broadcast_over_the_batch() -> None:
 
 
 def test_precomputed_position_embeddings_equal_positions() -> None:
-    module = _module(window=WINDOW)
+    module = _module(scores=ScoreRule(window=WINDOW))
     x = torch.randn(B, T, D_MODEL)
     positions = torch.stack([torch.arange(T), torch.arange(T) + 5])
-    tables = rope_cos_sin(positions, HD, base=module.rope_base)
+    tables = rope_cos_sin(positions, HD, base=10000.0)
     expected = module(x, positions=positions)
     torch.testing.assert_close(module(x, position_embeddings=tables), expected)
     cos, sin = tables
@@ -529,7 +569,7 @@ def test_precomputed_position_embeddings_equal_positions() -> None:
     with pytest.raises(ValueError, match="either positions or position_embeddings"):
         module(x, positions=positions, position_embeddings=tables)
     with pytest.raises(ValueError, match="position_embeddings needs a module built with rope"):
-        _module(rope=False)(x, position_embeddings=tables)
+        _module(rope=None)(x, position_embeddings=tables)
 
 
 def test_rope_tables_are_built_once_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -559,7 +599,7 @@ def test_rope_tables_are_built_once_per_forward(monkeypatch: pytest.MonkeyPatch)
 
 def test_float64_gradcheck_with_rope() -> None:
     """RoPE rotates in float64 for float64 input, so the layer gradchecks (it used not to)."""
-    module = _module(window=WINDOW).double()
+    module = _module(scores=ScoreRule(window=WINDOW)).double()
     x = torch.randn(1, 5, D_MODEL, dtype=torch.float64, requires_grad=True)
     positions = torch.tensor([0, 1, 2, 40, 41])
     # The one gradcheck of a layer without a custom backward: issue 19 found that it
@@ -590,7 +630,7 @@ def test_flash_backend_equals_torch(name: str) -> None:
 
 def test_exports_with_validation_on() -> None:
     """The positions' value check (a host sync) is skipped while exporting, not in eager."""
-    module = _module(window=WINDOW)
+    module = _module(scores=ScoreRule(window=WINDOW))
     x, positions = torch.randn(B, T, D_MODEL), torch.arange(T) + 5
     exported = torch.export.export(module, (x,), kwargs={"positions": positions})
     expected = module(x, positions=positions)
@@ -598,7 +638,7 @@ def test_exports_with_validation_on() -> None:
 
 
 def test_not_causal_attends_to_every_key() -> None:
-    module = _module(rope=False)
+    module = _module(rope=None)
     x = torch.randn(B, T, D_MODEL)
     q = module.q_proj(x).view(B, T, H, HD).transpose(1, 2)
     k = module.k_proj(x).view(B, T, 3, HD).transpose(1, 2)
@@ -606,10 +646,10 @@ def test_not_causal_attends_to_every_key() -> None:
     heads = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     )
-    expected = module.o_proj(heads.transpose(1, 2).reshape(B, T, H * HD))
+    expected = module.out_proj(heads.transpose(1, 2).reshape(B, T, H * HD))
     torch.testing.assert_close(module(x, is_causal=False), expected)
     with pytest.raises(ValueError, match="is_causal=False with window=3"):
-        _module(window=WINDOW)(x, is_causal=False)
+        _module(scores=ScoreRule(window=WINDOW))(x, is_causal=False)
 
 
 def test_forward_rejects_other_inputs() -> None:
@@ -625,14 +665,16 @@ def test_forward_rejects_other_inputs() -> None:
         match=re.escape("does not broadcast to the attention weights' shape (2, 6, 9, 9)"),
     ):
         module(torch.randn(B, T, D_MODEL), attn_mask=torch.ones(T, T + 1, dtype=torch.bool))
-    with_sinks = _module(sinks=True)
-    with_sinks.sinks = torch.nn.Parameter(torch.zeros(3))  # one per key/value head: wrong
-    with pytest.raises(ValueError, match=r"sinks must hold one logit per query head, shape \(6,\)"):
+    with_sinks = _module(learned_sinks=True)
+    with_sinks.sink_logits = torch.nn.Parameter(torch.zeros(3))  # one per key/value head: wrong
+    with pytest.raises(
+        ValueError, match=r"sink_logits must hold one logit per query head, shape \(6,\)"
+    ):
         with_sinks(torch.randn(B, T, D_MODEL))
 
 
 def test_validation_off_gives_the_same_outputs() -> None:
-    module = _module(window=WINDOW)
+    module = _module(scores=ScoreRule(window=WINDOW))
     x = torch.randn(B, 7, D_MODEL)
     expected = _decode(module, x, [4, 1, 2], StaticKVCache(B, 8, 3, HD))
     with validation(False):
@@ -656,7 +698,7 @@ def test_flash_refusal_leaves_the_cache_as_it_was(dropout: float) -> None:
 
 _POSITIVE_FLOATS: dict[str, Any] = {
     "RMSNorm eps": lambda v: RMSNorm(4, eps=v),
-    "GQA qk_norm_eps": lambda v: GroupedQueryAttention(8, 2, qk_norm="head", qk_norm_eps=v),
+    "GQA qk_norm.eps": lambda v: GroupedQueryAttention(8, 2, qk_norm=QKNormSpec(eps=v)),
     "GatedDeltaNet norm_eps": lambda v: GatedDeltaNet(
         8, num_k_heads=1, num_v_heads=2, head_k_dim=3, head_v_dim=4, norm_eps=v
     ),
@@ -767,8 +809,8 @@ def test_call_checks_size_the_mask_with_the_cache_and_the_window() -> None:
     with pytest.raises(ValueError, match="is_causal=False with window=4"):
         check_attention_inputs(x, is_causal=False, window=4, **args)
     for cls in (GroupedQueryAttention, MultiHeadLatentAttention):
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"scores": ScoreRule(window="4")}  # type: ignore[arg-type]
         if cls is MultiHeadLatentAttention:
-            kwargs = dict(_MLA_SIZES)
+            kwargs = dict(_MLA_SIZES) | {"window": "4"}
         with pytest.raises(TypeError, match="window must be a positive int"):
-            cls(8, 2, window="4", **kwargs)  # masks.check_window, the one rule of a window
+            cls(8, 2, **kwargs)  # masks.check_window, the one rule of a window

@@ -215,6 +215,13 @@ class Reference:
         return out
 
 
+def _ours(name: str) -> str:
+    """attnlab's name of a transformers attention parameter: PyTorch's `out_proj` for
+    `o_proj`, `sink_logits` for gpt-oss's `sinks`; the others are the same."""
+    head, dot, rest = name.partition(".")
+    return {"o_proj": "out_proj", "sinks": "sink_logits"}.get(head, head) + dot + rest
+
+
 def _port(ref: Reference, kind: str) -> GroupedQueryAttention:
     return GroupedQueryAttention.from_hf(ref.attn, backend=BACKEND.get(kind, "torch"))  # type: ignore[arg-type]
 
@@ -227,7 +234,8 @@ def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
     ref = Reference(kind, impl)
     ours = _port(ref, kind)
     assert ours.window == (WINDOW if ref.windowed else None)
-    assert ours.rope_base == 500.0
+    assert ours.rope is not None
+    assert ours.rope.base == 500.0
     x = torch.randn(B, T, D_MODEL, requires_grad=True)
     x_ours = x.detach().clone().requires_grad_(True)
     expected, got = ref(x), ours(x_ours)
@@ -239,7 +247,7 @@ def test_from_hf_outputs_and_gradients_equal(kind: str, impl: str) -> None:
     assert x.grad is not None
     assert x_ours.grad is not None
     torch.testing.assert_close(x_ours.grad, x.grad, **TOL)
-    theirs = dict(ref.attn.named_parameters())
+    theirs = {_ours(n): p for n, p in ref.attn.named_parameters()}
     mine = dict(ours.named_parameters())
     assert set(mine) == set(theirs)  # same names: q_proj.weight, ..., q_proj.bias (Qwen2)
     for name, p in theirs.items():
@@ -276,19 +284,19 @@ def test_from_hf_copies_layout_and_biases(kind: str) -> None:
         2,
         HEAD_DIM,
     )
-    assert ours.qk_norm == QK_NORM.get(kind)
+    assert (ours.qk_norm and ours.qk_norm.over) == QK_NORM.get(kind)
     gemma, gpt_oss = kind.startswith("gemma"), kind.startswith("gptoss")
     assert ours.scale == (10**-0.5 if gemma else None)  # query_pre_attn_scalar = 10
     assert (ours.q_norm is not None and ours.q_norm.unit_offset) == kind.startswith("gemma3")
     assert ours.softcap == (2.0 if kind == "gemma2-local" else None)
-    assert (ours.sinks is not None) == gpt_oss
-    scaled = ours.rope_scaling is not None
+    assert (ours.sink_logits is not None) == gpt_oss
+    scaled = ours.rope is not None and ours.rope.scaling is not None
     assert scaled == (kind == "gemma3-global" or gpt_oss)  # Gemma 3: one RoPE per layer type
     assert ours.bias == (kind in ("llama-bias", "qwen2") or gpt_oss)
     assert ours.out_bias == (kind == "llama-bias" or gpt_oss)  # Qwen2: on q, k, v only
     for name, p in ref.attn.named_parameters():
-        assert torch.equal(ours.get_parameter(name), p), name
-        assert ours.get_parameter(name).data_ptr() != p.data_ptr()
+        assert torch.equal(ours.get_parameter(_ours(name)), p), name
+        assert ours.get_parameter(_ours(name)).data_ptr() != p.data_ptr()
 
 
 # Prefill lengths, then decode steps (several tokens at once, then one at a time), ending

@@ -19,6 +19,7 @@ from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.config import DecoderConfig
 from attnlab.models.decoder import Decoder
 from attnlab.rules.rope_scaling import RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 transformers = pytest.importorskip("transformers")
 
@@ -168,7 +169,7 @@ def test_rolling_cache_with_a_padded_batch(mistral: tuple[Any, Decoder]) -> None
 def test_a_layer_alone_with_a_rolling_cache_and_a_mask_equals_the_full_cache() -> None:
     # The mask spans every token seen; the rolling cache returns only the last window.
     torch.manual_seed(0)
-    layer = GroupedQueryAttention(16, 4, 2, window=3).eval()
+    layer = GroupedQueryAttention(16, 4, 2, scores=ScoreRule(window=3)).eval()
     x = torch.randn(2, 9, 16)
     keep = torch.ones(2, 9, dtype=torch.bool)
     keep[0, 5] = False  # one key hidden from every query of row 0

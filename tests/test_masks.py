@@ -10,6 +10,7 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 import attnlab.functional as AF
 from attnlab import MultiHeadAttention
 from attnlab.rules import masks
+from attnlab.rules.scores import ScoreRule
 
 TorchSDPA = torch.nn.functional.scaled_dot_product_attention
 LENGTH_PAIRS = [(5, 5), (3, 7), (7, 3), (1, 4), (0, 3)]
@@ -114,7 +115,7 @@ def test_sliding_window_rows_see_at_most_window_keys() -> None:
 def test_sink_window_matches_definition(
     t_q: int, t_k: int, align: masks.Alignment, window: int, sinks: int
 ) -> None:
-    got = masks.sink_window(t_q, t_k, window=window, sinks=sinks, align=align)
+    got = masks.sink_window(t_q, t_k, window=window, num_sink_tokens=sinks, align=align)
     assert torch.equal(got, _brute_force(t_q, t_k, align, window, sinks))
 
 
@@ -131,10 +132,12 @@ def test_sink_window_by_hand() -> None:
         ],
         dtype=torch.bool,
     )
-    assert torch.equal(masks.sink_window(6, window=2, sinks=2), expected)
-    assert torch.equal(masks.sink_window(6, window=2, sinks=0), masks.sliding_window(6, window=2))
+    assert torch.equal(masks.sink_window(6, window=2, num_sink_tokens=2), expected)
+    assert torch.equal(
+        masks.sink_window(6, window=2, num_sink_tokens=0), masks.sliding_window(6, window=2)
+    )
     # Every row sees at most window + sinks keys: the size of StreamingLLM's cache.
-    counts = masks.sink_window(40, window=5, sinks=4).sum(dim=-1)
+    counts = masks.sink_window(40, window=5, num_sink_tokens=4).sum(dim=-1)
     assert int(counts.max()) == 9
     assert counts[8:].eq(9).all()
 
@@ -179,9 +182,21 @@ def test_key_padding_equals_torch_mha_key_padding_mask() -> None:
         (lambda: masks.causal(3, 2.0), TypeError, "t_k must be a non-negative int"),
         (lambda: masks.causal(3, align="bottom"), ValueError, "align must be one of"),
         (lambda: masks.sliding_window(3, window=0), ValueError, "window must be a positive"),
-        (lambda: masks.sink_window(3, window=0, sinks=1), ValueError, "window must be a posi"),
-        (lambda: masks.sink_window(3, window=2, sinks=-1), ValueError, "sinks must be a non-ne"),
-        (lambda: masks.sink_window(3, window=2, sinks=1.0), TypeError, "sinks must be a non-ne"),
+        (
+            lambda: masks.sink_window(3, window=0, num_sink_tokens=1),
+            ValueError,
+            "window must be a posi",
+        ),
+        (
+            lambda: masks.sink_window(3, window=2, num_sink_tokens=-1),
+            ValueError,
+            "num_sink_tokens must be a non-ne",
+        ),
+        (
+            lambda: masks.sink_window(3, window=2, num_sink_tokens=1.0),
+            TypeError,
+            "num_sink_tokens must be a non-ne",
+        ),
         (lambda: masks.padding([2, -1]), ValueError, r"lengths\[1\] must be a non-negative"),
         (lambda: masks.padding(torch.tensor([2, -1])), ValueError, "non-negative"),
         (lambda: masks.padding([2, 5], max_len=4), ValueError, "at most max_len=4"),
@@ -363,7 +378,7 @@ def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.Mon
         raise AssertionError("a module called a validating mask builder")
 
     torch.manual_seed(0)
-    gqa = GroupedQueryAttention(12, 3, 1, window=3).eval()
+    gqa = GroupedQueryAttention(12, 3, 1, scores=ScoreRule(window=3)).eval()
     mha = MultiHeadAttention(12, 12, 3, backend="scratch").eval()
     x, padding = torch.randn(2, 5, 12), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     expected = (gqa(x), mha(x, key_padding_mask=padding, is_causal=True))

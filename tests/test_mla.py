@@ -154,7 +154,7 @@ def test_mla_from_hf_copies_every_weight_and_setting() -> None:
         assert torch.equal(p, hf_params[f"{HF_NAMES[module]}.{kind}"]), name
         assert p.data_ptr() != hf_params[f"{HF_NAMES[module]}.{kind}"].data_ptr()
     assert ours.rope_base == 500.0
-    assert ours.rope_interleave
+    assert ours.rope_layout == "interleaved"
     assert ours.scale == hf.scaling == (NOPE + ROPE) ** -0.5
     assert not hasattr(ours, "softmax_scale")  # the name of a function, not of the factor
     assert not ours.training
@@ -525,7 +525,7 @@ def test_mla_window_is_the_sliding_window_mask() -> None:
     ]
     torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="is_causal=False with window=3"):
-        windowed(x)
+        windowed(x, is_causal=False)
 
 
 def test_mla_mask_combines_with_is_causal() -> None:
@@ -713,7 +713,7 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
         ({"rope_base": 0.5}, ValueError, "rope_base must be a finite float greater than 1"),
         ({"window": 0}, ValueError, "window must be a positive int, got 0"),
         ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
-        ({"rope_interleave": "yes"}, TypeError, "rope_interleave must be a bool"),
+        ({"rope_layout": "yes"}, ValueError, "rope_layout must be one of 'half', 'interleaved'"),
         (
             {"rope_frequencies": torch.ones(3)},
             ValueError,

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from attnlab.layers.gqa import GroupedQueryAttention
-from attnlab.layers.norms import RMSNorm
+from attnlab.layers.norms import QKNormSpec, RMSNorm
+from attnlab.rules.scores import ScoreRule
 
 D_MODEL, H, KV, HD, B, T = 20, 6, 3, 4, 2, 7
 
@@ -48,7 +49,7 @@ def test_rms_norm_equals_torch_and_gemma_formula() -> None:
 
 @pytest.mark.parametrize("qk_norm", ["head", "projection"])
 def test_qk_norm_makes_attention_blind_to_the_size_of_q_and_k(qk_norm: str) -> None:
-    normed = GroupedQueryAttention(D_MODEL, H, KV, head_dim=HD, qk_norm=qk_norm).eval()  # type: ignore[arg-type]
+    normed = GroupedQueryAttention(D_MODEL, H, KV, head_dim=HD, qk_norm=QKNormSpec(qk_norm)).eval()  # type: ignore[arg-type]
     plain = GroupedQueryAttention(D_MODEL, H, KV, head_dim=HD).eval()
     plain.load_state_dict(normed.state_dict(), strict=False)  # same projections
     x = torch.randn(B, T, D_MODEL)
@@ -70,14 +71,27 @@ def test_qk_norm_makes_attention_blind_to_the_size_of_q_and_k(qk_norm: str) -> N
     ("kwargs", "error", "message"),
     [
         (
-            {"qk_norm": "layer"},
+            {"qk_norm": QKNormSpec("layer")},  # type: ignore[arg-type]
             ValueError,
-            "qk_norm must be one of 'head', 'projection', got 'layer'",
+            r"qk_norm\.over must be one of 'head', 'projection', got 'layer'",
         ),
-        ({"qk_norm_eps": 0.0}, ValueError, "qk_norm_eps must be a positive finite float, got 0.0"),
-        ({"qk_norm_eps": "tiny"}, TypeError, "qk_norm_eps must be a positive float, got 'tiny'"),
-        ({"qk_norm_unit_offset": 1}, TypeError, r"qk_norm_unit_offset must be a bool, got 1"),
-        ({"scale": float("nan")}, ValueError, "scale must be finite, got nan"),
+        ({"qk_norm": "head"}, TypeError, "qk_norm must be a QKNormSpec or None, got str"),
+        (
+            {"qk_norm": QKNormSpec(eps=0.0)},
+            ValueError,
+            r"qk_norm\.eps must be a positive finite float, got 0.0",
+        ),
+        (
+            {"qk_norm": QKNormSpec(eps="tiny")},  # type: ignore[arg-type]
+            TypeError,
+            r"qk_norm\.eps must be a positive float, got 'tiny'",
+        ),
+        (
+            {"qk_norm": QKNormSpec(unit_offset=1)},  # type: ignore[arg-type]
+            TypeError,
+            r"qk_norm\.unit_offset must be a bool, got 1",
+        ),
+        ({"scores": ScoreRule(scale=float("nan"))}, ValueError, r"scores\.scale must be finite"),
     ],
 )
 def test_constructor_rejects_bad_qk_norm_and_scale(

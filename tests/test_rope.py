@@ -12,7 +12,7 @@ from transformers.models.llama import modeling_llama as llama
 
 from attnlab import validation
 from attnlab.rules import rope
-from attnlab.rules.rope import RopeCache, apply_rope, rope_angles, rope_frequencies
+from attnlab.rules.rope import Rope, RopeCache, apply_rope, rope_angles, rope_frequencies
 
 
 def _hf_rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -286,7 +286,7 @@ def test_rope_dims_rule_is_one_for_every_layer(
              "num_kv_heads": 1, "head_dim": 8, "hidden_dim": 12}  # fmt: skip
     makers = [
         (lambda v: rope.check_rope_dims(v, 8), "rope_dims"),
-        (lambda v: GroupedQueryAttention(16, 2, head_dim=8, rope_dims=v), "rope_dims"),
+        (lambda v: GroupedQueryAttention(16, 2, head_dim=8, rope=Rope(dims=v)), "rope.dims"),
         (lambda v: DecoderConfig(**sizes, rope_dims=v), "rope_dims"),
         (lambda v: LightningIndexer(16, 2, 8, rope_dim=v), "rope_dim"),
     ]

@@ -184,14 +184,20 @@ def test_sinks_equal_gpt_oss_attention(layer_idx: int, t_q: int, t_k: int) -> No
     sinks = layer.sinks.detach().clone().requires_grad_()
     window = layer.sliding_window
     flash = flash_attention(
-        q, _repeat(k), _repeat(v), is_causal=True, window=window, align="bottom-right", sinks=sinks
+        q,
+        _repeat(k),
+        _repeat(v),
+        is_causal=True,
+        window=window,
+        align="bottom-right",
+        sink_logits=sinks,
     )
     torch.testing.assert_close(flash, expected, **TOL)
     if window is None:
         band = masks.causal(t_q, t_k, align="bottom-right")  # (L, S)
     else:
         band = masks.sliding_window(t_q, t_k, window=window, align="bottom-right")
-    ours = scaled_dot_product_attention(q, k, v, band, enable_gqa=True, sinks=layer.sinks)
+    ours = scaled_dot_product_attention(q, k, v, band, enable_gqa=True, sink_logits=layer.sinks)
     torch.testing.assert_close(ours, expected, **TOL)
     # Gradients, the sinks' included, equal transformers' autograd.
     grad = torch.randn_like(expected)
@@ -205,13 +211,13 @@ def test_sinks_take_weight_and_give_no_value() -> None:
     q, k, v = _qkv(3, 5)
     k, v = _repeat(k), _repeat(v)
     sinks = torch.tensor([-1.0, 0.0, 2.0, 30.0])
-    w = attention_weights(q, k, sinks=sinks)  # (b, h, L, S)
+    w = attention_weights(q, k, sink_logits=sinks)  # (b, h, L, S)
     scores = q @ k.mT / math.sqrt(HEAD_DIM)
     # The missing weight of each row is the sink's share: e^sink / (e^sink + sum e^s).
     share = sinks[:, None].exp() / (sinks[:, None].exp() + scores.exp().sum(-1))
     torch.testing.assert_close(1 - w.sum(-1), share)
     # A sink of 30 takes almost everything: that head's output is almost 0.
-    out = flash_attention(q, k, v, sinks=sinks, block_size=2)
+    out = flash_attention(q, k, v, sink_logits=sinks, block_size=2)
     assert out[:, 3].abs().max() < 1e-9 < out[:, 0].abs().max()
 
 
@@ -220,10 +226,10 @@ def test_sinks_with_no_visible_key_give_zeros_and_finite_gradients() -> None:
     q, k, v = (x.requires_grad_() for x in _qkv(9, 5))
     k2, v2, sinks = _repeat(k), _repeat(v), torch.randn(HEADS, requires_grad=True)
     ours = scaled_dot_product_attention(
-        q, k2, v2, masks.causal(9, 5, align="bottom-right"), sinks=sinks
+        q, k2, v2, masks.causal(9, 5, align="bottom-right"), sink_logits=sinks
     )
     flash = flash_attention(
-        q, k2, v2, is_causal=True, align="bottom-right", sinks=sinks, block_size=3
+        q, k2, v2, is_causal=True, align="bottom-right", sink_logits=sinks, block_size=3
     )
     assert ours[:, :, :4].abs().max() == 0 == flash[:, :, :4].abs().max()
     torch.testing.assert_close(flash, ours, **TOL)
@@ -254,7 +260,7 @@ def test_flash_gradcheck_with_softcap_and_sinks(kwargs: dict[str, Any]) -> None:
     sinks = torch.randn(2, dtype=torch.float64, requires_grad=True)
 
     def fn(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor) -> Tensor:
-        return flash_attention(q, k, v, sinks=sinks, block_size=(4, 3), **kwargs)
+        return flash_attention(q, k, v, sink_logits=sinks, block_size=(4, 3), **kwargs)
 
     assert torch.autograd.gradcheck(fn, (q, k, v, sinks))
 
@@ -269,15 +275,23 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"softcap": True}, TypeError, r"^softcap must be .*got True \(bool\)"),
     ({"softcap": torch.tensor(50.0)}, TypeError, r"^softcap must be .*\(Tensor\)"),
     (
-        {"sinks": torch.zeros(2)},
+        {"sink_logits": torch.zeros(2)},
         ValueError,
-        r"^sinks must hold one logit per head, shape \(4,\) .* got sinks\.shape=\(2,\) "
+        r"^sink_logits must hold one logit per head, shape \(4,\) .* got sink_logits\.shape=\(2,\) "
         r"\(query\.shape=\(2, 4, 3, 8\)\)",
     ),
-    ({"sinks": torch.zeros(1, 4)}, ValueError, r"^sinks must .*got sinks\.shape=\(1, 4\)"),
-    ({"sinks": torch.zeros(4, dtype=torch.int64)}, TypeError, r"^sinks .*torch\.int64"),
-    ({"sinks": [0.0] * 4}, TypeError, r"^sinks must be a torch\.Tensor, got list"),
-    ({"sinks": torch.zeros(4, device="meta")}, ValueError, r"^sinks is on meta but query"),
+    (
+        {"sink_logits": torch.zeros(1, 4)},
+        ValueError,
+        r"^sink_logits must .*got sink_logits\.shape=\(1, 4\)",
+    ),
+    ({"sink_logits": torch.zeros(4, dtype=torch.int64)}, TypeError, r"^sink_logits .*torch\.int64"),
+    ({"sink_logits": [0.0] * 4}, TypeError, r"^sink_logits must be a torch\.Tensor, got list"),
+    (
+        {"sink_logits": torch.zeros(4, device="meta")},
+        ValueError,
+        r"^sink_logits is on meta but query",
+    ),
 ]
 
 
@@ -299,13 +313,13 @@ def test_sinks_need_a_head_dimension(kernel: str) -> None:
     fn = scaled_dot_product_attention if kernel == "scratch" else flash_attention
     pattern = re.escape("query has no head dimension: it must be (..., H, L, E)")
     with pytest.raises(ValueError, match=pattern):
-        fn(q, k, v, sinks=torch.zeros(3))
+        fn(q, k, v, sink_logits=torch.zeros(3))
 
 
 def test_checks_off_give_the_same_result() -> None:
     q, k, v = _qkv(6, 7)
     k, v = _repeat(k), _repeat(v)
-    kwargs: dict[str, Any] = {"softcap": 3.0, "sinks": torch.randn(HEADS)}
+    kwargs: dict[str, Any] = {"softcap": 3.0, "sink_logits": torch.randn(HEADS)}
     checked = flash_attention(q, k, v, window=3, align="bottom-right", **kwargs)
     with attnlab.validation(False):
         unchecked = flash_attention(q, k, v, window=3, align="bottom-right", **kwargs)

@@ -17,12 +17,12 @@ would give wrong results, and falling back to another kernel would hide that the
 saving the user chose is not there.
 
 Two score changes of 2024-2025 models pass through to every kernel that has them:
-`softcap` (Gemma 2's $c \tanh(x / c)$ on the scaled scores) and `sinks` (gpt-oss's one
+`softcap` (Gemma 2's $c \tanh(x / c)$ on the scaled scores) and `sink_logits` (gpt-oss's one
 learned logit per query head, shape `(Hq,)`, in every row's softmax). PyTorch's fused
-SDPA has neither. For `"torch"`, sinks are emulated exactly: one extra key of zeros with
+SDPA has neither. For `"torch"`, sink logits are emulated exactly: one extra key of zeros with
 a zero value, whose score (0) plus a float-mask column holding the sink logit gives the
 sink's share of the softmax and adds nothing to the output, so PyTorch's kernel still
-runs (and differentiates the sinks through the mask). A tanh of the scores cannot be
+runs (and differentiates the sink logits through the mask). A tanh of the scores cannot be
 written as a mask, so `"torch"` refuses `softcap` with a `ValueError` naming the backend
 and the two that have it, rather than quietly running another kernel.
 
@@ -39,16 +39,18 @@ API (internal; modules import these names):
 - `BackendProperty()`: a descriptor; `backend = BackendProperty()` in a class body gives
   every instance a `backend` attribute checked by `check_backend` on each assignment
   (stored as `_backend`).
-- `attend(backend, query, key, value, *, attn_mask=None, dropout_p=0.0,
-  is_causal=False, scale=None, window=None, enable_gqa=False, align="top-left",
-  softcap=None, sinks=None)`: run
-  attention on the named backend without validating (the caller checked at its public
-  boundary). `query (..., L, E)`, `key (..., S, E)`, `value (..., S, Ev)`; with
-  `enable_gqa`, `H` key/value heads at dim -3 serve `Hq` query heads.
-- `attention_weights(query, key, *, ...)`: the weights `(..., L, S)` that `attend` mixes
-  the values with, whatever the backend (computed from scratch: fused kernels do not
-  return them); same keywords as `attend`.
-- `check_backend_call(backend, *, attn_mask, dropout_p, softcap=None)`: the `ValueError`
+- `attend(backend, query, key, value, rule=ScoreRule(), *, attn_mask=None,
+  dropout_p=0.0, enable_gqa=False)`: run attention on the named backend without
+  validating (the caller checked at its public boundary). The
+  [`ScoreRule`][attnlab.rules.scores.ScoreRule] carries the scale, causality and its
+  alignment, the window, the softcap and the sink logits: one object the layers hand
+  down, so this signature is written once. `query (..., L, E)`, `key (..., S, E)`,
+  `value (..., S, Ev)`; with `enable_gqa`, `H` key/value heads at dim -3 serve `Hq`
+  query heads.
+- `attention_weights(query, key, rule=ScoreRule(), *, ...)`: the weights `(..., L, S)`
+  that `attend` mixes the values with, whatever the backend (computed from scratch:
+  fused kernels do not return them); same keywords as `attend`.
+- `check_backend_call(backend, rule=None, *, attn_mask, dropout_p)`: the `ValueError`
   of a request the backend cannot serve; `attend` calls it, modules may call it before
   their projections.
 - `backend_for(softcap)`: the backend a layer that needs any mask and dropout (a ported
@@ -56,9 +58,9 @@ API (internal; modules import these names):
 - `materialize(attn_mask, device)`: PyTorch's `CausalBias` as its bool mask (other
   masks unchanged), for combining it with another mask.
 
-Causal masking, one rule: `is_causal=True` hides key $j$ from query $i$ when $j > i +
-o$, and `window=w` (which implies causal) also when $j \le i + o - w$, where the offset
-$o$ places the queries among the keys' positions: $o = 0$ for `align="top-left"` (the
+Causal masking, one rule: `rule.is_causal` hides key $j$ from query $i$ when $j > i + o$,
+and `rule.window=w` (which implies causal) also when $j \le i + o - w$, where the offset
+$o$ places the queries among the keys' positions: $o = 0$ for `rule.align="top-left"` (the
 queries are the first `L` positions, PyTorch's `is_causal`), $o = S - L$ for
 `align="bottom-right"` (the queries are the last `L` positions: new tokens after a KV
 cache). Modules thus pass `align="bottom-right"` after a cache and get causality in
@@ -69,7 +71,7 @@ causal or window mask and `attn_mask` are combined
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal, Protocol, overload
 
@@ -80,7 +82,7 @@ from torch.nn.attention.bias import CausalBias
 from attnlab.functional import sdpa as F
 from attnlab.functional.flash import flash_attention
 from attnlab.rules import masks
-from attnlab.rules.masks import Alignment
+from attnlab.rules.scores import ScoreRule
 
 __all__ = [
     "BACKENDS",
@@ -119,17 +121,16 @@ class AttentionFunction(Protocol):
         query: Tensor,
         key: Tensor,
         value: Tensor,
+        rule: ScoreRule,
         *,
         attn_mask: Tensor | None,
         dropout_p: float,
-        is_causal: bool,
-        scale: float | Tensor | None,
-        window: int | None,
         enable_gqa: bool,
-        align: Alignment,
-        softcap: float | None,
-        sinks: Tensor | None,
     ) -> Tensor: ...
+
+
+_PLAIN = ScoreRule()
+"""The score rule of plain attention: default scale, every key seen, no softcap or sink logits."""
 
 
 def check_backend(value: object) -> Backend:
@@ -184,12 +185,13 @@ def takes_mask(backend: Backend) -> bool:
 
 
 def check_backend_call(
-    backend: Backend, *, attn_mask: object, dropout_p: float, softcap: float | None = None
+    backend: Backend, rule: ScoreRule | None = None, *, attn_mask: object, dropout_p: float
 ) -> None:
-    """Raise `ValueError` if `backend` cannot serve a call with this mask, dropout, softcap.
+    """Raise `ValueError` if `backend` cannot serve a call with this mask, dropout, rule.
 
     Cheap (attribute reads only), so it runs with validation off too.
     """
+    softcap = None if rule is None else rule.softcap
     if backend == "torch" and softcap is not None:
         raise ValueError(
             f"backend='torch' has no softcap (PyTorch's scaled_dot_product_attention cannot "
@@ -223,7 +225,7 @@ def backend_for(softcap: float | None) -> Backend:
         if not takes_mask(name):  # FlashAttention takes neither a mask nor dropout
             continue
         try:
-            check_backend_call(name, attn_mask=None, dropout_p=0.0, softcap=softcap)
+            check_backend_call(name, ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
         except ValueError:  # e.g. "torch" has no softcap
             continue
         return name
@@ -241,19 +243,14 @@ def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None
 
 
 def _positional_mask(
-    t_q: int,
-    t_k: int,
-    attn_mask: Tensor | None,
-    is_causal: bool,
-    window: int | None,
-    align: Alignment,
-    device: torch.device,
+    t_q: int, t_k: int, attn_mask: Tensor | None, rule: ScoreRule, device: torch.device
 ) -> tuple[Tensor | None, bool]:
     """`(attn_mask, is_causal)` for an SDPA-style kernel, with causality and window in it.
 
     The fused causal flag is kept where it means the same (top-left, no window, no other
     mask); otherwise the causal or window mask is built and combined with `attn_mask`.
     """
+    window, is_causal, align = rule.window, rule.is_causal, rule.align
     if window is None and not is_causal:
         return attn_mask, False
     if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
@@ -266,48 +263,27 @@ def _positional_mask(
     return masks.combine(band, attn_mask), False
 
 
-class _SDPAKernel(Protocol):
-    """An SDPA-style kernel: `(query, key, value, attn_mask, dropout_p, is_causal, scale,
-    enable_gqa, *, softcap, sinks)`, with PyTorch's top-left `is_causal`."""
-
-    def __call__(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attn_mask: Tensor | None,
-        dropout_p: float,
-        is_causal: bool,
-        scale: float | Tensor | None,
-        enable_gqa: bool,
-        *,
-        softcap: float | None,
-        sinks: Tensor | None,
-    ) -> Tensor: ...
-
-
-def _with_positional_mask(kernel: _SDPAKernel) -> AttentionFunction:
-    """The registry's signature for an SDPA-style kernel: causality and window as a mask."""
+def _with_positional_mask(kernel: Callable[..., Tensor]) -> AttentionFunction:
+    """The registry's signature for an SDPA-style kernel, `(query, key, value, attn_mask,
+    dropout_p, is_causal, scale, enable_gqa, *, softcap, sink_logits)` with PyTorch's top-left
+    `is_causal`: causality and window become its mask."""
 
     def run(
         query: Tensor,
         key: Tensor,
         value: Tensor,
+        rule: ScoreRule,
         *,
         attn_mask: Tensor | None,
         dropout_p: float,
-        is_causal: bool,
-        scale: float | Tensor | None,
-        window: int | None,
         enable_gqa: bool,
-        align: Alignment,
-        softcap: float | None,
-        sinks: Tensor | None,
     ) -> Tensor:
         t_q, t_k = query.shape[-2], key.shape[-2]
-        mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
-        opts = (dropout_p, causal, scale, enable_gqa)
-        return kernel(query, key, value, mask, *opts, softcap=softcap, sinks=sinks)
+        mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
+        opts = (dropout_p, causal, rule.scale, enable_gqa)
+        return kernel(
+            query, key, value, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits
+        )
 
     return run
 
@@ -318,9 +294,9 @@ def _sink_as_key(
     value: Tensor,
     attn_mask: Tensor | None,
     is_causal: bool,
-    sinks: Tensor,
+    sink_logits: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Learned sinks for a kernel without them: one more key and value of zeros per row.
+    """Learned sink logits for a kernel without them: one more key and value of zeros per row.
 
     The extra key's score is 0 whatever the query, so a float-mask column holding the
     sink logit makes it exactly that logit; its value of zeros adds nothing to the
@@ -336,7 +312,7 @@ def _sink_as_key(
         bias = bias + masks.allowed_to_additive(attn_mask, query.dtype)  # (..., L, S)
     elif attn_mask is not None:
         bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
-    sink = sinks.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
+    sink = sink_logits.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
     lead = torch.broadcast_shapes(bias.shape[:-2], sink.shape[:-2])  # type: ignore[no-untyped-call]
     bias = bias.expand(*lead, t_q, t_k)  # (..., Hq, L, S)
     column = sink.expand(*lead, t_q, 1)  # (..., Hq, L, 1)
@@ -357,11 +333,12 @@ def _torch_sdpa(
     enable_gqa: bool,
     *,
     softcap: float | None,
-    sinks: Tensor | None,
+    sink_logits: Tensor | None,
 ) -> Tensor:
-    check_backend_call("torch", attn_mask=attn_mask, dropout_p=dropout_p, softcap=softcap)
-    if sinks is not None:
-        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sinks)
+    if softcap is not None:
+        check_backend_call("torch", ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
+    if sink_logits is not None:
+        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sink_logits)
         is_causal = False
     return torch.nn.functional.scaled_dot_product_attention(
         query,
@@ -379,18 +356,14 @@ def _flash(
     query: Tensor,
     key: Tensor,
     value: Tensor,
+    rule: ScoreRule,
     *,
     attn_mask: Tensor | None,
     dropout_p: float,
-    is_causal: bool,
-    scale: float | Tensor | None,
-    window: int | None,
     enable_gqa: bool,
-    align: Alignment,
-    softcap: float | None,
-    sinks: Tensor | None,
 ) -> Tensor:
     check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
+    is_causal, window, align = rule.is_causal, rule.window, rule.align
     if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
         is_causal, align = True, F.causal_bias_alignment(attn_mask)  # flash knows these
     elif isinstance(attn_mask, CausalBias):
@@ -412,10 +385,10 @@ def _flash(
         value,
         is_causal=is_causal,
         window=window,
-        scale=None if scale is None else float(scale),
+        scale=None if rule.scale is None else float(rule.scale),
         align=align,
-        softcap=softcap,
-        sinks=sinks,  # one per query head: after repeat_heads as before
+        softcap=rule.softcap,
+        sink_logits=rule.sink_logits,  # one per query head: after repeat_heads as before
     )
 
 
@@ -434,58 +407,40 @@ def attend(
     query: Tensor,
     key: Tensor,
     value: Tensor,
+    rule: ScoreRule = _PLAIN,
     *,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | Tensor | None = None,
-    window: int | None = None,
     enable_gqa: bool = False,
-    align: Alignment = "top-left",
-    softcap: float | None = None,
-    sinks: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention on `backend`, after the caller's checks.
 
-    See the module docstring for the arguments, the causal rule, `softcap` and `sinks`
-    (`(Hq,)`, one per query head). Raises `ValueError` only for a request the backend
-    cannot serve (`"flash"` with a mask or dropout, `"torch"` with a softcap).
+    See the module docstring for the arguments and the causal rule; `rule` holds the
+    scale, causality, window, softcap and sink logits (`(Hq,)`, one per query head).
+    Raises `ValueError` only for a request the backend cannot serve (`"flash"` with a
+    mask or dropout, `"torch"` with a softcap).
 
     Examples:
         >>> q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
-        >>> outs = [attend(b, q, k, v, window=2, align="bottom-right") for b in BACKEND_NAMES]
+        >>> rule = ScoreRule(window=2, align="bottom-right")
+        >>> outs = [attend(b, q, k, v, rule) for b in BACKEND_NAMES]
         >>> all(torch.allclose(o, outs[0], atol=1e-6) for o in outs)
         True
     """
-    return BACKENDS[backend](
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        window=window,
-        enable_gqa=enable_gqa,
-        align=align,
-        softcap=softcap,
-        sinks=sinks,
+    run = BACKENDS[backend]
+    return run(
+        query, key, value, rule, attn_mask=attn_mask, dropout_p=dropout_p, enable_gqa=enable_gqa
     )
 
 
 def attention_weights(
     query: Tensor,
     key: Tensor,
+    rule: ScoreRule = _PLAIN,
     *,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | Tensor | None = None,
-    window: int | None = None,
     enable_gqa: bool = False,
-    align: Alignment = "top-left",
-    softcap: float | None = None,
-    sinks: Tensor | None = None,
 ) -> Tensor:
     """The weights `(..., L, S)` that [`attend`][attnlab.functional.backends.attend] mixes values
     with.
@@ -495,6 +450,8 @@ def attention_weights(
     [`attention_weights`][attnlab.functional.sdpa.attention_weights].
     """
     t_q, t_k = query.shape[-2], key.shape[-2]
-    mask, causal = _positional_mask(t_q, t_k, attn_mask, is_causal, window, align, query.device)
-    opts = (dropout_p, causal, scale, enable_gqa)
-    return F.attention_weights(query, key, mask, *opts, softcap=softcap, sinks=sinks)
+    mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
+    opts = (dropout_p, causal, rule.scale, enable_gqa)
+    return F.attention_weights(
+        query, key, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits
+    )

@@ -79,7 +79,7 @@ def flash_attention(
     block_size: int | tuple[int, int] = 256,
     align: Alignment = "top-left",
     softcap: float | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention in tiles (FlashAttention), with its own backward pass.
 
@@ -109,10 +109,10 @@ def flash_attention(
     Two score changes of 2024-2025 models ride along in the tiles. `softcap=c`
     (Gemma 2, Gemma Team, 2024, https://arxiv.org/abs/2408.00118) turns each tile's
     scores into $c \tanh(x / c)$, and the backward pass recomputes the $\tanh$ for its
-    derivative $1 - \tanh^2$. `sinks` (gpt-oss, OpenAI, 2025,
+    derivative $1 - \tanh^2$. `sink_logits` (gpt-oss, OpenAI, 2025,
     https://arxiv.org/abs/2508.10925), one learned logit per head, is folded into each
     row's running statistics after its last tile, so the saved log-sum-exp includes it
-    and the backward of $Q$, $K$, $V$ needs nothing more; the sinks' own gradient is
+    and the backward of $Q$, $K$, $V$ needs nothing more; the sink logits' own gradient is
     $-\sum_i p_{i,\text{sink}}\, (dO_i \cdot O_i)$.
 
     float16 and bfloat16 inputs are computed in float32 and the result cast back. Under
@@ -138,7 +138,7 @@ def flash_attention(
             keys $j \le i + S - L$). No effect without `is_causal` or `window`.
         softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
             $c \tanh(x / c)$ with $c$ = `softcap` before masking; a positive float.
-        sinks: Learned attention sinks (gpt-oss), one logit per head `(H,)` for inputs
+        sink_logits: Learned attention sinks (gpt-oss), one logit per head `(H,)` for inputs
             `(..., H, L, E)`: each row's softmax gets one more entry with this logit and
             no value. Differentiable; its gradient is computed in the backward pass.
         block_size: Rows of a tile, `block_q` for the queries and `block_k` for the keys;
@@ -156,7 +156,7 @@ def flash_attention(
             wrong type.
         ValueError: If the shapes, dtypes or devices of `query`, `key` and `value` do not
             fit together, a block size, the window or `softcap` is not positive, `align`
-            is not one of the two, or `sinks` is not one logit per head on the query's
+            is not one of the two, or `sink_logits` is not one logit per head on the query's
             device.
         RuntimeError: If a second derivative is asked of the backward pass (the error
             comes from the second backward, not from this call).
@@ -187,7 +187,7 @@ def flash_attention(
         block_q, block_k = check_block_size(block_size)
         check_choice("align", align, get_args(Alignment))
         check_softcap("softcap", softcap)
-        check_sinks("sinks", sinks, query, query.shape[-3] if query.ndim > 2 else None)
+        check_sinks("sink_logits", sink_logits, query, query.shape[-3] if query.ndim > 2 else None)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     # Query i sits at key position i + offset for the causal and window rules.
@@ -201,14 +201,14 @@ def flash_attention(
     dtype = q.dtype
     wide = compute_dtype(dtype)  # float16/bfloat16 are computed in float32
     q, k, v = q.to(wide), k.to(wide), v.to(wide)
-    if sinks is not None:  # one logit per head -> one per row of the flattened batch
-        sinks = sinks.to(wide).expand(*batch[:-1], batch[-1]).reshape(n)  # (n,)
+    if sink_logits is not None:  # one logit per head -> one per row of the flattened batch
+        sink_logits = sink_logits.to(wide).expand(*batch[:-1], batch[-1]).reshape(n)  # (n,)
     with autocast_off(q.device.type):
         out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
             q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
             k.reshape(n, t_k, e),  # (n, S, E)
             v.reshape(n, t_k, e_v),  # (n, S, Ev)
-            sinks,
+            sink_logits,
             is_causal_window(is_causal, window),
             s,
             block_q,
@@ -242,7 +242,7 @@ class _FlashAttention(torch.autograd.Function):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        sinks: Tensor | None,
+        sink_logits: Tensor | None,
         is_causal: bool,
         scale: float,
         block_q: int,
@@ -256,15 +256,15 @@ class _FlashAttention(torch.autograd.Function):
         lse = q.new_empty(n, t_q)
         args = (is_causal, scale, block_q, block_k, window, offset, softcap)
         for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            sinks_h = None if sinks is None else sinks[h]
-            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, sinks=sinks_h)
-        ctx.save_for_backward(q, k, v, out, lse, *([] if sinks is None else [sinks]))
+            sink_h = None if sink_logits is None else sink_logits[h]
+            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, sink_logits=sink_h)
+        ctx.save_for_backward(q, k, v, out, lse, *([] if sink_logits is None else [sink_logits]))
         ctx.args = args
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, *sinks_saved = ctx.saved_tensors
+        q, k, v, out, lse, *saved_logits = ctx.saved_tensors
         with torch.no_grad(), autocast_off(q.device.type):
             grad_out = grad_out.contiguous()
             dq, dk = torch.zeros_like(q), torch.zeros_like(k)
@@ -278,9 +278,9 @@ class _FlashAttention(torch.autograd.Function):
             # dsink = sum_i P_i,sink (0 - D_i), with D_i = dO_i . O_i and
             # P_i,sink = exp(sink - lse_i): the saved lse includes the sink.
             dsinks = None
-            for sinks in sinks_saved if ctx.needs_input_grad[3] else []:  # none or one
+            for sink_logits in saved_logits if ctx.needs_input_grad[3] else []:  # none or one
                 delta = (grad_out * out).sum(dim=-1)  # (n, L)
-                dsinks = -((sinks[:, None] - lse).exp() * delta).sum(dim=-1)  # (n,)
+                dsinks = -((sink_logits[:, None] - lse).exp() * delta).sum(dim=-1)  # (n,)
         if torch.is_grad_enabled():  # create_graph=True: refuse the second derivative
             dq, dk, dv = _no_second_derivative(dq, dk, dv, q, k, v, grad_out)
         return dq, dk, dv, dsinks, None, None, None, None, None, None, None
@@ -498,18 +498,20 @@ def flash_forward(
     window: int | None = None,
     offset: int = 0,
     softcap: float | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
 ) -> None:
     """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E).
 
     Query i sits at key position i + offset for the causal and window rules. With
-    `softcap`, each score x becomes softcap * tanh(x / softcap); `sinks` (n,) adds one
+    `softcap`, each score x becomes softcap * tanh(x / softcap); `sink_logits` (n,) adds one
     logit with no value to every row's softmax, and to its lse.
     """
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     # A row that sees no key at all: output 0, and lse the sink's logit, or -inf.
-    no_keys: float | Tensor = float("-inf") if sinks is None else sinks[:, None]  # (n, 1)
+    no_keys: float | Tensor = (
+        float("-inf") if sink_logits is None else sink_logits[:, None]
+    )  # (n, 1)
     if t_k == 0:  # no keys at all: PyTorch returns zeros
         out.zero_()
         lse[:] = no_keys
@@ -559,8 +561,8 @@ def flash_forward(
             ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
             m = m_new
-        if sinks is not None:  # the sink: one more logit in the sum, with no value
-            sink2 = (sinks * _LOG2_E)[:, None, None]  # (n, 1, 1), base 2
+        if sink_logits is not None:  # the sink: one more logit in the sum, with no value
+            sink2 = (sink_logits * _LOG2_E)[:, None, None]  # (n, 1, 1), base 2
             m_new = torch.maximum(m, sink2)
             alpha = (m - m_new).exp2_()
             ell.mul_(alpha).add_((sink2 - m_new).exp2_())

@@ -253,21 +253,22 @@ def sink_window_mod(
     t_k: int | None = None,
     *,
     window: int,
-    sinks: int,
+    num_sink_tokens: int,
     align: Alignment = "top-left",
 ) -> MaskMod:
     r"""StreamingLLM's window that keeps the first keys, as a `mask_mod`.
 
     The rule of [`masks.sink_window`][attnlab.rules.masks.sink_window]: query $i$ (at key
-    position $i + o$) sees key $j \le i + o$ if $j > i + o - w$ or $j < \text{sinks}$.
-    These sink *tokens* are a mask; the learned sink *logits* of gpt-oss are the `sinks`
-    argument of [`attention`][attnlab.functional.flex.attention].
+    position $i + o$) sees key $j \le i + o$ if $j > i + o - w$ or $j < n$, the
+    `num_sink_tokens`. These sink *tokens* are a mask; the learned sink *logits* of
+    gpt-oss are the `sink_logits` argument of
+    [`attention`][attnlab.functional.flex.attention].
 
     Args:
         t_q: Number of queries; needed for `align="bottom-right"` only.
         t_k: Number of keys; needed for `align="bottom-right"` only.
         window: Most recent keys each query sees, itself included; a positive int.
-        sinks: How many keys from the start every query sees as well (not its future).
+        num_sink_tokens: How many keys from the start every query sees as well (not its future).
         align: As for [`causal_mod`][attnlab.functional.flex.causal_mod].
 
     Returns:
@@ -275,18 +276,18 @@ def sink_window_mod(
 
     Raises:
         TypeError: If a size is not an int.
-        ValueError: If `window` is not positive, `sinks` is negative, `align` is unknown
+        ValueError: If `window` is not positive, `num_sink_tokens` is negative, `align` is unknown
             or bottom-right lacks a length.
 
     Examples:
-        >>> to_dense(sink_window_mod(window=2, sinks=1), 4)[0, 0].int()
+        >>> to_dense(sink_window_mod(window=2, num_sink_tokens=1), 4)[0, 0].int()
         tensor([[1, 0, 0, 0],
                 [1, 1, 0, 0],
                 [1, 1, 1, 0],
                 [1, 0, 1, 1]], dtype=torch.int32)
     """
     w = check_positive_int("window", window)
-    n = check_nonnegative_int("sinks", sinks)
+    n = check_nonnegative_int("num_sink_tokens", num_sink_tokens)
     offset = _offset(t_q, t_k, align)
 
     def sink_window(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -719,7 +720,7 @@ def block_fraction(block_mask: BlockMask) -> float:
     return float((grid > 0).sum()) / max(grid.numel(), 1)
 
 
-def apply_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
+def apply_sinks(out: Tensor, lse: Tensor, sink_logits: Tensor) -> Tensor:
     r"""Add learned attention sinks to FlexAttention's output, from its log-sum-exp.
 
     A sink logit $s_h$ joins the softmax's denominator and brings no value, so the
@@ -729,7 +730,7 @@ def apply_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
     Args:
         out: FlexAttention's output `(b, H, L, Ev)`.
         lse: Its log-sum-exp (natural log) `(b, H, L)`: `return_aux=AuxRequest(lse=True)`.
-        sinks: One logit per head `(H,)`.
+        sink_logits: One logit per head `(H,)`.
 
     Returns:
         The output with the sinks, `(b, H, L, Ev)`, in `out`'s dtype.
@@ -740,7 +741,7 @@ def apply_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
         tensor([[[0.5000],
                  [1.0000]]])
     """
-    keep = torch.sigmoid(lse.float() - sinks.float()[:, None])  # (b, H, L)
+    keep = torch.sigmoid(lse.float() - sink_logits.float()[:, None])  # (b, H, L)
     return (out * keep[..., None].to(out.dtype)).to(out.dtype)
 
 
@@ -758,15 +759,15 @@ def attention(
     *,
     block_mask: BlockMask | None = None,
     score_mod: ScoreMod | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
     scale: float | None = None,
     enable_gqa: bool = False,
     compiled: bool = False,
 ) -> Tensor:
-    r"""FlexAttention with attnlab's checks, and learned sinks added from the log-sum-exp.
+    r"""FlexAttention with attnlab's checks, and learned sink logits added from the log-sum-exp.
 
     `torch.nn.attention.flex_attention.flex_attention(query, key, value, score_mod,
-    block_mask, scale, enable_gqa)`, then, with `sinks`, the correction of
+    block_mask, scale, enable_gqa)`, then, with `sink_logits`, the correction of
     [`apply_sinks`][attnlab.functional.flex.apply_sinks]. Eager by default (PyTorch then warns that
     it materialises the scores); `compiled=True` runs the kernel compiled by
     `torch.compile` (once per shape and mask: seconds on a CPU), for inference only on
@@ -783,7 +784,7 @@ def attention(
         score_mod: A change of each scaled score, e.g.
             [`alibi_mod`][attnlab.functional.flex.alibi_mod] or
             [`softcap_mod`][attnlab.functional.flex.softcap_mod].
-        sinks: Learned sink logits, one per query head `(H,)` (gpt-oss).
+        sink_logits: Learned sink logits, one per query head `(H,)` (gpt-oss).
         scale: Factor of the scores; default $1/\sqrt{E}$.
         enable_gqa: Let `H` be a multiple of `Hkv` (grouped-query attention).
         compiled: Run the compiled kernel.
@@ -795,9 +796,9 @@ def attention(
         TypeError: If an input is not a floating-point tensor, `block_mask` is not a
             `BlockMask`, `score_mod` does not take 5 positional arguments, or a flag is
             not a bool.
-        ValueError: If the inputs are not 4-d or do not fit together, or `sinks` is not
+        ValueError: If the inputs are not 4-d or do not fit together, or `sink_logits` is not
             one logit per head.
-        NotImplementedError: For `sinks` with `compiled=True` on a CPU, whose compiled
+        NotImplementedError: For `sink_logits` with `compiled=True` on a CPU, whose compiled
             kernel does not return the log-sum-exp (PyTorch 2.13).
 
     Examples:
@@ -822,11 +823,11 @@ def attention(
         _check_block_mask(block_mask)
     if score_mod is not None:
         _check_mod("score_mod", score_mod, 5, _SCORE_ARGS)
-    check_sinks("sinks", sinks, q, q.shape[1])
+    check_sinks("sink_logits", sink_logits, q, q.shape[1])
     check_scale("scale", scale)
     check_bool("enable_gqa", enable_gqa)
     check_bool("compiled", compiled)
-    if compiled and sinks is not None and q.device.type == "cpu":
+    if compiled and sink_logits is not None and q.device.type == "cpu":
         raise NotImplementedError(
             "sinks with compiled=True need FlexAttention's log-sum-exp, which its compiled "
             "CPU kernel does not return (PyTorch: 'return_lse is not supported yet'); run "
@@ -837,8 +838,8 @@ def attention(
     if compiled:
         kernel = _compiled_flex()
     args = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
-    if sinks is None:
+    if sink_logits is None:
         out: Tensor = kernel(q, k, v, **args, enable_gqa=enable_gqa)
         return out
     out, aux = kernel(q, k, v, **args, enable_gqa=enable_gqa, return_aux=AuxRequest(lse=True))
-    return apply_sinks(out, aux.lse, sinks)
+    return apply_sinks(out, aux.lse, sink_logits)

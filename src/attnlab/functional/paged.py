@@ -36,6 +36,7 @@ from attnlab.rules._validation import (
     is_integer_dtype,
     value_checks_enabled,
 )
+from attnlab.rules.scores import ScoreRule
 
 __all__ = [
     "Method",
@@ -292,7 +293,8 @@ def _gather_attention(pages: Pages, backend: Backend) -> Tensor:
     rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
     mask = _visible(key_positions, rows)[None]  # (1, b, g * t_q, S)
     q = _group_queries(query, kv)  # (kv, b, g * t_q, e)
-    out = attend(backend, q, keys, values, attn_mask=mask, scale=scale)  # (kv, b, g*t_q, e_v)
+    rule = ScoreRule(scale=scale)
+    out = attend(backend, q, keys, values, rule, attn_mask=mask)  # (kv, b, g*t_q, e_v)
     return _ungroup(out, h, t_q)  # (b, num_heads, t_q, v_head_dim)
 
 

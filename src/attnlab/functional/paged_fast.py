@@ -41,6 +41,7 @@ from attnlab.functional.paged import (
 )
 from attnlab.rules import masks
 from attnlab.rules._precision import autocast_inputs, compute_dtype
+from attnlab.rules.scores import ScoreRule
 
 __all__: list[str] = []  # paged_attention_fast is unchecked: its callers check first
 
@@ -248,7 +249,8 @@ def _fused_online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
             key_positions = torch.arange(start, end, device=query.device)  # (T,)
             seen = _visible(key_positions, rows)[None]  # (1, b, g * t_q, T)
         if used <= blocks_per_tile:  # one tile, which holds key 0: no merging
-            out = attend("torch", q, k, v, attn_mask=seen, scale=scale)  # (kv, b, g*t_q, e_v)
+            rule = ScoreRule(scale=scale)
+            out = attend("torch", q, k, v, rule, attn_mask=seen)  # (kv, b, g*t_q, e_v)
             return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
         mask = None
         if seen is not None:  # the kernel takes an additive mask of the query's dtype

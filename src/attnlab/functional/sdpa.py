@@ -312,7 +312,7 @@ def _weights(
     scale: float | Tensor | None,
     enable_gqa: bool,
     softcap: float | None,
-    sinks: Tensor | None,
+    sink_logits: Tensor | None,
 ) -> Tensor:
     if enable_gqa:
         key = repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
@@ -333,13 +333,13 @@ def _weights(
     elif attn_mask is not None:
         # A float mask is a bias added to the scores (-inf hides, finite values nudge).
         logits = logits + attn_mask.to(logits.dtype)
-    if sinks is None:
+    if sink_logits is None:
         weights = _softmax_or_zeros(logits)  # (..., L, S)
     else:
         # gpt-oss: one more logit per head joins every row's softmax and takes its share
         # of the weight, but has no value, so a row's weights sum to less than 1. A row
         # whose keys are all masked gives the sink everything: zero weights, no NaN.
-        sink = sinks.to(logits.dtype)[:, None, None].expand(*logits.shape[:-1], 1)
+        sink = sink_logits.to(logits.dtype)[:, None, None].expand(*logits.shape[:-1], 1)
         with_sink = torch.cat([logits, sink], dim=-1)  # (..., H, L, S + 1)
         weights = torch.softmax(with_sink, dim=-1)[..., :-1]  # (..., H, L, S)
     if dropout_p > 0.0:
@@ -359,7 +359,7 @@ def _attend(
     scale: float | Tensor | None,
     enable_gqa: bool,
     softcap: float | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
 ) -> Tensor:
     """The weights (`value` None) or the output of attention, without the checks."""
     # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
@@ -373,7 +373,7 @@ def _attend(
         wide = compute_dtype(dtype)  # float16/bfloat16 are attended in float32
         query, key = query.to(wide), key.to(wide)
         value = None if value is None else value.to(wide)
-        args = (dropout_p, is_causal, scale, enable_gqa, softcap, sinks)
+        args = (dropout_p, is_causal, scale, enable_gqa, softcap, sink_logits)
         weights = _weights(query, key, attn_mask, *args)
         if value is None:
             return weights.to(dtype)  # (..., L, S)
@@ -392,7 +392,7 @@ def _check_public(
     scale: float | Tensor | None,
     enable_gqa: bool,
     softcap: float | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The checks of the two public functions, on the inputs as autocast casts them.
 
@@ -407,7 +407,7 @@ def _check_public(
     args = (dropout_p, is_causal, scale, enable_gqa)
     q, _, _, target = _check_attention_args(query, key, value, attn_mask, *args)
     check_softcap("softcap", softcap)
-    check_sinks("sinks", sinks, q, target[-3] if len(target) > 2 else None)
+    check_sinks("sink_logits", sink_logits, q, target[-3] if len(target) > 2 else None)
     return query, key, value, attn_mask
 
 
@@ -422,7 +422,7 @@ def attention_weights(
     enable_gqa: bool = False,
     *,
     softcap: float | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
 ) -> Tensor:
     r"""Attention weights $\alpha$, the part of scaled dot-product attention before the values.
 
@@ -447,12 +447,12 @@ def attention_weights(
             0-d tensor; default $1 / \sqrt{E}$.
         enable_gqa: Let `H` key heads serve `Hq` query heads (`H` must divide `Hq`).
         softcap: Logit softcapping, as in `scaled_dot_product_attention`.
-        sinks: Learned sink logits `(H,)`, as in `scaled_dot_product_attention`.
+        sink_logits: Learned sink logits `(H,)`, as in `scaled_dot_product_attention`.
 
     Returns:
         Weights of shape `(..., L, S)`, in the query's dtype (the autocast dtype inside
         `torch.autocast`). Each row sums to 1 (without dropout), except a row whose keys
-        are all masked, which is all zeros; with `sinks`, a row sums to 1 minus the
+        are all masked, which is all zeros; with `sink_logits`, a row sums to 1 minus the
         sink's share.
 
     Raises:
@@ -461,7 +461,7 @@ def attention_weights(
         ValueError: If shapes, dtypes or devices disagree, the mask does not broadcast (or a
             `CausalBias` has other lengths), `dropout_p` is not in [0, 1), `scale` is not
             finite, both `attn_mask` and `is_causal` are given, `softcap` is not
-            positive, or `sinks` has not one logit per head.
+            positive, or `sink_logits` has not one logit per head.
 
     Examples:
         >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -477,8 +477,8 @@ def attention_weights(
                 [0.0000, 0.0000, 0.0000]])
     """
     opts = (dropout_p, is_causal, scale, enable_gqa)
-    args = _check_public(query, key, None, attn_mask, *opts, softcap, sinks)
-    return _attend(*args, *opts, softcap, sinks)
+    args = _check_public(query, key, None, attn_mask, *opts, softcap, sink_logits)
+    return _attend(*args, *opts, softcap, sink_logits)
 
 
 @entry
@@ -494,7 +494,7 @@ def scaled_dot_product_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
-    sinks: Tensor | None = None,
+    sink_logits: Tensor | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention from scratch, with the semantics of PyTorch's.
 
@@ -548,7 +548,7 @@ def scaled_dot_product_attention(
             $c \tanh(x / c)$ with $c$ = `softcap` before the mask is applied, so none
             exceeds $c$ in size. A positive float; None (the default) leaves them as
             they are.
-        sinks: Learned attention sinks (gpt-oss): one logit per head, shape `(H,)` for
+        sink_logits: Learned attention sinks (gpt-oss): one logit per head, shape `(H,)` for
             the weights' head dimension `(..., H, L, S)` (the query heads with
             `enable_gqa`). Each joins its head's softmax as one more entry with no
             value, so it takes weight without adding to the output; differentiable.
@@ -565,7 +565,7 @@ def scaled_dot_product_attention(
             broadcast (or a `CausalBias` has other lengths), `dropout_p` is not in [0, 1),
             `scale` is not finite, both `attn_mask` and `is_causal` (or `window`) are
             given, `window` is not a positive int, `softcap` is not a positive number,
-            or `sinks` is not one logit per head (shape `(H,)`) on the query's device.
+            or `sink_logits` is not one logit per head (shape `(H,)`) on the query's device.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -589,11 +589,11 @@ def scaled_dot_product_attention(
         torch.bfloat16
     """
     opts = (dropout_p, is_causal, scale, enable_gqa)
-    args = _check_public(query, key, value, attn_mask, *opts, softcap, sinks)
+    args = _check_public(query, key, value, attn_mask, *opts, softcap, sink_logits)
     if window is None:
-        return _attend(*args, *opts, softcap, sinks)
+        return _attend(*args, *opts, softcap, sink_logits)
     if checking():
         masks.check_window(window, attn_mask)
     q, k, v, _ = args
     band = masks.band(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
-    return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa, softcap, sinks)
+    return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa, softcap, sink_logits)

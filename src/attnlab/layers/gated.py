@@ -21,17 +21,17 @@ __all__ = ["GatedAttention"]
 class GatedAttention(nn.Module):
     r"""Attention whose heads are gated before the output projection (Qwen3-Next).
 
-    $\operatorname{o\_proj}(\operatorname{heads}(x) \odot
+    $\operatorname{out\_proj}(\operatorname{heads}(x) \odot
     \sigma(\operatorname{gate\_proj}(x)))$: each feature of each head's output is scaled
     by a sigmoid of the token's own projection (Qiu et al., "Gated Attention for Large
     Language Models", 2025, https://arxiv.org/abs/2505.06708), which lets a head output
     nothing without parking its attention on a sink token.
 
     Built around a [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention], whose
-    `o_proj` it takes over (the inner module then returns the concatenated heads).
+    `out_proj` it takes over (the inner module then returns the concatenated heads).
 
     Args:
-        attention: The attention; its `o_proj` becomes this module's.
+        attention: The attention; its `out_proj` becomes this module's.
     """
 
     def __init__(self, attention: GroupedQueryAttention) -> None:
@@ -42,12 +42,12 @@ class GatedAttention(nn.Module):
             )
         features = attention.num_heads * attention.head_dim
         self.gate_proj = nn.Linear(attention.d_model, features, bias=attention.bias)
-        self.o_proj = attention.o_proj
-        attention.o_proj = nn.Identity()  # type: ignore[assignment]
+        self.out_proj = attention.out_proj
+        attention.out_proj = nn.Identity()  # type: ignore[assignment]
         self.attention = attention
 
     def _gate(self, x: Tensor, heads: Tensor) -> Tensor:
-        out: Tensor = self.o_proj(heads * torch.sigmoid(self.gate_proj(x)))  # (b, t, d_model)
+        out: Tensor = self.out_proj(heads * torch.sigmoid(self.gate_proj(x)))  # (b, t, d_model)
         return out
 
     def check_cache(self, cache: object, **kwargs: Any) -> AttentionCache | None:

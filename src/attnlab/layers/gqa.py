@@ -41,13 +41,11 @@ from attnlab.functional.backends import (
     attention_weights,
     check_backend_call,
 )
-from attnlab.layers.norms import QK_NORMS, QKNorm, RMSNorm
+from attnlab.layers.norms import QKNorm, QKNormSpec, RMSNorm
 from attnlab.rules._validation import (
     check_attn_mask,
     check_bool,
-    check_choice,
     check_multiple,
-    check_positive_float,
     check_positive_int,
     check_probability,
     check_scale,
@@ -58,17 +56,14 @@ from attnlab.rules._validation import (
 )
 from attnlab.rules.masks import check_causal_window, check_window
 from attnlab.rules.rope import (
-    RopeLayout,
-    check_base,
-    check_head_dim,
-    check_layout,
-    check_rope_dims,
+    Rope,
+    check_rope,
     check_rope_inputs,
     default_positions,
     rope_cos_sin,
     rotate,
 )
-from attnlab.rules.rope_scaling import RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 __all__ = ["GroupedQueryAttention", "check_attention_inputs"]
 
@@ -113,12 +108,30 @@ def check_attention_inputs(
     return x
 
 
+def _check_scores(scores: object) -> tuple[int | None, float | None, float | None]:
+    """A layer's `scores` rule as its `(window, scale, softcap)`; raise naming `scores`.
+
+    Causality and learned sinks are the layer's per call and its own parameter, so a
+    rule that sets them is refused rather than silently overridden.
+    """
+    if not isinstance(scores, ScoreRule):
+        raise TypeError(f"scores must be a ScoreRule, got {type(scores).__name__}")
+    if scores.is_causal or scores.align != "top-left" or scores.sink_logits is not None:
+        raise ValueError(
+            "scores sets is_causal, align or sink_logits, which a layer decides itself: "
+            "pass forward(..., is_causal=...) and learned_sinks=True instead"
+        )
+    window = check_window(scores.window, None)
+    scale = check_scale("scores.scale", scores.scale)
+    return window, scale, check_softcap("scores.softcap", scores.softcap)
+
+
 class GroupedQueryAttention(nn.Module):
     r"""Causal grouped-query self-attention with optional RoPE, sliding window and KV cache.
 
     The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
     `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
-    and `o_proj` maps the concatenated heads back to `d_model`. The attention runs on
+    and `out_proj` maps the concatenated heads back to `d_model`. The attention runs on
     PyTorch's `scaled_dot_product_attention` (`backend="torch"`), attnlab's
     [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
     (`backend="scratch"`) or [`flash_attention`][attnlab.functional.flash.flash_attention]
@@ -140,53 +153,51 @@ class GroupedQueryAttention(nn.Module):
         num_kv_heads: Key/value heads; a divisor of `num_heads`. Default `num_heads`
             (multi-head attention); 1 is multi-query attention.
         head_dim: Features per head; default `d_model // num_heads` (then `d_model` must
-            be a multiple of `num_heads`). Even if `rope` is True.
+            be a multiple of `num_heads`). Even with a `rope` that rotates all of it.
         bias: Whether `q_proj`, `k_proj` and `v_proj` have a bias (Qwen2: True).
-        out_bias: Whether `o_proj` has a bias; default `bias` (Llama's `attention_bias`
-            sets all four, Qwen2 has none on `o_proj`).
-        rope: Rotate queries and keys by their positions
-            ([`apply_rope`][attnlab.rules.rope.apply_rope]);
-            False for a NoPE layer (SmolLM3 leaves every fourth layer unrotated).
-        rope_base: RoPE's base $\theta$ (`rope_theta` of a Hugging Face config); above 1.
-        rope_layout: `"half"` (Llama / Hugging Face) or `"interleaved"`.
-        rope_scaling: A context-extension rule for RoPE's frequencies
-            ([`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling]: Llama 3.1's `"llama3"`,
-            `"linear"`, `"dynamic"`, `"yarn"`), or None for plain RoPE.
-        rope_dims: How many features of each query and key head are rotated, the first
-            ones (partial RoPE: `head_dim * partial_rotary_factor` in GPT-NeoX, StableLM
-            or Phi); the rest pass unrotated. Default `head_dim`; even.
-        window: Sliding-window size (keys per query, itself included), or None.
-        scale: The factor of the scores $q \cdot k$; default $1 / \sqrt{\text{head\_dim}}$
-            (Gemma: `query_pre_attn_scalar ** -0.5`).
-        qk_norm: QK-norm: an [`RMSNorm`][attnlab.layers.norms.RMSNorm] of the queries and the
-            keys before RoPE, learned weights `q_norm` and `k_norm`. `"head"` normalises
-            each head's `head_dim` features (weights of shape `(head_dim,)`, shared by
-            the heads; Qwen3, Gemma 3), `"projection"` the whole projection before the
-            split into heads (weights `(num_heads * head_dim,)` and
+        out_bias: Whether `out_proj` has a bias; default `bias` (Llama's `attention_bias`
+            sets all four, Qwen2 has none on `out_proj`).
+        rope: Rotate queries and keys by their positions, by the rule of a
+            [`Rope`][attnlab.rules.rope.Rope] (its base, layout, rotated features and
+            context-extension scaling; [`apply_rope`][attnlab.rules.rope.apply_rope]);
+            None for a NoPE layer (SmolLM3 leaves every fourth layer unrotated).
+        scores: The layer's [`ScoreRule`][attnlab.rules.scores.ScoreRule]: its `window`
+            (sliding-window size, keys per query, itself included, as in Mistral), its
+            `scale` (the factor of the scores $q \cdot k$; default
+            $1 / \sqrt{\text{head\_dim}}$, Gemma: `query_pre_attn_scalar ** -0.5`) and
+            its `softcap` (Gemma 2: the scaled scores $x$ become $c \tanh(x / c)$ before
+            the mask; PyTorch's SDPA cannot do it: needs `backend="scratch"` or
+            `"flash"`). Causality is `forward`'s `is_causal`, and learned sinks are
+            `learned_sinks`, so the rule leaves `is_causal`, `align` and `sink_logits`
+            unset.
+        qk_norm: QK-norm ([`QKNormSpec`][attnlab.layers.norms.QKNormSpec]): an
+            [`RMSNorm`][attnlab.layers.norms.RMSNorm] of the queries and the keys before
+            RoPE, learned weights `q_norm` and `k_norm`, over each head's `head_dim`
+            features (`"head"`; weights `(head_dim,)` shared by the heads; Qwen3,
+            Gemma 3) or over the whole projection before the split into heads
+            (`"projection"`; weights `(num_heads * head_dim,)` and
             `(num_kv_heads * head_dim,)`; OLMo 2); None for none.
-        qk_norm_eps: The epsilon of those norms (`rms_norm_eps` of the config).
-        qk_norm_unit_offset: The norms scale by `1 + weight` (Gemma 3) instead of
-            `weight`.
-        softcap: Logit softcapping (Gemma 2): the scaled scores $x$ become
-            $c \tanh(x / c)$ with $c$ = `softcap` before the mask; a positive float, or
-            None. PyTorch's SDPA cannot do it: needs `backend="scratch"` or `"flash"`.
-        sinks: Learned attention sinks (gpt-oss): a parameter `sinks` of shape
-            `(num_heads,)`, one logit per query head that joins every row's softmax
+        learned_sinks: Learned attention sinks (gpt-oss): a parameter `sink_logits` of
+            shape `(num_heads,)`, one logit per query head that joins every row's softmax
             with no value (initialised to zeros), on every backend.
+        dropout: Probability of dropping an attention weight, in training mode only.
+        backend: `"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs.
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
 
     Raises:
-        TypeError: If a size is not an int, a flag not a bool, or `dropout`, `scale`,
-            `softcap` or `qk_norm_eps` not a number.
+        TypeError: If a size is not an int, a flag not a bool, `rope`, `scores` or
+            `qk_norm` not of its class, or `dropout`, `scores.scale`, `scores.softcap`
+            or `qk_norm.eps` not a number.
         ValueError: If a size is not positive, `num_heads` is not a multiple of
             `num_kv_heads`, `d_model` is not a multiple of `num_heads` without
-            `head_dim`, `head_dim` is odd with `rope`, `rope_dims` is odd or above
-            `head_dim`, `rope_base` is not above 1, `scale` is not finite, `softcap` or
-            `qk_norm_eps` is not positive, `qk_norm` is not `"head"`, `"projection"`
-            or None, `dropout`, `rope_layout` or `backend` is out of range, or
-            `backend="torch"` comes with a `softcap`.
+            `head_dim`, the features `rope` rotates (`rope.dims`, else `head_dim`) are
+            odd or above `head_dim`, `rope.base` is not above 1, `scores.scale` is not
+            finite, `scores.softcap` or `qk_norm.eps` is not positive, `scores` sets
+            `is_causal`, `align` or `sink_logits`, `qk_norm.over` is not `"head"` or
+            `"projection"`, `dropout`, `rope.layout` or `backend` is out of range, or
+            `backend="torch"` comes with a softcap.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -210,18 +221,10 @@ class GroupedQueryAttention(nn.Module):
         head_dim: int | None = None,
         bias: bool = False,
         out_bias: bool | None = None,
-        rope: bool = True,
-        rope_base: float = 10000.0,
-        rope_layout: RopeLayout = "half",
-        rope_scaling: RopeScaling | None = None,
-        rope_dims: int | None = None,
-        window: int | None = None,
-        scale: float | None = None,
-        qk_norm: QKNorm | None = None,
-        qk_norm_eps: float = 1e-6,
-        qk_norm_unit_offset: bool = False,
-        softcap: float | None = None,
-        sinks: bool = False,
+        rope: Rope | None = Rope(),
+        scores: ScoreRule = ScoreRule(),
+        qk_norm: QKNormSpec | None = None,
+        learned_sinks: bool = False,
         dropout: float = 0.0,
         backend: Backend = "torch",
     ) -> None:
@@ -245,44 +248,30 @@ class GroupedQueryAttention(nn.Module):
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.bias = check_bool("bias", bias)
         self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
-        self.rope = check_bool("rope", rope)
-        self.rope_base = check_base(rope_base, "rope_base")
-        self.rope_layout = check_layout(rope_layout, "rope_layout")
-        if rope_scaling is not None and not isinstance(rope_scaling, RopeScaling):
-            raise TypeError(
-                f"rope_scaling must be a RopeScaling or None, got {type(rope_scaling).__name__}"
-            )
-        self.rope_scaling = rope_scaling
-        if rope_dims is not None:
-            check_rope_dims(rope_dims, self.head_dim)
-        elif self.rope:
-            check_head_dim(self.head_dim)
-        self.rope_dims = self.head_dim if rope_dims is None else rope_dims
-        self.window = check_window(window, None)
-        self.scale = check_scale("scale", scale)
-        if qk_norm is not None:
-            check_choice("qk_norm", qk_norm, QK_NORMS)
-        self.qk_norm = qk_norm
-        eps = check_positive_float("qk_norm_eps", qk_norm_eps)
-        unit_offset = check_bool("qk_norm_unit_offset", qk_norm_unit_offset)
-        self.softcap = check_softcap("softcap", softcap)
+        self.rope_dims = check_rope(rope, self.head_dim) or self.head_dim
+        self.rope = rope
+        self.window, self.scale, self.softcap = _check_scores(scores)
+        if qk_norm is not None and not isinstance(qk_norm, QKNormSpec):
+            raise TypeError(f"qk_norm must be a QKNormSpec or None, got {type(qk_norm).__name__}")
+        self.qk_norm = None if qk_norm is None else qk_norm.check()
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
-        check_backend_call(backend, attn_mask=None, dropout_p=0.0, softcap=self.softcap)
-        self.sinks: nn.Parameter | None = None
-        if check_bool("sinks", sinks):
-            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+        check_backend_call(backend, ScoreRule(softcap=self.softcap), attn_mask=None, dropout_p=0.0)
+        self.sink_logits: nn.Parameter | None = None
+        if check_bool("learned_sinks", learned_sinks):
+            self.sink_logits = nn.Parameter(torch.zeros(self.num_heads))
         q_features = self.num_heads * self.head_dim
         kv_features = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, q_features, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
-        self.o_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
+        self.out_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if self.qk_norm is not None:
-            per_head = self.qk_norm == "head"
+            per_head = self.qk_norm.over == "head"
             q_dim, k_dim = (self.head_dim, self.head_dim) if per_head else (q_features, kv_features)
+            eps, unit_offset = self.qk_norm.eps, self.qk_norm.unit_offset
             self.q_norm = RMSNorm(q_dim, eps, unit_offset=unit_offset)
             self.k_norm = RMSNorm(k_dim, eps, unit_offset=unit_offset)
 
@@ -295,21 +284,15 @@ class GroupedQueryAttention(nn.Module):
         return self.num_heads // self.num_kv_heads
 
     def extra_repr(self) -> str:
-        rope = (
-            f"rope_base={self.rope_base}, rope_layout={self.rope_layout!r}"
-            + ("" if self.rope_scaling is None else f", rope_scaling={self.rope_scaling}")
-            + ("" if self.rope_dims == self.head_dim else f", rope_dims={self.rope_dims}")
-            if self.rope
-            else "rope=False"
-        )
+        rope = "rope=None" if self.rope is None else f"rope={self.rope}"
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {rope}, "
             f"window={self.window}, bias={self.bias}, out_bias={self.out_bias}, "
             + ("" if self.scale is None else f"scale={self.scale}, ")
-            + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm!r}, ")
+            + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm}, ")
             + ("" if self.softcap is None else f"softcap={self.softcap}, ")
-            + ("" if self.sinks is None else "sinks=True, ")
+            + ("" if self.sink_logits is None else "learned_sinks=True, ")
             + f"dropout={self.dropout}, backend={self.backend!r}"
         )
 
@@ -347,8 +330,10 @@ class GroupedQueryAttention(nn.Module):
         The cache checks its own append (in `update`, once per forward); RoPE's rules are
         `rope`'s.
         """
-        if position_embeddings is not None and not self.rope:
-            raise ValueError("position_embeddings needs a module built with rope=True")
+        if position_embeddings is not None and self.rope is None:
+            raise ValueError(
+                "position_embeddings needs a module built with rope (a Rope, not None)"
+            )
         checked = self.check_cache(cache)
         check_attention_inputs(
             x,
@@ -364,10 +349,11 @@ class GroupedQueryAttention(nn.Module):
             is_causal=is_causal,
             window=self.window,
         )
-        if self.sinks is not None and tuple(self.sinks.shape) != (self.num_heads,):
-            raise ValueError(  # a user may have assigned another tensor to module.sinks
-                f"sinks must hold one logit per query head, shape ({self.num_heads},), got "
-                f"sinks.shape={tuple(self.sinks.shape)}"
+        logits = self.sink_logits
+        if logits is not None and tuple(logits.shape) != (self.num_heads,):
+            raise ValueError(  # a user may have assigned another tensor to module.sink_logits
+                f"sink_logits must hold one logit per query head, shape ({self.num_heads},), "
+                f"got sink_logits.shape={tuple(logits.shape)}"
             )
 
     # -- computation ---------------------------------------------------------------------
@@ -461,7 +447,7 @@ class GroupedQueryAttention(nn.Module):
                 with `position_embeddings` (or those do not fit); the cache cannot take
                 the new keys and values (batch size, heads, head size, dtype, device, or
                 a full static cache) or is a rolling cache narrower than the window; the
-                mask does not broadcast; `is_causal=False` with a window; `sinks` was
+                mask does not broadcast; `is_causal=False` with a window; `sink_logits` was
                 replaced by a tensor not of shape `(num_heads,)`; `backend="flash"` gets
                 a mask or dropout; or `backend="torch"` is set on a module with a
                 `softcap`.
@@ -472,9 +458,17 @@ class GroupedQueryAttention(nn.Module):
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
         dropout_p = self.dropout if self.training else 0.0
-        check_backend_call(
-            self.backend, attn_mask=attn_mask, dropout_p=dropout_p, softcap=self.softcap
+        window = self.window if is_causal else None
+        # The new queries are the last t of the t_k keys: the causal mask is bottom-right.
+        rule = ScoreRule(
+            scale=self.scale,
+            is_causal=is_causal,
+            align="bottom-right",
+            window=window,
+            softcap=self.softcap,
+            sink_logits=self.sink_logits,
         )
+        check_backend_call(self.backend, rule, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
@@ -487,24 +481,24 @@ class GroupedQueryAttention(nn.Module):
         v = self.v_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
         q, k = self._qk_normed(q, k, "head")  # Qwen3, Gemma 3: each head on its own
 
-        if self.rope:
+        if self.rope is not None:
             if position_embeddings is None:
                 if positions is None:
                     past = 0 if cache is None else cache.seen
                     positions = default_positions(past, t, x.device)  # (t,)
                 # One table for queries and keys, computed once per forward.
+                base, scaling = self.rope.base, self.rope.scaling
                 position_embeddings = rope_cos_sin(
-                    positions, self.rope_dims, base=self.rope_base, scaling=self.rope_scaling
+                    positions, self.rope_dims, base=base, scaling=scaling
                 )
             q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
             k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
-        window = self.window if is_causal else None
-        rules = (attn_mask, self.window, self.scale, self.softcap, self.sinks)
+        rules = (attn_mask, self.window, self.scale, self.softcap, self.sink_logits)
         unserved = dropout_p or need_weights or any(r is not None for r in rules)
         if cache is not None and cache.ragged and unserved:
             raise ValueError(
                 f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                "window, dropout, need_weights, scale, softcap or sinks"
+                "window, dropout, need_weights, scale, softcap or sink_logits"
             )
         attended: list[tuple[Tensor, Tensor | None]] = []  # keys and mask, for need_weights
 
@@ -515,60 +509,39 @@ class GroupedQueryAttention(nn.Module):
                 # them: the window dropped the oldest, or a RollingKVCache forgot them.
                 mask = mask[..., -k.shape[2] :]
             attended.append((k, mask))
-            # The new queries are the last t of the t_k keys: the causal mask is
-            # bottom-right.
-            return attend(
-                self.backend,
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                scale=self.scale,
-                window=window,
-                enable_gqa=True,
-                align="bottom-right",
-                softcap=self.softcap,
-                sinks=self.sinks,
-            )  # (b, h, t, head_dim)
+            out = attend(
+                self.backend, q, k, v, rule, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
+            )
+            return out  # (b, h, t, head_dim)
 
         # The cache stores the new keys and values and runs the kernel over the ones the
         # queries see (a paged view reads its blocks instead).
         heads = kernel(q, k, v) if cache is None else cache.attend(q, k, v, kernel, window=window)
         concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
-        out: Tensor = self.o_proj(concat)  # (b, t, d_model)
+        out: Tensor = self.out_proj(concat)  # (b, t, d_model)
         out = out[0] if unbatched else out
         if not need_weights:
             return out
         k, mask = attended[0]
-        weights = attention_weights(
-            q,
-            k,
-            attn_mask=mask,
-            is_causal=is_causal,
-            scale=self.scale,
-            window=window,
-            enable_gqa=True,
-            align="bottom-right",
-            softcap=self.softcap,
-            sinks=self.sinks,
-        )  # (b, h, t, t_k)
+        weights = attention_weights(q, k, rule, attn_mask=mask, enable_gqa=True)  # (b, h, t, t_k)
         return out, weights[0] if unbatched else weights
 
     def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:
         """QK-norm of `q` and `k` if this module normalises at `where`; else them unchanged."""
-        if self.qk_norm != where or self.q_norm is None or self.k_norm is None:
+        if self.qk_norm is None or self.qk_norm.over != where:
+            return q, k
+        if self.q_norm is None or self.k_norm is None:
             return q, k
         return self.q_norm(q), self.k_norm(k)
 
     def _rotate(self, x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
         """RoPE on the first `rope_dims` features of each head; the rest pass (partial RoPE)."""
         cos, sin = cos_sin
+        layout = "half" if self.rope is None else self.rope.layout
         if self.rope_dims == self.head_dim:
-            return rotate(x, cos, sin, layout=self.rope_layout)
+            return rotate(x, cos, sin, layout=layout)
         turned, kept = x[..., : self.rope_dims], x[..., self.rope_dims :]  # (..., t, d_rot)
-        return torch.cat((rotate(turned, cos, sin, layout=self.rope_layout), kept), dim=-1)
+        return torch.cat((rotate(turned, cos, sin, layout=layout), kept), dim=-1)
 
     # -- interoperability with Hugging Face transformers ---------------------------------
 
@@ -590,28 +563,29 @@ class GroupedQueryAttention(nn.Module):
         | `q_proj` | `q_proj` | `(num_heads * head_dim, d_model)` |
         | `k_proj` | `k_proj` | `(num_kv_heads * head_dim, d_model)` |
         | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
-        | `o_proj` | `o_proj` | `(d_model, num_heads * head_dim)` |
+        | `o_proj` | `out_proj` | `(d_model, num_heads * head_dim)` |
         | `q_norm`, `k_norm` | `q_norm`, `k_norm` | `(head_dim,)`; OLMo 2: the projections' |
-        | `sinks` | `sinks` | `(num_heads,)` |
+        | `sinks` | `sink_logits` | `(num_heads,)` |
 
         Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
         `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
         (`config.attention_bias`); Mistral has none.
 
         From the config and the layer: `hidden_size` (`d_model`), `num_attention_heads`,
-        `num_key_value_heads`, the layer's `head_dim`, its `scaling` (as `scale` where it
-        is not `head_dim ** -0.5`: Gemma's `query_pre_attn_scalar ** -0.5`),
+        `num_key_value_heads`, the layer's `head_dim`, its `scaling` (as `scores.scale`
+        where it is not `head_dim ** -0.5`: Gemma's `query_pre_attn_scalar ** -0.5`),
         `rope_parameters["rope_theta"]` (`rope_theta` in older versions; Gemma 3's
         `rope_parameters` hold one entry per layer type, read for this layer's
         `layer_type`), `attention_dropout`, and the sliding window: the layer's
         `sliding_window` (Qwen2, Qwen3, SmolLM3, Gemma 3 set it only on layers whose
         `layer_types` entry is `"sliding_attention"`), else Mistral's
         `config.sliding_window`; QK-norm from the layer's `q_norm` and `k_norm` (their
-        epsilon, and Gemma's `1 + weight` as `qk_norm_unit_offset`); partial RoPE
+        epsilon, and Gemma's `1 + weight` as `qk_norm.unit_offset`); partial RoPE
         (`module.rotary_ndims`, StableLM's `head_dim * partial_rotary_factor`) as
-        `rope_dims`; Gemma 2's `attn_logit_softcapping` as `softcap`; gpt-oss's `sinks`;
-        SmolLM3's NoPE layers (`module.use_rope` False, from
-        `config.no_rope_layers`) as `rope=False`; and RoPE's context extension
+        `rope.dims`; Gemma 2's `attn_logit_softcapping` as `scores.softcap`; gpt-oss's
+        `sinks` (as `learned_sinks`, the logits in `sink_logits`); SmolLM3's NoPE layers
+        (`module.use_rope` False, from `config.no_rope_layers`) as `rope=None`; and
+        RoPE's context extension
         ([`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]: `"linear"`,
         `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2). Gemma 3's layer keeps
         `attn_logit_softcapping` but does not apply it, so neither does the port.

@@ -49,8 +49,17 @@ from attnlab.rules._validation import (
     entry,
 )
 from attnlab.rules.masks import check_window, needs_mask
-from attnlab.rules.rope import check_base, check_head_dim, default_positions, rope_cos_sin, rotate
+from attnlab.rules.rope import (
+    RopeLayout,
+    check_base,
+    check_head_dim,
+    check_layout,
+    default_positions,
+    rope_cos_sin,
+    rotate,
+)
 from attnlab.rules.rope_scaling import yarn_mscale
+from attnlab.rules.scores import ScoreRule
 
 __all__ = ["MultiHeadLatentAttention", "mla_softmax_scale"]
 
@@ -153,8 +162,9 @@ class MultiHeadLatentAttention(nn.Module):
         rope_scale: Factor on the rotated queries and keys (Hugging Face's
             `attention_scaling` of the rotary embedding; 1 for plain RoPE and for
             DeepSeek-V3's YaRN settings).
-        rope_interleave: Rotate interleaved feature pairs (DeepSeek's checkpoints, and
-            Hugging Face's default) rather than the two halves.
+        rope_layout: Which features RoPE pairs ([`RopeLayout`][attnlab.rules.rope.RopeLayout]):
+            `"interleaved"` neighbours (DeepSeek's checkpoints, Hugging Face's
+            `rope_interleave=True`, the default) or `"half"` the two halves.
         softmax_scale: Factor on the scores; default `qk_head_dim ** -0.5`
             (see [`mla_softmax_scale`][attnlab.layers.mla.mla_softmax_scale] for YaRN).
         bias: Whether `q_down`, `kv_down` and `out_proj` have a bias
@@ -211,7 +221,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope_base: float = 10000.0,
         rope_frequencies: Tensor | None = None,
         rope_scale: float = 1.0,
-        rope_interleave: bool = True,
+        rope_layout: RopeLayout = "interleaved",
         softmax_scale: float | None = None,
         bias: bool = False,
         norm_eps: float = 1e-6,
@@ -242,7 +252,7 @@ class MultiHeadLatentAttention(nn.Module):
             # round the frequencies (it is moved to the positions' device when used).
             self.rope_frequencies = freqs.detach().float().clone()
         self.rope_scale = check_positive_float("rope_scale", rope_scale)
-        self.rope_interleave = check_bool("rope_interleave", rope_interleave)
+        self.rope_layout = check_layout(rope_layout, "rope_layout")
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         scale = check_scale("softmax_scale", softmax_scale)
         self.scale = float(self.qk_head_dim) ** -0.5 if scale is None else scale  # resolved
@@ -276,7 +286,7 @@ class MultiHeadLatentAttention(nn.Module):
             f"q_lora_rank={self.q_lora_rank}, rope_base={self.rope_base}, "
             f"rope_frequencies={'custom' if self.rope_frequencies is not None else None}, "
             f"rope_scale={self.rope_scale}, "
-            f"rope_interleave={self.rope_interleave}, softmax_scale={self.scale}, "
+            f"rope_layout={self.rope_layout!r}, softmax_scale={self.scale}, "
             f"bias={self.bias}, dropout={self.dropout}, window={self.window}, "
             f"backend={self.backend!r}"
         )
@@ -385,7 +395,8 @@ class MultiHeadLatentAttention(nn.Module):
         return cos, sin
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        if self.rope_interleave:
+        if self.rope_layout == "interleaved":
+            # Hugging Face's order: the same scores as rotating the pairs in place.
             x = _deinterleave(x)  # (..., t, qk_rope_head_dim)
         return rotate(x, cos, sin, layout="half")
 
@@ -523,18 +534,12 @@ class MultiHeadLatentAttention(nn.Module):
         enable_gqa: bool = False,
     ) -> Tensor:
         """Both forms' attention, on the module's backend; causal in absolute positions."""
+        window = self.window if is_causal else None
+        # The queries are the last t of the s cached tokens.
+        rule = ScoreRule(scale=self.scale, is_causal=is_causal, align="bottom-right", window=window)
+        dropout_p = self.dropout if self.training else 0.0
         return attend(
-            self.backend,
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            scale=self.scale,
-            window=self.window if is_causal else None,
-            enable_gqa=enable_gqa,
-            align="bottom-right",  # the queries are the last t of the s cached tokens
+            self.backend, q, k, v, rule, attn_mask=mask, dropout_p=dropout_p, enable_gqa=enable_gqa
         )
 
     @entry
@@ -546,7 +551,7 @@ class MultiHeadLatentAttention(nn.Module):
         position_embeddings: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         attn_mask: Tensor | None = None,
-        is_causal: bool = False,
+        is_causal: bool = True,
         absorb: bool = False,
     ) -> Tensor:
         """Attend from the tokens of `x` to themselves and to the cached ones.
@@ -579,7 +584,9 @@ class MultiHeadLatentAttention(nn.Module):
             is_causal: Hide from each query the keys after it, in absolute positions: with
                 a cache the mask is aligned bottom-right (`x` are the last `t` of the `s`
                 tokens); one new token needs no mask at all. The module's `window` applies
-                with it.
+                with it. True by default, as in `GroupedQueryAttention`: a decoder's layer
+                is causal; False attends to every key, which a module with a window
+                refuses.
             absorb: Attend over the latents directly (decode form) instead of
                 expanding them into per-head keys and values (training form). When
                 every query sees every key (one new token, or no mask), the heads are
@@ -645,12 +652,12 @@ class MultiHeadLatentAttention(nn.Module):
         this module does not compute (DeepSeek-V3.2's sparse-attention `indexer`, output
         gates, attention sinks) or apply no RoPE (Kimi Linear's MLA). It copies
         the weights, the softmax scale (`layer.scaling`, YaRN's correction included), RoPE
-        base and layout (`config.rope_interleave`, default True), RMSNorm epsilons,
-        dropout and training mode. When the config scales RoPE with fixed frequencies
-        (`rope_type` `"yarn"`, as DeepSeek-V3's checkpoints, `"linear"` or `"llama3"`),
-        the frequencies and the factor on cos/sin come from attnlab's
-        [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling] (tested equal to `transformers`' own
-        rules), as `rope_frequencies` and `rope_scale`.
+        base and layout (`config.rope_interleave`, default True, as `rope_layout`),
+        RMSNorm epsilons, dropout and training mode. When the config scales RoPE with
+        fixed frequencies (`rope_type` `"yarn"`, as DeepSeek-V3's checkpoints, `"linear"`
+        or `"llama3"`), the frequencies and the factor on cos/sin come from attnlab's
+        [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling] (tested equal to
+        `transformers`' own rules), as `rope_frequencies` and `rope_scale`.
 
         Args:
             layer: The Hugging Face attention layer.

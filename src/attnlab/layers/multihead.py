@@ -41,6 +41,7 @@ from attnlab.rules._validation import (
     entry,
     mask_float_dtypes,
 )
+from attnlab.rules.scores import ScoreRule
 
 __all__ = [
     "MultiHeadAttention",
@@ -386,32 +387,22 @@ class MultiHeadAttention(nn.Module):
             )
             check_bool("need_weights", need_weights)
             check_bool("average_attn_weights", average_attn_weights)
-        dropout_p = self.dropout if self.training else 0.0
+        p = self.dropout if self.training else 0.0
         x, context, value, unbatched = self._batched(x, context, value)
         mask = self._mask(attn_mask, key_padding_mask, unbatched)
         if not need_weights:  # before the projections: a request flash cannot serve
-            check_backend_call(self.backend, attn_mask=mask, dropout_p=dropout_p)
+            check_backend_call(self.backend, attn_mask=mask, dropout_p=p)
+        rule = ScoreRule(is_causal=is_causal, window=window)
         q = self._split(self.W_query, x)  # (b, h, t, head_dim)
         k = self._split(self.W_key, context)  # (b, h, s, head_dim)
         v = self._split(self.W_value, value)  # (b, h, s, head_dim)
         weights = None
         if need_weights:
             # The weights first, then the output from these very weights (same dropout).
-            weights = attention_weights(
-                q, k, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, window=window
-            )  # (b, h, t, s)
+            weights = attention_weights(q, k, rule, attn_mask=mask, dropout_p=p)  # (b, h, t, s)
             heads = F.context_vectors(weights, v)  # (b, h, t, head_dim)
         else:
-            heads = attend(
-                self.backend,
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                window=window,
-            )  # (b, h, t, head_dim)
+            heads = attend(self.backend, q, k, v, rule, attn_mask=mask, dropout_p=p)  # (b,h,t,hd)
         b, _, t, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(b, t, self.d_out)  # (b, t, d_out)
         out: Tensor = self.out_proj(concat)  # (b, t, d_out)
@@ -472,7 +463,8 @@ class MultiHeadAttention(nn.Module):
         mask = self._mask(attn_mask, key_padding_mask, unbatched)
         q = self._split(self.W_query, x)  # (b, h, t, head_dim)
         k = self._split(self.W_key, context)  # (b, h, s, head_dim)
-        weights = attention_weights(q, k, attn_mask=mask, is_causal=is_causal, window=window)
+        rule = ScoreRule(is_causal=is_causal, window=window)
+        weights = attention_weights(q, k, rule, attn_mask=mask)
         return weights[0] if unbatched else weights  # (b, h, t, s)
 
     # -- interoperability with PyTorch ---------------------------------------------------

@@ -8,6 +8,7 @@ or over the whole projection (OLMo 2).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -16,17 +17,46 @@ from torch import Tensor, nn
 from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
     check_bool,
+    check_choice,
     check_positive_float,
     check_positive_int,
 )
 
-__all__ = ["QK_NORMS", "QKNorm", "RMSNorm", "rms_normalize"]
+__all__ = ["QK_NORMS", "QKNorm", "QKNormSpec", "RMSNorm", "rms_normalize"]
 
 QKNorm = Literal["head", "projection"]
 """Where QK-norm normalises: `"head"`, each head's `head_dim` features (Qwen3, Gemma 3);
 `"projection"`, the whole query or key projection before the split into heads (OLMo 2)."""
 
 QK_NORMS: tuple[QKNorm, ...] = ("head", "projection")
+
+
+@dataclass(frozen=True)
+class QKNormSpec:
+    """A layer's QK-norm, as one object: an RMSNorm of the queries and of the keys.
+
+    Attributes:
+        over: Where it normalises ([`QKNorm`][attnlab.layers.norms.QKNorm]): `"head"`
+            (weights `(head_dim,)` shared by the heads; Qwen3, Gemma 3) or
+            `"projection"` (weights over the whole projection; OLMo 2).
+        eps: The epsilon of the two norms (`rms_norm_eps` of a config).
+        unit_offset: Scale by `1 + weight` (Gemma 3) instead of `weight`.
+
+    Examples:
+        >>> QKNormSpec("projection", eps=1e-5).unit_offset
+        False
+    """
+
+    over: QKNorm = "head"
+    eps: float = 1e-6
+    unit_offset: bool = False
+
+    def check(self, name: str = "qk_norm") -> QKNormSpec:
+        """Return this spec if its fields are valid; raise naming `name.field` otherwise."""
+        check_choice(f"{name}.over", self.over, QK_NORMS)
+        check_positive_float(f"{name}.eps", self.eps)
+        check_bool(f"{name}.unit_offset", self.unit_offset)
+        return self
 
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:

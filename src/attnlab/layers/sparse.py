@@ -51,6 +51,7 @@ from attnlab.rules._validation import (
 )
 from attnlab.rules.masks import padding_attention_mask
 from attnlab.rules.rope import check_rope_dims, default_positions, rotate
+from attnlab.rules.scores import ScoreRule
 
 __all__ = [
     "DeepSeekSparseAttention",
@@ -463,14 +464,8 @@ class DeepSeekSparseAttention(nn.Module):
         q_nope, q_rope = mla.queries(xb, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
         c_kv, k_rope = mla.latents(xb, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
         q, k = mla.absorbed_qk(q_nope, q_rope, c_kv, k_rope)  # (b, h|1, t, r + d_rope)
-        weights = _attention_weights(
-            q,
-            k,
-            attn_mask=mask,
-            is_causal=not sparse,
-            scale=mla.scale,
-            enable_gqa=True,
-        )  # (b, h, t, t)
+        rule = ScoreRule(scale=mla.scale, is_causal=not sparse)
+        weights = _attention_weights(q, k, rule, attn_mask=mask, enable_gqa=True)  # (b, h, t, t)
         return weights[0] if unbatched else weights
 
     def _check_x(

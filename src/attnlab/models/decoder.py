@@ -68,7 +68,7 @@ from attnlab.layers.gated import GatedAttention
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.layers.mlp import SparseMoE, SwiGLU
-from attnlab.layers.norms import RMSNorm
+from attnlab.layers.norms import QKNormSpec, RMSNorm
 from attnlab.models.config import CacheKind, DecoderConfig
 from attnlab.models.generate import Sampler, is_any_of, pad_token
 from attnlab.rules._validation import (
@@ -84,7 +84,8 @@ from attnlab.rules._validation import (
     is_integer_dtype,
 )
 from attnlab.rules.masks import combine, padding_attention_mask
-from attnlab.rules.rope import check_positions, default_positions, rope_cos_sin
+from attnlab.rules.rope import Rope, check_positions, default_positions, rope_cos_sin
+from attnlab.rules.scores import ScoreRule
 
 __all__ = ["Decoder", "DecoderBlock"]
 
@@ -137,15 +138,13 @@ class DecoderBlock(nn.Module):
                 head_dim=config.head_dim,
                 bias=config.qkv_bias,
                 out_bias=config.out_bias,
-                rope_base=base,
-                rope_scaling=scaling,
-                rope_dims=config.rope_dims,
-                window=config.window(layer),
-                scale=config.scale,
-                qk_norm=config.qk_norm,
-                qk_norm_eps=float(config.norm_eps),
-                qk_norm_unit_offset=traits.norm_unit_offset,
-                softcap=config.attn_softcap,
+                rope=Rope(base=base, dims=config.rope_dims, scaling=scaling),
+                scores=ScoreRule(
+                    scale=config.scale, window=config.window(layer), softcap=config.attn_softcap
+                ),
+                qk_norm=None
+                if config.qk_norm is None
+                else QKNormSpec(config.qk_norm, float(config.norm_eps), traits.norm_unit_offset),
                 backend=backend_for(config.attn_softcap),
             )
             self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention

@@ -23,10 +23,12 @@ from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.mlp import MoEConfig
 from attnlab.layers.multihead import MultiHeadAttention
-from attnlab.layers.norms import QKNorm
+from attnlab.layers.norms import QKNormSpec
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
 from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
+from attnlab.rules.rope import Rope
 from attnlab.rules.rope_scaling import _ROPE_TYPES, RopeScaling
+from attnlab.rules.scores import ScoreRule
 
 if TYPE_CHECKING:
     from attnlab.models.decoder import Decoder
@@ -211,13 +213,14 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
     else:
         window = getattr(config, "sliding_window", None)
     scale = float(getattr(hf, "scaling", head_dim**-0.5))
-    qk_norm: QKNorm | None = None
-    norm_eps, unit_offset = 1e-6, False
+    qk_norm: QKNormSpec | None = None
     q_norm: Any = getattr(hf, "q_norm", None)
     if q_norm is not None:
-        qk_norm = "head" if q_norm.weight.numel() == head_dim else "projection"
-        norm_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6)))
-        unit_offset = "Gemma3Attention" in names  # Gemma's RMSNorm scales by 1 + weight
+        qk_norm = QKNormSpec(
+            "head" if q_norm.weight.numel() == head_dim else "projection",
+            eps=float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", 1e-6))),
+            unit_offset="Gemma3Attention" in names,  # Gemma's RMSNorm scales by 1 + weight
+        )
     # Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
     softcap = getattr(hf, "attn_logit_softcapping", None) if "Gemma2Attention" in names else None
     weight = hf.q_proj.weight
@@ -228,25 +231,44 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
         head_dim=head_dim,
         bias=hf.q_proj.bias is not None,
         out_bias=hf.o_proj.bias is not None,
-        rope=bool(getattr(hf, "use_rope", True)),
-        rope_base=rope_base,
-        rope_layout="half",
-        rope_scaling=scaling,
-        rope_dims=rope_dims,
-        window=window,
-        scale=None if scale == head_dim**-0.5 else scale,
+        rope=Rope(rope_base, "half", None if rope_dims == head_dim else rope_dims, scaling)
+        if getattr(hf, "use_rope", True)
+        else None,
+        scores=ScoreRule(
+            scale=None if scale == head_dim**-0.5 else scale, window=window, softcap=softcap
+        ),
         qk_norm=qk_norm,
-        qk_norm_eps=norm_eps,
-        qk_norm_unit_offset=unit_offset,
-        softcap=softcap,
-        sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
+        learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
         dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         backend=backend_for(softcap) if backend is None else backend,
     ).to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         for name, ours_p in new.named_parameters():
-            ours_p.copy_(module.get_parameter(name))
+            ours_p.copy_(module.get_parameter(_hf_name(name)))
     return new.train(module.training)
+
+
+_HF_NAMES = {"out_proj": "o_proj", "sink_logits": "sinks"}
+"""Transformers' names of the attention parameters attnlab spells otherwise (PyTorch's
+`out_proj`; `sink_logits`, since a sink is also StreamingLLM's kept token)."""
+
+
+def _hf_name(name: str) -> str:
+    """The transformers name of attnlab's attention parameter `name` (`out_proj.weight`
+    is `o_proj.weight` there)."""
+    head, dot, rest = name.partition(".")
+    return _HF_NAMES.get(head, head) + dot + rest
+
+
+def _from_hf_names(key: str) -> str:
+    """A transformers state-dict key as attnlab's: its attention's `o_proj` and `sinks`
+    renamed (`layers.0.self_attn.o_proj.weight` -> `layers.0.self_attn.out_proj.weight`)."""
+    prefix, attn, name = key.partition(".self_attn.")
+    if not attn:
+        return key
+    ours = {theirs: mine for mine, theirs in _HF_NAMES.items()}
+    head, dot, rest = name.partition(".")
+    return prefix + attn + ours.get(head, head) + dot + rest
 
 
 def mha_from_torch(cls: type[M], module: nn.MultiheadAttention, *, backend: Backend) -> M:
@@ -418,7 +440,7 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
         rope_base=rope_base,
         rope_frequencies=frequencies,
         rope_scale=rope_scale,
-        rope_interleave=bool(getattr(config, "rope_interleave", True)),
+        rope_layout="interleaved" if getattr(config, "rope_interleave", True) else "half",
         softmax_scale=float(hf.scaling),
         bias=hf.kv_a_proj_with_mqa.bias is not None,
         norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
@@ -717,7 +739,7 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
     if config.tie_embeddings:
         new.lm_head.weight = new.embed_tokens.weight
     state = {
-        key.removeprefix("model."): value
+        _from_hf_names(key.removeprefix("model.")): value
         for key, value in hf.state_dict().items()
         if "rotary_emb" not in key and ".linear_attn." not in key
     }
@@ -735,7 +757,7 @@ def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict
     """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.layers.gated.GatedAttention]'s.
 
     Its `q_proj` rows (and bias) hold, per head, `head_dim` query rows then `head_dim`
-    gate rows; `o_proj` moves to the wrapper, the rest to the inner attention.
+    gate rows; `out_proj` moves to the wrapper, the rest to the inner attention.
     """
     out = {}
     h, hd = config.num_heads, config.head_dim
@@ -748,7 +770,7 @@ def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict
             query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
             out[f"{prefix}.self_attn.attention.{name}"] = query.reshape(h * hd, *value.shape[1:])
             out[f"{prefix}.self_attn.gate_{name[2:]}"] = gate.reshape(h * hd, *value.shape[1:])
-        elif name.startswith("o_proj."):
+        elif name.startswith("out_proj."):
             out[key] = value
         else:
             out[f"{prefix}.self_attn.attention.{name}"] = value

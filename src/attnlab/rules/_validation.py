@@ -387,7 +387,7 @@ def check_softcap(name: str, value: object) -> float | None:
 
 
 def check_sinks(
-    name: str, sinks: object, query: Tensor, num_heads: int | None, query_name: str = "query"
+    name: str, logits: object, query: Tensor, num_heads: int | None, query_name: str = "query"
 ) -> Tensor | None:
     """Check learned attention-sink logits: None, or a float tensor of shape `(num_heads,)`.
 
@@ -395,9 +395,9 @@ def check_sinks(
     compute in their own). ``num_heads`` is the size of the attention weights' head
     dimension, None if they have none (queries of fewer than 3 dimensions).
     """
-    if sinks is None:
+    if logits is None:
         return None
-    s = check_tensor(name, sinks)
+    s = check_tensor(name, logits)
     if s.device != query.device:
         raise ValueError(
             f"{name} is on {s.device} but {query_name} is on {query.device}; move it with "
@@ -406,7 +406,7 @@ def check_sinks(
     if num_heads is None:
         raise ValueError(
             f"{name} holds one logit per head, but {query_name} has no head dimension: it "
-            f"must be (..., H, L, E) with sinks of shape (H,), got "
+            f"must be (..., H, L, E) with {name} of shape (H,), got "
             f"{query_name}.shape={_shape(query)}"
         )
     if _shape(s) != (num_heads,):

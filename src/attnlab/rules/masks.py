@@ -219,27 +219,27 @@ def sink_window(
     t_k: int | None = None,
     *,
     window: int,
-    sinks: int,
+    num_sink_tokens: int,
     align: Alignment = "top-left",
     device: torch.device | str | None = None,
 ) -> Tensor:
-    r"""A sliding window that never forgets the first `sinks` keys: attention sinks.
+    r"""A sliding window that never forgets the first `num_sink_tokens` keys: attention sinks.
 
     Query at position $i$ attends to key $j \le i$ if $i - \text{window} < j$ (the
-    window of [`sliding_window`][attnlab.rules.masks.sliding_window]) or $j < \text{sinks}$.
-    This is the attention of StreamingLLM (Xiao et al., 2023,
+    window of [`sliding_window`][attnlab.rules.masks.sliding_window]) or $j < n$, the
+    `num_sink_tokens`. This is the attention of StreamingLLM (Xiao et al., 2023,
     https://arxiv.org/abs/2309.17453), whose cache keeps the first few tokens, on which
     trained models park much of their attention, besides the most recent ones. As one
     mask over a whole sequence it gives each query the keys such a cache would hold
-    when that query is decoded (positions stay the sequence's own). With `sinks=0` it is
-    `sliding_window`.
+    when that query is decoded (positions stay the sequence's own). With
+    `num_sink_tokens=0` it is `sliding_window`.
 
     Args:
         t_q: Number of queries.
         t_k: Number of keys; defaults to `t_q`.
         window: How many of the most recent keys (the query's own included) each query
             sees.
-        sinks: How many keys from the start every query sees as well (those not in its
+        num_sink_tokens: How many keys from the start every query sees as well (those not in its
             future).
         align: `"top-left"` or `"bottom-right"`, as for [`causal`][attnlab.rules.masks.causal].
         device: Where to create the mask.
@@ -249,11 +249,11 @@ def sink_window(
 
     Raises:
         TypeError: If a size is not an int.
-        ValueError: If a length or `sinks` is negative, `window` is not positive, `align`
+        ValueError: If a length or `num_sink_tokens` is negative, `window` is not positive, `align`
             is unknown or `device` names no device.
 
     Examples:
-        >>> sink_window(5, window=2, sinks=1).int()
+        >>> sink_window(5, window=2, num_sink_tokens=1).int()
         tensor([[1, 0, 0, 0, 0],
                 [1, 1, 0, 0, 0],
                 [1, 1, 1, 0, 0],
@@ -262,9 +262,9 @@ def sink_window(
     """
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
-    check_nonnegative_int("sinks", sinks)
+    check_nonnegative_int("num_sink_tokens", num_sink_tokens)
     mask = band(t_q, t_k, align, window, device)  # (t_q, t_k): the window
-    first = torch.arange(t_k, device=device) < sinks  # (t_k,): the sink keys
+    first = torch.arange(t_k, device=device) < num_sink_tokens  # (t_k,): the sink keys
     return mask | (band(t_q, t_k, align, None, device) & first)  # not the future
 
 

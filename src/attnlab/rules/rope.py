@@ -40,6 +40,7 @@ Hugging Face config.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from attnlab.rules.rope_scaling import RopeScaling
 
 __all__ = [
+    "Rope",
     "RopeCache",
     "RopeLayout",
     "apply_rope",
@@ -70,6 +72,7 @@ __all__ = [
     "check_head_dim",
     "check_layout",
     "check_positions",
+    "check_rope",
     "check_rope_dims",
     "check_rope_inputs",
     "default_positions",
@@ -81,6 +84,58 @@ __all__ = [
 
 RopeLayout = Literal["half", "interleaved"]
 """Which features of a head are rotated together: see the module docstring."""
+
+
+@dataclass(frozen=True)
+class Rope:
+    """A layer's RoPE, as one object: the layers take `rope=Rope(...)`, or None for NoPE.
+
+    Attributes:
+        base: RoPE's base (`rope_theta` of a Hugging Face config); above 1.
+        layout: Which features are rotated together: `"half"` (Llama / Hugging Face)
+            or `"interleaved"` (see the module docstring).
+        dims: How many features of each query and key head are rotated, the first
+            ones (partial RoPE: `head_dim * partial_rotary_factor` in GPT-NeoX, StableLM
+            or Phi); the rest pass unrotated. None rotates all `head_dim`; even.
+        scaling: A context-extension rule for the frequencies
+            ([`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling]: Llama 3.1's
+            `"llama3"`, `"linear"`, `"dynamic"`, `"yarn"`), or None for plain RoPE.
+
+    Examples:
+        >>> Rope(base=500000.0, dims=32).layout
+        'half'
+    """
+
+    base: float = 10000.0
+    layout: RopeLayout = "half"
+    dims: int | None = None
+    scaling: RopeScaling | None = None
+
+
+def check_rope(rope: object, head_dim: int, name: str = "rope") -> int:
+    """Check a layer's `rope` (a [`Rope`][attnlab.rules.rope.Rope] or None, NoPE) against its
+    `head_dim`; return how many features of a head it rotates (0 for None).
+
+    Raises:
+        TypeError: If `rope` is not a `Rope` or None, or a field has the wrong type.
+        ValueError: If `rope.base` is not above 1, `rope.layout` is unknown, or the
+            rotated features (`rope.dims`, else `head_dim`) are odd or above `head_dim`.
+    """
+    from attnlab.rules.rope_scaling import RopeScaling  # it imports this module
+
+    if rope is None:
+        return 0
+    if not isinstance(rope, Rope):
+        raise TypeError(f"{name} must be a Rope or None (no RoPE), got {type(rope).__name__}")
+    check_base(rope.base, f"{name}.base")
+    check_layout(rope.layout, f"{name}.layout")
+    if rope.scaling is not None and not isinstance(rope.scaling, RopeScaling):
+        raise TypeError(
+            f"{name}.scaling must be a RopeScaling or None, got {type(rope.scaling).__name__}"
+        )
+    if rope.dims is None:
+        return check_head_dim(head_dim)
+    return check_rope_dims(rope.dims, head_dim, f"{name}.dims")
 
 
 # -- the rules ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from attnlab.functional.paged import paged_attention
 from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._provenance import begin
 from attnlab.rules._validation import validation
+from attnlab.rules.scores import ScoreRule
 from attnlab.serving.cache import PagedKVCache
 from attnlab.tools.bench import _command
 from attnlab.tools.bench.config import SERVING_GOALS as GOALS
@@ -306,9 +307,8 @@ def decode_case(settings: ServingSettings, context: int, *, seed: int = 0) -> De
             query,
             keys,
             values,
-            is_causal=True,
+            ScoreRule(is_causal=True, align="bottom-right"),
             enable_gqa=True,
-            align="bottom-right",
         )
 
     return DecodeCase(
