@@ -1,8 +1,8 @@
-"""The command line of the single benchmarks (llm, serving, flex), in one place.
+"""The command line of the single benchmarks (llm, serving, flex, linear), in one place.
 
-Each takes `--json` and `--out-dir`, some of its settings (a frozen dataclass whose
-defaults are the options' defaults), then `--threads`, `--seed` and `--replot`; each
-redraws a results file, and writes its results and figures, the same way.
+Each takes `--json`, some of its settings (a frozen dataclass whose defaults are the
+options' defaults), `--threads` and `--seed`, and where it draws figures `--out-dir` and
+`--replot`; each writes its results, and redraws and writes its figures, the same way.
 """
 
 from __future__ import annotations
