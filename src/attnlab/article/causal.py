@@ -6,7 +6,6 @@ from torch import Tensor
 
 from attnlab.article.self_attention import SelfAttention
 from attnlab.rules import masks
-from attnlab.rules._validation import entry
 
 __all__ = ["CausalSelfAttention"]
 
@@ -43,31 +42,7 @@ class CausalSelfAttention(SelfAttention):
     """
 
     def _mask(self, x: Tensor) -> Tensor:
+        """Token $i$ sees tokens $0, \\dots, i$: `attention_weights` is zero above the
+        diagonal, and `forward` mixes no future token."""
         t = x.shape[-2]
         return masks.band(t, t, "top-left", None, x.device)  # (t, t), over the batch
-
-    @entry
-    def attention_weights(self, x: Tensor) -> Tensor:
-        """Causal attention weights of `x`; zero above the diagonal.
-
-        Args:
-            x: Input tokens, `(t, d_in)` or `(b, t, d_in)`.
-
-        Returns:
-            Weights `(t, t)` or `(b, t, t)`, lower-triangular, rows summing to 1.
-        """
-        x = self._check("x", x)
-        return self._weights(x, x, self._mask(x))
-
-    @entry
-    def forward(self, x: Tensor) -> Tensor:
-        """Context vectors in which token $i$ mixes only tokens $0, \\dots, i$.
-
-        Args:
-            x: Input tokens, `(t, d_in)` or `(b, t, d_in)`.
-
-        Returns:
-            Context vectors, `(t, d_out_v)` or `(b, t, d_out_v)`.
-        """
-        x = self._check("x", x)
-        return self._attend(x, x, self._mask(x))

@@ -82,6 +82,10 @@ class SelfAttention(nn.Module):
             name, x, features=self.d_in, param="d_in", owner=owner, like=self.W_query
         )
 
+    def _mask(self, x: Tensor) -> Tensor | None:
+        """Which keys of `x` each token of `x` sees: None, all of them (variants narrow it)."""
+        return None
+
     def _weights(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
         queries = x @ self.W_query  # (..., t_q, d_out_kq)
         keys = context @ self.W_key  # (..., t_k, d_out_kq)
@@ -104,7 +108,7 @@ class SelfAttention(nn.Module):
             Weights `(t, t)` or `(b, t, t)`; each row sums to 1.
         """
         x = self._check("x", x)
-        return self._weights(x, x, None)
+        return self._weights(x, x, self._mask(x))
 
     @entry
     def forward(self, x: Tensor) -> Tensor:
@@ -117,7 +121,7 @@ class SelfAttention(nn.Module):
             Context vectors, `(t, d_out_v)` or `(b, t, d_out_v)`.
         """
         x = self._check("x", x)
-        return self._attend(x, x, None)
+        return self._attend(x, x, self._mask(x))
 
 
 class MultiHeadAttentionWrapper(nn.Module):

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,6 @@ __all__ = [
 
 ShardLayout = Literal["contiguous", "zigzag"]
 """How a sequence is split over the ranks: `"contiguous"` or `"zigzag"`."""
-_LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
 
 
 _KV_TAG, _DKV_TAG = 0, 1
@@ -109,7 +108,7 @@ def shard_ranges(
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
     check_positive_int("world_size", world_size)
-    check_choice("layout", layout, _LAYOUTS)
+    check_choice("layout", layout, get_args(ShardLayout))
     chunks = world_size if layout == "contiguous" else 2 * world_size
     base, extra = divmod(length, chunks)
     bounds = [0]
@@ -232,6 +231,15 @@ class RingStats:
     wait_seconds: float = 0.0
 
 
+class _Tile(NamedTuple):
+    """One tile of a ring step: the query piece, its rows, the key columns in hand."""
+
+    piece: int  # index of the query piece among the rank's own
+    rows: slice  # of the local queries
+    cols: slice  # of the block in hand
+    options: dict[str, Any]  # the flash kernel's options for the tile
+
+
 @dataclasses.dataclass(frozen=True)
 class _Ring:
     """Everything a rank knows about the ring, fixed for one call."""
@@ -282,6 +290,30 @@ class _Ring:
         self.stats.bytes_sent += send.numel() * send.element_size()
         self.stats.bytes_received += recv.numel() * recv.element_size()
         return list(dist.batch_isend_irecv(ops))
+
+    def tiles(self, mine: list[tuple[int, int, int]], source: int) -> Iterator[_Tile]:
+        """The (query piece, key piece) pairs of a step that some query sees.
+
+        FlashAttention's tile rule at the blocks' global positions: a key chunk no query
+        sees is skipped, one the diagonal or the window's edge crosses is masked. Counts
+        the score entries of each tile it yields.
+        """
+        for i, (q0, q1, qo) in enumerate(mine):
+            for k0, k1, ko in self.pieces(source):
+                kind = tile_kind(q0, q1, k0, k1, is_causal=self.is_causal, window=self.window)
+                if kind == "none":
+                    continue
+                self.stats.score_entries += _work(kind, q1 - q0, k1 - k0, q0 - k0, self.window)
+                masked = kind == "masked"
+                options = {
+                    "is_causal": masked,
+                    "scale": self.scale,
+                    "block_q": self.block_q,
+                    "block_k": self.block_k,
+                    "window": self.window if masked else None,
+                    "offset": q0 - k0 if masked else 0,
+                }
+                yield _Tile(i, slice(qo, qo + q1 - q0), slice(ko, ko + k1 - k0), options)
 
     def wait(self, requests: list[Any]) -> None:
         start = time.perf_counter()
@@ -346,35 +378,16 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
             requests = ring.exchange(buf, incoming, _KV_TAG)
         start = time.perf_counter()
         k_src, v_src = _unpack(ring.wide(buf), ring.n, ring.length(source), ring.e, ring.e_v)
-        for i, (q0, q1, qo) in enumerate(mine):
-            for k0, k1, ko in ring.pieces(source):
-                # FlashAttention's tile rule at the blocks' global positions: skip a key
-                # chunk no query sees, mask one the diagonal or the window's edge crosses.
-                kind = tile_kind(q0, q1, k0, k1, is_causal=ring.is_causal, window=ring.window)
-                if kind == "none":
-                    continue
-                out = q.new_empty(ring.n, q1 - q0, ring.e_v)
-                lse = q.new_empty(ring.n, q1 - q0)
-                masked = kind == "masked"
-                flash_forward(
-                    q[:, qo : qo + q1 - q0],
-                    k_src[:, ko : ko + k1 - k0],
-                    v_src[:, ko : ko + k1 - k0],
-                    out,
-                    lse,
-                    masked,
-                    ring.scale,
-                    ring.block_q,
-                    ring.block_k,
-                    window=ring.window if masked else None,
-                    offset=q0 - k0 if masked else 0,
-                )
-                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0, q0 - k0, ring.window)
-                # A row of a masked block may see none of its keys (lse -inf). Step 0
-                # holds every query's own chunk, so such a row meets a finite partial
-                # result first or later, never only other empty ones: no NaN.
-                before = partial[i]
-                partial[i] = (out, lse) if before is None else merge_partials(*before, out, lse)
+        for i, rows, cols, options in ring.tiles(mine, source):
+            q_tile = q[:, rows]
+            out = q.new_empty(ring.n, q_tile.shape[1], ring.e_v)
+            lse = q.new_empty(ring.n, q_tile.shape[1])
+            flash_forward(q_tile, k_src[:, cols], v_src[:, cols], out, lse, **options)
+            # A row of a masked block may see none of its keys (lse -inf). Step 0
+            # holds every query's own chunk, so such a row meets a finite partial
+            # result first or later, never only other empty ones: no NaN.
+            before = partial[i]
+            partial[i] = (out, lse) if before is None else merge_partials(*before, out, lse)
         ring.stats.compute_seconds += time.perf_counter() - start
         ring.wait(requests)
         if requests:
@@ -418,32 +431,19 @@ def _ring_backward(
         # Our queries' share of the gradient of the block of `source`.
         dkv = q.new_zeros(ring.kv_numel(source))
         dk_src, dv_src = _unpack(dkv, ring.n, length, ring.e, ring.e_v)
-        for q0, q1, qo in mine:
-            rows = slice(qo, qo + q1 - q0)
-            for k0, k1, ko in ring.pieces(source):
-                kind = tile_kind(q0, q1, k0, k1, is_causal=ring.is_causal, window=ring.window)
-                if kind == "none":
-                    continue
-                masked = kind == "masked"
-                cols = slice(ko, ko + k1 - k0)
-                flash_backward(
-                    q[:, rows],
-                    k_src[:, cols],
-                    v_src[:, cols],
-                    out[:, rows],  # the FINAL output and log-sum-exp, not this
-                    lse[:, rows],  # block's: P_ij = exp(s_ij - lse_i) is then exact
-                    grad_out[:, rows],
-                    dq[:, rows],
-                    dk_src[:, cols],
-                    dv_src[:, cols],
-                    masked,
-                    ring.scale,
-                    ring.block_q,
-                    ring.block_k,
-                    window=ring.window if masked else None,
-                    offset=q0 - k0 if masked else 0,
-                )
-                ring.stats.score_entries += _work(kind, q1 - q0, k1 - k0, q0 - k0, ring.window)
+        for _, rows, cols, options in ring.tiles(mine, source):
+            flash_backward(
+                q[:, rows],
+                k_src[:, cols],
+                v_src[:, cols],
+                out[:, rows],  # the FINAL output and log-sum-exp, not this
+                lse[:, rows],  # block's: P_ij = exp(s_ij - lse_i) is then exact
+                grad_out[:, rows],
+                dq[:, rows],
+                dk_src[:, cols],
+                dv_src[:, cols],
+                **options,
+            )
         ring.stats.compute_seconds += time.perf_counter() - start
         if sending is not None:
             # The ranks before us on the ring have added their shares to this block's
@@ -699,7 +699,7 @@ def _check_local(
     check_bool("is_causal", is_causal)
     check_window(window, None)
     check_scale("scale", scale)
-    check_choice("layout", layout, _LAYOUTS)
+    check_choice("layout", layout, get_args(ShardLayout))
     check_positive_int("block_size", block_size)
 
 

@@ -144,17 +144,35 @@ def linear_attention(
     return torch.stack(outputs, dim=-2)  # (..., t, d_v)
 
 
-def _check_linear_inputs(query: object, key: object, value: object) -> None:
+def _check_qkv(
+    query: object,
+    key: object,
+    value: object,
+    check_layout: Callable[[str, Tensor], object],
+    rule: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """query, key and value as tensors of one layout, dtype and device; key shaped as query,
+    value as query but for its features (`rule` says so in the error)."""
     q, k, v = (check_tensor(n, x) for n, x in (("query", query), ("key", key), ("value", value)))
     for name, x in (("query", q), ("key", k), ("value", v)):
-        check_min_rank(name, x, 2, "(..., t, features)")
+        check_layout(name, x)
     if k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
         raise ValueError(
-            "query and key must have the same shape (..., t, d_k) and value (..., t, d_v) "
-            f"the same leading shape, got query.shape={_shape(q)}, key.shape={_shape(k)}, "
-            f"value.shape={_shape(v)}"
+            f"{rule}, got query.shape={_shape(q)}, key.shape={_shape(k)}, value.shape={_shape(v)}"
         )
     check_same_dtype_device("query", q, key=k, value=v)
+    return q, k, v
+
+
+def _check_linear_inputs(query: object, key: object, value: object) -> None:
+    _check_qkv(
+        query,
+        key,
+        value,
+        lambda name, x: check_min_rank(name, x, 2, "(..., t, features)"),
+        "query and key must have the same shape (..., t, d_k) and value (..., t, d_v) "
+        "the same leading shape",
+    )
 
 
 # --- the delta rule ---------------------------------------------------------------------
@@ -332,16 +350,13 @@ def _check_delta_inputs(
     log_decay: object,
     initial_state: object,
 ) -> None:
-    q, k, v = (check_tensor(n, x) for n, x in (("query", query), ("key", key), ("value", value)))
-    for name, x in (("query", q), ("key", k), ("value", v)):
-        check_rank(name, x, (4,), "(b, h, t, features)")
-    if k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(
-            "query and key must be (b, h, t, d_k) and value (b, h, t, d_v) with the same "
-            f"b, h, t, got query.shape={_shape(q)}, key.shape={_shape(k)}, "
-            f"value.shape={_shape(v)}"
-        )
-    check_same_dtype_device("query", q, key=k, value=v)
+    q, _, v = _check_qkv(
+        query,
+        key,
+        value,
+        lambda name, x: check_rank(name, x, (4,), "(b, h, t, features)"),
+        "query and key must be (b, h, t, d_k) and value (b, h, t, d_v) with the same b, h, t",
+    )
     gates = {"beta": beta} if log_decay is None else {"beta": beta, "log_decay": log_decay}
     for name, gate in gates.items():
         y = check_tensor(name, gate)

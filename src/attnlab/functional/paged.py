@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor
@@ -45,8 +45,6 @@ __all__ = [
 
 Method = Literal["gather", "online"]
 """How [`paged_attention`][attnlab.functional.paged.paged_attention] reads the blocks."""
-
-_METHODS: tuple[Method, ...] = ("gather", "online")
 
 
 # --- attention through the block table --------------------------------------------
@@ -184,9 +182,20 @@ def _kernel(method: Method, backend: Backend, blocks_per_tile: int) -> Kernel:
     return functools.partial(_online_attention, blocks_per_tile=blocks_per_tile)
 
 
-Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Tensor]
-"""`(query, key_pool, value_pool, block_tables, positions, scale) -> out`: each query row
-attends to its sequence's keys at or before its position, `positions (b, t_q)`."""
+class Pages(NamedTuple):
+    """What a paged kernel reads: the queries, one layer's pools, and where each query is."""
+
+    query: Tensor  # (b, num_heads, t_q, head_dim)
+    key_pool: Tensor  # (num_kv_heads, num_blocks, block_size, head_dim)
+    value_pool: Tensor  # (num_kv_heads, num_blocks, block_size, v_head_dim)
+    block_tables: Tensor  # (b, max_blocks), int64
+    positions: Tensor  # (b, t_q): each query row sees its sequence's keys up to there
+    scale: float
+
+
+Kernel = Callable[[Pages], Tensor]
+"""`pages -> out (b, num_heads, t_q, v_head_dim)`: paged attention, after `run_kernel`'s
+part (autocast, the positions, the padding rows)."""
 
 
 def run_kernel(
@@ -211,7 +220,7 @@ def run_kernel(
     with autocast_off(query.device.type):
         positions, real = _query_positions(lengths, query_lengths, t_q)
         block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
-        out = kernel(query, key_pool, value_pool, block_tables, positions, s)
+        out = kernel(Pages(query, key_pool, value_pool, block_tables, positions, s))
         if real is None:  # no padding rows
             return out
         return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
@@ -273,16 +282,9 @@ def _blocks(pool: Tensor, ids: Tensor) -> Tensor:
     return pool.index_select(1, ids.reshape(-1)).view(kv, b, n * bs, e)  # (kv, b, T, e)
 
 
-def _gather_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    backend: Backend,
-) -> Tensor:
+def _gather_attention(pages: Pages, backend: Backend) -> Tensor:
     """Copy every sequence's blocks into contiguous K/V, then attention with a mask."""
+    query, key_pool, value_pool, block_tables, positions, scale = pages
     kv = key_pool.shape[0]
     h, t_q = query.shape[1], query.shape[2]
     keys = _blocks(key_pool, block_tables)  # (kv, b, S, e), S = max_blocks * bs
@@ -296,20 +298,13 @@ def _gather_attention(
     return _ungroup(out, h, t_q)  # (b, num_heads, t_q, v_head_dim)
 
 
-def _online_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    blocks_per_tile: int,
-) -> Tensor:
+def _online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
     """Tile by tile through the block tables, merging partial results (online softmax).
 
     Each tile's scores, mask and softmax are spelled out: merging needs each tile's
     log-sum-exp, which PyTorch's public SDPA does not return.
     """
+    query, key_pool, value_pool, block_tables, positions, scale = pages
     kv = key_pool.shape[0]
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype
@@ -400,7 +395,7 @@ def check_paged(
     (query_lengths' still are).
     """
     check_scale("scale", scale)
-    check_choice("method", method, _METHODS)
+    check_choice("method", method, get_args(Method))
     if not takes_mask(check_backend(backend)):  # the backends' own rule
         raise ValueError(
             f"backend={backend!r} masks only by position, but paged attention masks by "

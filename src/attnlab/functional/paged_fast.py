@@ -29,6 +29,7 @@ from attnlab.functional.backends import Backend, attend
 from attnlab.functional.paged import (
     Kernel,
     Method,
+    Pages,
     _fold,
     _group_queries,
     _kernel,
@@ -124,15 +125,7 @@ def _reach(positions: Tensor, max_blocks: int, block_size: int) -> tuple[int, in
     return int(low), min(max_blocks, int(high) // block_size + 1)
 
 
-def _decode_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    blocks_per_tile: int,
-) -> Tensor:
+def _decode_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
     """One query per sequence, reading every key and value where it lies in the pool.
 
     The block tables are a sparsity pattern over the pools' rows: query head `k` of
@@ -145,6 +138,7 @@ def _decode_attention(
     query head, and the heads of a group take the same tile one after the other, so
     they reread its keys and values while these are still in the processor's cache.
     """
+    query, key_pool, value_pool, block_tables, positions, scale = pages
     kv, num_blocks, bs, e = key_pool.shape
     b, h = query.shape[0], query.shape[1]
     g = h // kv
@@ -230,21 +224,14 @@ def _csr(starts: Tensor, columns: Tensor, size: tuple[int, int], dtype: torch.dt
     return torch.sparse_csr_tensor(starts, columns, values, size=size, check_invariants=False)
 
 
-def _fused_online_attention(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_tables: Tensor,
-    positions: Tensor,
-    scale: float,
-    blocks_per_tile: int,
-) -> Tensor:
+def _fused_online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
     """`_online_attention` with each tile attended by PyTorch's fused CPU kernel.
 
     Reads the positions on the host (free on the CPU) to skip the tiles no query sees
     and the masks of tiles every query sees whole: a decode step of equal lengths
     builds no mask at all, and one that fits in a tile needs no log-sum-exp either.
     """
+    query, key_pool, value_pool, block_tables, positions, scale = pages
     kv, _, bs, _ = key_pool.shape
     h, t_q = query.shape[1], query.shape[2]
     dtype = query.dtype

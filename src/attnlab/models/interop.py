@@ -58,6 +58,7 @@ N = TypeVar("N", bound=GatedDeltaNet)
 C = TypeVar("C", bound=DecoderConfig)
 R = TypeVar("R", bound=RopeScaling)
 D = TypeVar("D", bound="Decoder")
+K = TypeVar("K")
 
 
 # -- RoPE ---------------------------------------------------------------------------------
@@ -580,6 +581,37 @@ def split_deltanet_projections(
 # -- decoders -----------------------------------------------------------------------------
 
 
+def _hf_common(config: Any, rope_layer: str | None = None) -> dict[str, Any]:
+    """What every supported Hugging Face decoder config states the same way: the sizes,
+    RoPE (of the layers of type `rope_layer`, where each type has its own), the biases."""
+    heads = config.num_attention_heads
+    rope_base, scaling = hf_rope(config, rope_layer)
+    bias = bool(getattr(config, "attention_bias", False))
+    return {
+        "vocab_size": config.vocab_size,
+        "d_model": config.hidden_size,
+        "num_layers": config.num_hidden_layers,
+        "num_heads": heads,
+        "num_kv_heads": config.num_key_value_heads,
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        "hidden_dim": config.intermediate_size,
+        "norm_eps": float(config.rms_norm_eps),
+        "max_positions": int(config.max_position_embeddings),
+        "tie_embeddings": bool(config.tie_word_embeddings),
+        "rope_base": rope_base,
+        "rope_scaling": scaling,
+        "qkv_bias": bias,
+        "out_bias": bias,
+    }
+
+
+def _layer_kinds(config: Any, kinds: dict[str, K]) -> tuple[K, ...]:
+    """`config.layer_types`, each as `kinds` names it; raise on a type it does not name."""
+    if not set(config.layer_types) <= set(kinds):
+        raise ValueError(f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}")
+    return tuple(kinds[kind] for kind in config.layer_types)
+
+
 def config_from_hf(cls: type[C], config: Any) -> C:
     """The body of [`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf]."""
     model_type = config.model_type
@@ -587,14 +619,12 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         return _gemma_config(cls, config)
     if model_type == "qwen3_next":
         return _qwen3_next_config(cls, config)
-    rope_base, scaling = hf_rope(config)
-    max_positions = int(config.max_position_embeddings)
+    common = _hf_common(config)
+    scaling = common["rope_scaling"]
     if scaling is not None and scaling.is_dynamic:
-        max_positions = int(max_positions * scaling.factor)
+        common["max_positions"] = int(common["max_positions"] * scaling.factor)
     if config.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     qwen2 = model_type == "qwen2"
     windows: tuple[int | None, ...] | None = None
     if qwen2 and getattr(config, "use_sliding_window", False):
@@ -604,25 +634,9 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         )
     elif model_type == "mistral" and getattr(config, "sliding_window", None):
         windows = (int(config.sliding_window),) * config.num_hidden_layers
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    return cls(
-        vocab_size=config.vocab_size,
-        d_model=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=int(head_dim),
-        hidden_dim=config.intermediate_size,
-        rope_base=rope_base,
-        norm_eps=float(config.rms_norm_eps),
-        max_positions=max_positions,
-        tie_embeddings=bool(config.tie_word_embeddings),
-        qkv_bias=True if qwen2 else attention_bias,
-        out_bias=False if qwen2 else attention_bias,
-        mlp_bias=bool(getattr(config, "mlp_bias", False)),
-        windows=windows,
-        rope_scaling=scaling,
-    )
+    if qwen2:  # biases on the q, k, v projections and none on the output, always
+        common.update(qkv_bias=True, out_bias=False)
+    return cls(**common, mlp_bias=bool(getattr(config, "mlp_bias", False)), windows=windows)
 
 
 def _gemma_config(cls: type[C], config: Any) -> C:
@@ -637,34 +651,19 @@ def _gemma_config(cls: type[C], config: Any) -> C:
         raise ValueError(
             "config.use_bidirectional_attention=True: Decoder is causal and does not port it"
         )
-    kinds = {"full_attention": None, "sliding_attention": int(config.sliding_window)}
-    if not set(config.layer_types) <= set(kinds):
-        raise ValueError(f"config.layer_types must name {sorted(kinds)}, got {config.layer_types}")
+    windows = _layer_kinds(
+        config, {"full_attention": None, "sliding_attention": int(config.sliding_window)}
+    )
     gemma3 = config.model_type == "gemma3_text"
     local_base: float | None = None
     local_scaling: RopeScaling | None = None
-    base, scaling = hf_rope(config, "full_attention")
     if gemma3:  # one RoPE per layer type
         local_base, local_scaling = hf_rope(config, "sliding_attention")
-    bias = bool(config.attention_bias)
     return cls(
-        vocab_size=config.vocab_size,
-        d_model=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=int(config.head_dim),
-        hidden_dim=config.intermediate_size,
-        rope_base=base,
-        rope_scaling=scaling,
+        **_hf_common(config, "full_attention"),
         local_rope_base=local_base,
         local_rope_scaling=local_scaling,
-        norm_eps=float(config.rms_norm_eps),
-        max_positions=int(config.max_position_embeddings),
-        tie_embeddings=bool(config.tie_word_embeddings),
-        qkv_bias=bias,
-        out_bias=bias,
-        windows=tuple(kinds[kind] for kind in config.layer_types),
+        windows=windows,
         query_pre_attn_scalar=float(config.query_pre_attn_scalar),
         qk_norm="head" if gemma3 else None,
         attn_softcap=None if gemma3 else config.attn_logit_softcapping,
@@ -680,10 +679,8 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
     if config.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
     names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
-    if not set(config.layer_types) <= set(names):
-        raise ValueError(f"config.layer_types must name {sorted(names)}, got {config.layer_types}")
+    layer_kinds = _layer_kinds(config, names)
     params = config.rope_parameters  # also holds partial_rotary_factor
-    rope_base, scaling = hf_rope(config)
     head_dim = int(config.head_dim)
     n = config.num_hidden_layers
     moe, moe_layers = None, None
@@ -697,25 +694,11 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
         )
         step, dense = config.decoder_sparse_step, set(config.mlp_only_layers)
         moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
-    bias = bool(config.attention_bias)
     return cls(
-        vocab_size=config.vocab_size,
-        d_model=config.hidden_size,
-        num_layers=n,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=head_dim,
-        hidden_dim=config.intermediate_size,
-        rope_base=rope_base,
-        rope_scaling=scaling,
-        norm_eps=float(config.rms_norm_eps),
-        max_positions=int(config.max_position_embeddings),
-        tie_embeddings=bool(config.tie_word_embeddings),
-        qkv_bias=bias,
-        out_bias=bias,
+        **_hf_common(config),
         qk_norm="head",
         family="qwen3_next",
-        layer_kinds=tuple(names[kind] for kind in config.layer_types),
+        layer_kinds=layer_kinds,
         linear=LinearAttentionConfig(
             num_k_heads=config.linear_num_key_heads,
             num_v_heads=config.linear_num_value_heads,

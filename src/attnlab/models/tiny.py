@@ -174,10 +174,8 @@ class TinyTransformer(nn.Module):
         """Next-token logits `(b, t, vocab_size)` for integer `tokens` `(b, t)`.
 
         Raises:
-            TypeError: If `tokens` is not a 2-d integer tensor.
-            ValueError: If it has more positions than `max_len`, or an id outside
-                `[0, vocab_size)`. That range check reads the ids, a **host sync**,
-                and is skipped while `torch.compile` traces or `torch.export` exports.
+            TypeError: As [`check_tokens`][attnlab.models.tiny.TinyTransformer.check_tokens].
+            ValueError: As `check_tokens` (its range check reads the ids, a host sync).
         """
         x = self.embed(tokens)
         for block in self.blocks:

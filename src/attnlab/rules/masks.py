@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -64,8 +64,6 @@ __all__ = [
 
 Alignment = Literal["top-left", "bottom-right"]
 """Where the diagonal of a causal mask sits when `t_q != t_k`."""
-
-_ALIGNMENTS: tuple[Alignment, ...] = ("top-left", "bottom-right")
 
 
 def alignment_offset(t_q: int, t_k: int, align: str) -> int:
@@ -124,7 +122,7 @@ def band_at(
 def _check_sizes(t_q: object, t_k: object, align: object, device: object) -> tuple[int, int]:
     q = check_nonnegative_int("t_q", t_q)
     k = q if t_k is None else check_nonnegative_int("t_k", t_k)
-    check_choice("align", align, _ALIGNMENTS)
+    check_choice("align", align, get_args(Alignment))
     check_device("device", device)
     return q, k
 

@@ -41,7 +41,7 @@ Hugging Face config.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -84,9 +84,6 @@ __all__ = [
 
 RopeLayout = Literal["half", "interleaved"]
 """Which features of a head are rotated together: see the module docstring."""
-
-
-_LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -239,7 +236,7 @@ def check_layout(layout: object, name: str = "layout") -> RopeLayout:
         >>> check_layout("half")
         'half'
     """
-    checked: RopeLayout = check_choice(name, layout, _LAYOUTS)  # type: ignore[assignment]
+    checked: RopeLayout = check_choice(name, layout, get_args(RopeLayout))  # type: ignore[assignment]
     return checked
 
 

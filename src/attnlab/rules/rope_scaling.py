@@ -272,13 +272,24 @@ class RopeScaling:
         device: torch.device | str | None,
     ) -> Tensor:
         kind, s = self.rope_type, self.factor
+        original = self.original_max_positions
         if kind == "dynamic":
-            return self._ntk(dim, base, seq_len, device)
+            # NTK-aware: a larger base for a longer sequence, in float32 as transformers.
+            assert original is not None  # checked at construction
+            if seq_len is None:
+                seq_len = original
+            if isinstance(seq_len, Tensor):
+                n: Tensor | int = torch.clamp(seq_len, min=original)
+                device = seq_len.device if device is None else device
+            else:
+                n = max(int(seq_len), original)
+            grown = base * ((s * n / original) - (s - 1)) ** (dim / (dim - 2))
+            if isinstance(grown, Tensor):
+                grown = grown.to(device=device, dtype=torch.float32)
+            return _frequencies(dim, grown, device)  # RoPE's own, with the grown base
         freqs = _frequencies(dim, base, device)  # (dim/2,)
         if kind == "linear":
             return freqs / s
-        original = self.original_max_positions
-        assert original is not None or kind == "default"  # checked at construction
         if kind == "llama3":
             assert original is not None
             low, high = self.low_freq_factor, self.high_freq_factor
@@ -292,28 +303,6 @@ class RopeScaling:
             assert original is not None
             return self._yarn(dim, base, original, device)
         return freqs
-
-    def _ntk(
-        self,
-        dim: int,
-        base: float,
-        seq_len: int | Tensor | None,
-        device: torch.device | str | None,
-    ) -> Tensor:
-        """NTK-aware: a larger base for a longer sequence, in float32 as transformers."""
-        original = self.original_max_positions
-        assert original is not None
-        if seq_len is None:
-            seq_len = original
-        if isinstance(seq_len, Tensor):
-            n: Tensor | int = torch.clamp(seq_len, min=original)
-            device = seq_len.device if device is None else device
-        else:
-            n = max(int(seq_len), original)
-        grown = base * ((self.factor * n / original) - (self.factor - 1)) ** (dim / (dim - 2))
-        if isinstance(grown, Tensor):
-            grown = grown.to(device=device, dtype=torch.float32)
-        return _frequencies(dim, grown, device)  # RoPE's own, with the grown base
 
     def _yarn(
         self, dim: int, base: float, original: int, device: torch.device | str | None

@@ -176,26 +176,39 @@ def _timed_call(
     return forward_backward
 
 
-def _kernel_cases(config: SuiteConfig, seq_len: int, mode: str) -> Iterator[Case]:
+Kernels = Callable[[Tensor, Tensor, Tensor], dict[str, Callable[[], Tensor]]]
+"""`(q, k, v) -> {name: call}`: the kernels a suite times on the same inputs."""
+
+
+def _qkv_cases(
+    suite: str, kernels: Kernels, config: SuiteConfig, seq_len: int, mode: str
+) -> Iterator[Case]:
+    """One case per kernel, each timed on the same `(b, h, seq_len, width)` inputs."""
     b, h, d = config.batch, config.heads, config.width
     needs_grad = mode == FORWARD_BACKWARD
     q, k, v = (torch.randn(b, h, seq_len, d, requires_grad=needs_grad) for _ in range(3))
-    impls: dict[str, Callable[[], Tensor]] = {
-        "naive": lambda: naive_attention(q, k, v, is_causal=True),
-        "flash_attention": lambda: flash_attention(q, k, v, is_causal=True),
-        "torch_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True
-        ),
-    }
-    for name, fn in impls.items():
+    for name, fn in kernels(q, k, v).items():
         yield Case(
-            "kernels",
+            suite,
             name,
             mode,
             seq_len,
             _timed_call(fn, (q, k, v), mode),
-            count_flops("kernels", config, seq_len, name, mode),
+            count_flops(suite, config, seq_len, name, mode),
         )
+
+
+def _kernel_cases(config: SuiteConfig, seq_len: int, mode: str) -> Iterator[Case]:
+    def kernels(q: Tensor, k: Tensor, v: Tensor) -> dict[str, Callable[[], Tensor]]:
+        return {
+            "naive": lambda: naive_attention(q, k, v, is_causal=True),
+            "flash_attention": lambda: flash_attention(q, k, v, is_causal=True),
+            "torch_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True
+            ),
+        }
+
+    return _qkv_cases("kernels", kernels, config, seq_len, mode)
 
 
 def module_impls(config: SuiteConfig) -> dict[str, nn.Module]:
@@ -243,22 +256,15 @@ def _module_cases(config: SuiteConfig, seq_len: int, mode: str) -> Iterator[Case
 
 
 def _window_cases(config: SuiteConfig, seq_len: int, mode: str) -> Iterator[Case]:
-    b, h, d, w = config.batch, config.heads, config.width, config.window
-    needs_grad = mode == FORWARD_BACKWARD
-    q, k, v = (torch.randn(b, h, seq_len, d, requires_grad=needs_grad) for _ in range(3))
-    impls: dict[str, Callable[[], Tensor]] = {
-        "flash_attention": lambda: flash_attention(q, k, v, is_causal=True),
-        f"flash_attention[window={w}]": lambda: flash_attention(q, k, v, window=w),
-    }
-    for name, fn in impls.items():
-        yield Case(
-            "window",
-            name,
-            mode,
-            seq_len,
-            _timed_call(fn, (q, k, v), mode),
-            count_flops("window", config, seq_len, name, mode),
-        )
+    w = config.window
+
+    def kernels(q: Tensor, k: Tensor, v: Tensor) -> dict[str, Callable[[], Tensor]]:
+        return {
+            "flash_attention": lambda: flash_attention(q, k, v, is_causal=True),
+            f"flash_attention[window={w}]": lambda: flash_attention(q, k, v, window=w),
+        }
+
+    return _qkv_cases("window", kernels, config, seq_len, mode)
 
 
 def _decode_cases(config: SuiteConfig, context: int, mode: str) -> Iterator[Case]:

@@ -31,11 +31,12 @@ average and the share of the CPUs that other processes used.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ from attnlab.caches.kv import StaticKVCache
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.rules._provenance import begin, command_line
-from attnlab.tools.bench.measure import CpuUse, round_floats, summary
+from attnlab.tools.bench.measure import CpuUse, interleaved, round_floats, summary
 
 __all__ = [
     "IMPLS",
@@ -176,6 +177,14 @@ def _timed(fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
     return time.perf_counter() - start
 
 
+def _warm_interleaved(
+    calls: Mapping[str, Callable[[], object]], rounds: int, order: random.Random
+) -> dict[str, list[float]]:
+    """`interleaved` after one round of warm-up, which is not kept."""
+    times = interleaved(calls, rounds + 1, order)
+    return {name: t[1:] for name, t in times.items()}
+
+
 def _with_ratios(times: dict[str, list[float]], baseline: str) -> dict[str, dict[str, float]]:
     best = min(times[baseline])
     return {name: {**summary(t), "ratio": min(t) / best} for name, t in times.items()}
@@ -234,36 +243,24 @@ def measure_decode_heads(
             decode[str(context)] = _with_ratios(times, "MHA")
         mla = layers["MLA naive"]
         prompt = torch.randn(shape.batch_size, shape.prompt, shape.d_model)
-        forms = {"MLA naive": False, "MLA absorbed": True}
-        prompt_times: dict[str, list[float]] = {name: [] for name in forms}
-        for r in range(rounds + 1):
-            names = list(forms)
-            order.shuffle(names)
-            for name in names:
-                absorb = forms[name]
-                seconds = _timed(mla, prompt, is_causal=True, absorb=absorb)
-                if r > 0:
-                    prompt_times[name].append(seconds)
-        prompt_results = _with_ratios(prompt_times, "MLA naive")
+        prompt_forms = {
+            "MLA naive": functools.partial(mla, prompt, is_causal=True, absorb=False),
+            "MLA absorbed": functools.partial(mla, prompt, is_causal=True, absorb=True),
+        }
+        prompt_results = _with_ratios(_warm_interleaved(prompt_forms, rounds, order), "MLA naive")
         context = max(shape.contexts)
         b, h = shape.batch_size, shape.num_heads
         r, dr = shape.kv_lora_rank, shape.qk_rope_head_dim
         q = torch.randn(b, h, 1, r + dr)  # (b, h, 1, r + d_rope): one decoded token
         k = torch.randn(b, 1, context, r + dr)  # (b, 1, s, r + d_rope)
         v = torch.randn(b, 1, context, r)  # (b, 1, s, r)
-        kernel_forms = {"enable_gqa": False, "heads folded": True}
-        kernel_times: dict[str, list[float]] = {name: [] for name in kernel_forms}
-        for i in range(rounds + 1):
-            names = list(kernel_forms)
-            order.shuffle(names)
-            for name in names:
-                fold = kernel_forms[name]
-                seconds = _timed(absorbed_kernel, q, k, v, fold_heads=fold)
-                if i > 0:
-                    kernel_times[name].append(seconds)
+        kernel_forms = {
+            "enable_gqa": functools.partial(absorbed_kernel, q, k, v, fold_heads=False),
+            "heads folded": functools.partial(absorbed_kernel, q, k, v, fold_heads=True),
+        }
         kernel_results: dict[str, Any] = {
             "context": context,
-            **_with_ratios(kernel_times, "enable_gqa"),
+            **_with_ratios(_warm_interleaved(kernel_forms, rounds, order), "enable_gqa"),
         }
     data = {
         "provenance": cpu_use.provenance(

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import sys
@@ -49,7 +48,8 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from attnlab.functional import flex
 from attnlab.functional.flash import flash_attention
-from attnlab.rules._provenance import begin, command_line
+from attnlab.rules._provenance import begin
+from attnlab.tools.bench import _command
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 
 __all__ = [
@@ -306,48 +306,23 @@ def write_flex_plot(data: dict[str, Any], out_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.flex [--json PATH] [--rounds N] ...`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attnlab.tools.bench.flex", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument("--json", help="write the results to this file (else print them)")
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="folder for the SVG figure (default: the folder of --json; none without it)",
-    )
-    defaults = FlexSettings()
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(defaults.lengths))
-    parser.add_argument("--window", type=int, default=defaults.window)
-    parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--replot", type=Path, default=None, help="redraw the figure of this results file"
-    )
-    args = parser.parse_args(argv)
-    out_dir = args.out_dir or (Path(args.json).parent if args.json else None)
-    if args.replot is not None:
-        data = json.loads(args.replot.read_text(encoding="utf-8"))
-        print(write_flex_plot(data, out_dir or args.replot.parent))
-        return 0
-    torch.set_num_threads(args.threads)
-    settings = FlexSettings(lengths=tuple(args.lengths), window=args.window, rounds=args.rounds)
-    command = command_line(
-        "attnlab.tools.bench.flex", list(argv if argv is not None else sys.argv[1:])
-    )
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: FlexSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     data = measure_flex(settings, seed=args.seed, command=command)
     data["figures"] = [FIGURE]
-    text = json.dumps(data, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-    else:
-        print(text)
-    if out_dir is not None:
-        print(write_flex_plot(data, out_dir))
-    return 0
+    return data
+
+
+def _write_flex_plots(data: dict[str, Any], out_dir: Path) -> list[Path]:
+    return [write_flex_plot(data, out_dir)]
+
+
+BENCH = _command.Bench(
+    "flex", __doc__, FlexSettings, ("lengths", "window", "rounds"), _measure, _write_flex_plots
+)
+"""The command line's settings, measurement and figure."""
 
 
 if __name__ == "__main__":

@@ -27,13 +27,11 @@ load average before and after and the CPU share of other processes.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,8 +40,9 @@ from attnlab.caches.base import LayerCache
 from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
 from attnlab.models.decoder import Decoder
 from attnlab.models.layout import cpu_decode_layout
-from attnlab.rules._provenance import begin, command_line
+from attnlab.rules._provenance import begin
 from attnlab.rules._validation import validation
+from attnlab.tools.bench import _command
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 
 __all__ = [
@@ -240,29 +239,15 @@ def _step(model: Decoder, token: torch.Tensor, caches: list[Any]) -> Callable[[]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.linear [--json PATH] [--rounds N] ...`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attnlab.tools.bench.linear", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument("--json", help="write the results to this file (else print them)")
-    defaults = LinearSettings()
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    settings = LinearSettings(contexts=tuple(args.contexts), rounds=args.rounds)
-    command = command_line(
-        "attnlab.tools.bench.linear", list(argv if argv is not None else sys.argv[1:])
-    )
-    text = json.dumps(measure_linear(settings, seed=args.seed, command=command), indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-    else:
-        print(text)
-    return 0
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: LinearSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
+    return measure_linear(settings, seed=args.seed, command=command)
+
+
+BENCH = _command.Bench("linear", __doc__, LinearSettings, ("contexts", "rounds"), _measure)
+"""The command line's settings and measurement (no figures)."""
 
 
 if __name__ == "__main__":

