@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
-from attnlab.functional.linear import delta_rule, linear_attention
+from attnlab.functional.linear import DELTA_RULE_MODES, delta_rule, linear_attention
 from attnlab.layers.norms import rms_normalize
 from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
@@ -40,17 +40,10 @@ from attnlab.rules._validation import (
 )
 
 __all__ = [
-    "DELTA_RULE_MODES",
     "GatedDeltaNet",
     "GatedDeltaNetState",
     "LinearSelfAttention",
 ]
-
-DELTA_RULE_MODES = ("chunk", "recurrent", "naive")
-"""The three ways [`delta_rule`][attnlab.functional.linear.delta_rule] computes the same outputs."""
-
-_FORMS = ("parallel", "recurrent")
-_EPS = 1e-6
 
 
 class LinearSelfAttention(nn.Module):
