@@ -22,8 +22,9 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """`(b, t, num_heads * head_dim)` to `(b, num_heads, t, head_dim)`, head `i` from
     features `i * head_dim` to `(i + 1) * head_dim`, as every fused projection lays them out.
     """
-    b, t, _ = x.shape
-    return x.view(b, t, num_heads, -1).transpose(1, 2)  # (b, num_heads, t, head_dim)
+    b, t, features = x.shape
+    # head_dim spelled out, not -1: a view of no tokens (t = 0) cannot infer it.
+    return x.view(b, t, num_heads, features // num_heads).transpose(1, 2)  # (b, h, t, head_dim)
 
 
 def merge_heads(heads: Tensor) -> Tensor:
