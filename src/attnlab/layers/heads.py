@@ -23,8 +23,9 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     features `i * head_dim` to `(i + 1) * head_dim`, as every fused projection lays them out.
     """
     b, t, features = x.shape
-    # head_dim spelled out, not -1: a view of no tokens (t = 0) cannot infer it.
-    return x.view(b, t, num_heads, features // num_heads).transpose(1, 2)  # (b, h, t, head_dim)
+    # head_dim spelled out: a `-1` cannot be inferred from no tokens (t = 0).
+    heads = x.view(b, t, num_heads, features // num_heads)  # (b, t, num_heads, head_dim)
+    return heads.transpose(1, 2)  # (b, num_heads, t, head_dim)
 
 
 def merge_heads(heads: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.functional.backends import Backend, backend_for
-from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.mlp import MoEConfig
@@ -238,7 +238,7 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
             scale=None if scale == head_dim**-0.5 else scale, window=window, softcap=softcap
         ),
         qk_norm=qk_norm,
-        learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
+        gates=HeadGates(learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter)),
         dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         backend=backend_for(softcap) if backend is None else backend,
     ).to(device=weight.device, dtype=weight.dtype)
@@ -748,24 +748,20 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
 
 
 def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
-    """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.layers.gated.GatedAttention]'s.
+    """Qwen3-Next's fused `q_proj` keys as the `q_proj` and `gate_proj` of a
+    [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention] with an output gate.
 
     Its `q_proj` rows (and bias) hold, per head, `head_dim` query rows then `head_dim`
-    gate rows; `out_proj` moves to the wrapper, the rest to the inner attention.
+    gate rows; every other key is the same.
     """
     out = {}
     h, hd = config.num_heads, config.head_dim
     for key, value in state.items():
-        if ".self_attn." not in key:
+        prefix, fused, name = key.partition(".self_attn.q_proj.")
+        if not fused:
             out[key] = value
             continue
-        prefix, name = key.split(".self_attn.")
-        if name.startswith("q_proj."):
-            query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
-            out[f"{prefix}.self_attn.attention.{name}"] = query.reshape(h * hd, *value.shape[1:])
-            out[f"{prefix}.self_attn.gate_{name[2:]}"] = gate.reshape(h * hd, *value.shape[1:])
-        elif name.startswith("out_proj."):
-            out[key] = value
-        else:
-            out[f"{prefix}.self_attn.attention.{name}"] = value
+        query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
+        out[key] = query.reshape(h * hd, *value.shape[1:])
+        out[f"{prefix}.self_attn.gate_proj.{name}"] = gate.reshape(h * hd, *value.shape[1:])
     return out
