@@ -750,7 +750,7 @@ _POSITIVE_FLOATS: dict[str, Any] = {
         **_DECODER_SIZES, query_pre_attn_scalar=v
     ),
     "MLA norm_eps": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, norm_eps=v),
-    "MLA rope_scale": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, rope_scale=v),
+    "RopeScaling attention_factor": lambda v: RopeScaling("yarn", 4.0, 16, attention_factor=v),
     "RopeScaling beta_fast": lambda v: RopeScaling("yarn", 4.0, 16, beta_fast=v),
     "LightningIndexer norm_eps": lambda v: LightningIndexer(8, 2, 4, norm_eps=v),
 }

@@ -418,16 +418,13 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
     config = hf.config
     rope_base, scaling = hf_rope(config)
     rope_type = "default" if scaling is None else scaling.rope_type
-    frequencies, rope_scale = None, 1.0
     if rope_type not in _STATIC_ROPE_TYPES:
         static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
         raise ValueError(
             f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
             f"the sequence length; MultiHeadLatentAttention supports {static}"
         )
-    if scaling is not None:
-        frequencies = scaling.frequencies(hf.qk_rope_head_dim, rope_base)
-        rope_scale = scaling.attention_scaling()
+    interleave = getattr(config, "rope_interleave", True)
     weight = hf.kv_b_proj.weight
     mla = cls(
         hf.hidden_size,
@@ -437,10 +434,7 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
         qk_rope_head_dim=hf.qk_rope_head_dim,
         v_head_dim=hf.v_head_dim,
         q_lora_rank=hf.q_lora_rank,
-        rope_base=rope_base,
-        rope_frequencies=frequencies,
-        rope_scale=rope_scale,
-        rope_layout="interleaved" if getattr(config, "rope_interleave", True) else "half",
+        rope=Rope(rope_base, "interleaved" if interleave else "half", None, scaling),
         softmax_scale=float(hf.scaling),
         bias=hf.kv_a_proj_with_mqa.bias is not None,
         norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
