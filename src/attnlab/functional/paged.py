@@ -41,7 +41,6 @@ from attnlab.rules.scores import ScoreRule
 
 __all__ = [
     "Method",
-    "PagedOptions",
     "paged_attention",
 ]
 
