@@ -51,8 +51,7 @@ from attnlab.rules._validation import (
     check_positive_int,
     check_qkv,
     check_scale,
-    check_sinks,
-    check_softcap,
+    check_score_changes,
     check_tensor,
     checking,
     entry,
@@ -193,8 +192,8 @@ def flash_attention(
         check_scale("scale", scale)
         block_q, block_k = check_block_size(block_size)
         check_choice("align", align, get_args(Alignment))
-        check_softcap("softcap", softcap)
-        check_sinks("sink_logits", sink_logits, query, query.shape[-3] if query.ndim > 2 else None)
+        heads = query.shape[-3] if query.ndim > 2 else None  # one sink logit for each
+        check_score_changes(softcap, sink_logits, query, heads)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     options = FlashOptions(

@@ -39,10 +39,7 @@ from attnlab.rules._validation import (
 from attnlab.rules.masks import visible
 from attnlab.rules.scores import ScoreRule
 
-__all__ = [
-    "Method",
-    "paged_attention",
-]
+__all__ = ["Method", "paged_attention"]
 
 Method = Literal["gather", "online"]
 """How [`paged_attention`][attnlab.functional.paged.paged_attention] reads the blocks."""

@@ -27,6 +27,8 @@ the outermost public boundary.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
@@ -49,8 +51,7 @@ from attnlab.rules._validation import (
     check_qkv,
     check_same_dtype_device,
     check_scale,
-    check_sinks,
-    check_softcap,
+    check_score_changes,
     check_tensor,
     checking,
     entry,
@@ -183,7 +184,8 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
                     f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
                     f"shape {tuple(scores.shape)}"
                 )
-    return _softmax_or_zeros(with_mask(scores, mask) * softmax_scale(d_k))
+    # Divided, not multiplied by 1 / sqrt(d_k): the article's own numbers, to the last bit.
+    return _softmax_or_zeros(with_mask(scores, mask) / math.sqrt(d_k))
 
 
 @entry
@@ -425,8 +427,7 @@ def _checked_attend(
             query, key = autocast_inputs(query, key)
             value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
         q, _, _, target = _check_attention_args(query, key, value, attn_mask, *opts)
-        check_softcap("softcap", softcap)
-        check_sinks("sink_logits", sink_logits, q, target[-3] if len(target) > 2 else None)
+        check_score_changes(softcap, sink_logits, q, target[-3] if len(target) > 2 else None)
         masks.check_window(window, attn_mask)
     if window is not None:  # the window is the mask, causal (top-left) included
         t_q, t_k = query.shape[-2], key.shape[-2]
