@@ -146,8 +146,13 @@ def band_at(
         tensor([[1, 1, 0, 0],
                 [0, 1, 1, 0]])
     """
-    positions = torch.arange(t_q, device=device)[:, None] + offset  # (t_q, 1) among the keys
-    return visible(positions, torch.arange(t_k, device=device), window)  # (t_q, t_k)
+    # visible(i + offset, j, window) for every pair, as two triangles of a ones matrix:
+    # one kernel each, faster than comparing index tensors (a decode step's row too).
+    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    mask = ones.tril(offset)  # j <= i + offset
+    if window is not None:
+        mask &= ones.triu(offset - window + 1)  # j > i + offset - window
+    return mask  # (t_q, t_k)
 
 
 def _check_sizes(t_q: object, t_k: object, align: object, device: object) -> tuple[int, int]:
