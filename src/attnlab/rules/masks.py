@@ -100,9 +100,9 @@ def visible(i: Tensor | int, j: Tensor | int, window: int | None = None) -> Tens
     query's future (`j <= i`) and, with a `window`, not `window` or more positions behind
     it (`j > i - window`). Positions are in one frame (a query's position among the
     keys: see [`alignment_offset`][attnlab.rules.masks.alignment_offset]). Works on ints
-    and on index tensors that broadcast: the dense masks
-    ([`band_at`][attnlab.rules.masks.band_at]), FlexAttention's `mask_mod`s, the paged
-    kernels' masks and FlashAttention's tile rule all ask it. Unchecked.
+    and on index tensors that broadcast: FlexAttention's `mask_mod`s, the paged kernels'
+    masks and FlashAttention's tile rule ask it, and `band_at` builds the same relation
+    densely (tested equal). Unchecked.
 
     Examples:
         >>> visible(5, 3), visible(5, 3, window=2), visible(3, 5)
