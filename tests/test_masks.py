@@ -89,6 +89,17 @@ def test_causal_alignments_agree_on_square() -> None:
     assert torch.equal(masks.causal(4, align="bottom-right"), masks.causal(4))
 
 
+@pytest.mark.parametrize("window", [None, 1, 3, 9])
+@pytest.mark.parametrize("offset", [-3, 0, 2])
+def test_band_at_is_visible_over_every_pair(offset: int, window: int | None) -> None:
+    # The dense mask (two triangles) and the predicate state the same relation.
+    rows = torch.arange(5)[:, None] + offset  # the queries' positions among the keys
+    want = masks.visible(rows, torch.arange(7), window)  # (5, 7)
+    assert torch.equal(masks.band_at(5, 7, offset, window, "cpu"), want)
+    i, j = 4 + offset, 2
+    assert masks.visible(i, j, window) == bool(want[4, 2])  # on ints too
+
+
 @pytest.mark.parametrize("window", [1, 2, 3, 9])
 @pytest.mark.parametrize("align", ["top-left", "bottom-right"])
 @pytest.mark.parametrize(("t_q", "t_k"), LENGTH_PAIRS)

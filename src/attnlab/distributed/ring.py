@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from attnlab.functional.flash import (
+    FlashOptions,
     flash_backward,
     flash_forward,
     key_range,
@@ -237,7 +238,7 @@ class _Tile(NamedTuple):
     piece: int  # index of the query piece among the rank's own
     rows: slice  # of the local queries
     cols: slice  # of the block in hand
-    options: dict[str, Any]  # the flash kernel's options for the tile
+    options: FlashOptions  # the flash kernel's options for the tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,14 +306,14 @@ class _Ring:
                     continue
                 self.stats.score_entries += _work(kind, q1 - q0, k1 - k0, q0 - k0, self.window)
                 masked = kind == "masked"
-                options = {
-                    "is_causal": masked,
-                    "scale": self.scale,
-                    "block_q": self.block_q,
-                    "block_k": self.block_k,
-                    "window": self.window if masked else None,
-                    "offset": q0 - k0 if masked else 0,
-                }
+                options = FlashOptions(
+                    is_causal=masked,
+                    scale=self.scale,
+                    block_q=self.block_q,
+                    block_k=self.block_k,
+                    window=self.window if masked else None,
+                    offset=q0 - k0 if masked else 0,
+                )
                 yield _Tile(i, slice(qo, qo + q1 - q0), slice(ko, ko + k1 - k0), options)
 
     def wait(self, requests: list[Any]) -> None:
@@ -382,7 +383,7 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
             q_tile = q[:, rows]
             out = q.new_empty(ring.n, q_tile.shape[1], ring.e_v)
             lse = q.new_empty(ring.n, q_tile.shape[1])
-            flash_forward(q_tile, k_src[:, cols], v_src[:, cols], out, lse, **options)
+            flash_forward(q_tile, k_src[:, cols], v_src[:, cols], out, lse, options)
             # A row of a masked block may see none of its keys (lse -inf). Step 0
             # holds every query's own chunk, so such a row meets a finite partial
             # result first or later, never only other empty ones: no NaN.
@@ -442,7 +443,7 @@ def _ring_backward(
                 dq[:, rows],
                 dk_src[:, cols],
                 dv_src[:, cols],
-                **options,
+                options,
             )
         ring.stats.compute_seconds += time.perf_counter() - start
         if sending is not None:

@@ -31,9 +31,11 @@ API (internal; modules import these names):
 - `Backend`: `Literal["torch", "scratch", "flash"]`, re-exported as
   `attnlab.layers.multihead.Backend`.
 - `BACKEND_NAMES`: the names, in that order.
-- `BACKENDS: Mapping[Backend, AttentionFunction]`: name -> function with the signature
-  of [`attend`][attnlab.functional.backends.attend] less `backend`. Each runs *after* the checks:
-  called from a module's `forward`, the kernel trusts what that `forward` checked.
+- `AttentionCall`: one call of the registry, `(query, key, value, rule, attn_mask,
+  dropout_p, enable_gqa)`, a named tuple: the registry's signature, written once.
+- `BACKENDS: Mapping[Backend, AttentionFunction]`: name -> function of an
+  `AttentionCall`. Each runs *after* the checks: called from a module's `forward`, the
+  kernel trusts what that `forward` checked.
 - `check_backend(value) -> Backend`: the name, or `ValueError` naming `backend` and the
   choices.
 - `BackendProperty()`: a descriptor; `backend = BackendProperty()` in a class body gives
@@ -44,9 +46,9 @@ API (internal; modules import these names):
   validating (the caller checked at its public boundary). The
   [`ScoreRule`][attnlab.rules.scores.ScoreRule] carries the scale, causality and its
   alignment, the window, the softcap and the sink logits: one object the layers hand
-  down, so this signature is written once. `query (..., L, E)`, `key (..., S, E)`,
-  `value (..., S, Ev)`; with `enable_gqa`, `H` key/value heads at dim -3 serve `Hq`
-  query heads.
+  down, and `AttentionCall` holds the arguments, so this signature is written once.
+  `query (..., L, E)`, `key (..., S, E)`, `value (..., S, Ev)`; with `enable_gqa`, `H`
+  key/value heads at dim -3 serve `Hq` query heads.
 - `attention_weights(query, key, rule=ScoreRule(), *, ...)`: the weights `(..., L, S)`
   that `attend` mixes the values with, whatever the backend (computed from scratch:
   fused kernels do not return them); same keywords as `attend`.
@@ -73,7 +75,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Literal, Protocol, overload
+from typing import Literal, NamedTuple, TypedDict, Unpack, overload
 
 import torch
 from torch import Tensor
@@ -87,9 +89,11 @@ from attnlab.rules.scores import ScoreRule
 __all__ = [
     "BACKENDS",
     "BACKEND_NAMES",
+    "AttentionCall",
     "AttentionFunction",
     "Backend",
     "BackendProperty",
+    "CallOptions",
     "attend",
     "attention_weights",
     "backend_for",
@@ -113,24 +117,38 @@ no dropout).
 BACKEND_NAMES: tuple[Backend, ...] = ("torch", "scratch", "flash")
 
 
-class AttentionFunction(Protocol):
-    """The signature every entry of [`BACKENDS`][attnlab.functional.backends.BACKENDS] has."""
-
-    def __call__(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        rule: ScoreRule,
-        *,
-        attn_mask: Tensor | None,
-        dropout_p: float,
-        enable_gqa: bool,
-    ) -> Tensor: ...
-
-
 _PLAIN = ScoreRule()
 """The score rule of plain attention: default scale, every key seen, no softcap or sink logits."""
+
+
+class AttentionCall(NamedTuple):
+    """One call of the registry, as every entry of
+    [`BACKENDS`][attnlab.functional.backends.BACKENDS] takes it: the one place where the
+    registry's signature is written (`attend` and `attention_weights` take these fields
+    as their arguments)."""
+
+    query: Tensor  # (..., L, E); (..., Hq, L, E) with enable_gqa
+    key: Tensor  # (..., S, E); (..., H, S, E) with enable_gqa
+    value: Tensor | None  # (..., S, Ev); None: the weights, not the output
+    rule: ScoreRule = _PLAIN
+    attn_mask: Tensor | None = None  # bool (True = attend), float (added), or a CausalBias
+    dropout_p: float = 0.0
+    enable_gqa: bool = False
+
+
+class CallOptions(TypedDict, total=False):
+    """The keywords of [`attend`][attnlab.functional.backends.attend] and
+    [`attention_weights`][attnlab.functional.backends.attention_weights] after `rule`:
+    the fields of [`AttentionCall`][attnlab.functional.backends.AttentionCall] with their
+    defaults there."""
+
+    attn_mask: Tensor | None
+    dropout_p: float
+    enable_gqa: bool
+
+
+AttentionFunction = Callable[[AttentionCall], Tensor]
+"""What every entry of [`BACKENDS`][attnlab.functional.backends.BACKENDS] is: a call, run."""
 
 
 def check_backend(value: object) -> Backend:
@@ -264,26 +282,17 @@ def _positional_mask(
 
 
 def _with_positional_mask(kernel: Callable[..., Tensor]) -> AttentionFunction:
-    """The registry's signature for an SDPA-style kernel, `(query, key, value, attn_mask,
+    """The registry's entry for an SDPA-style kernel, `(query, key, [value,] attn_mask,
     dropout_p, is_causal, scale, enable_gqa, *, softcap, sink_logits)` with PyTorch's top-left
-    `is_causal`: causality and window become its mask."""
+    `is_causal`: causality and window become its mask (no `value`: the weights' kernel)."""
 
-    def run(
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        rule: ScoreRule,
-        *,
-        attn_mask: Tensor | None,
-        dropout_p: float,
-        enable_gqa: bool,
-    ) -> Tensor:
+    def run(call: AttentionCall) -> Tensor:
+        query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
         t_q, t_k = query.shape[-2], key.shape[-2]
         mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
+        tensors = (query, key) if value is None else (query, key, value)
         opts = (dropout_p, causal, rule.scale, enable_gqa)
-        return kernel(
-            query, key, value, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits
-        )
+        return kernel(*tensors, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits)
 
     return run
 
@@ -308,60 +317,39 @@ def _sink_as_key(
         attn_mask = masks.band(t_q, t_k, "top-left", None, query.device)  # (L, S)
     attn_mask = materialize(attn_mask, query.device)  # a CausalBias as its bool mask
     bias = torch.zeros((t_q, t_k), dtype=query.dtype, device=query.device)  # (L, S)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        bias = bias + masks.allowed_to_additive(attn_mask, query.dtype)  # (..., L, S)
-    elif attn_mask is not None:
-        bias = bias + attn_mask.to(query.dtype)  # (..., L, S)
-    sink = sink_logits.to(query.dtype)[:, None, None]  # (Hq, 1, 1): one logit per query head
-    lead = torch.broadcast_shapes(bias.shape[:-2], sink.shape[:-2])  # type: ignore[no-untyped-call]
-    bias = bias.expand(*lead, t_q, t_k)  # (..., Hq, L, S)
-    column = sink.expand(*lead, t_q, 1)  # (..., Hq, L, 1)
+    bias = F.with_mask(bias, attn_mask)  # (..., L, S): the mask as a float bias
     zeros = key.new_zeros(*key.shape[:-2], 1, key.shape[-1])  # (..., H, 1, E)
     nothing = value.new_zeros(*value.shape[:-2], 1, value.shape[-1])  # (..., H, 1, Ev)
     key, value = torch.cat([key, zeros], dim=-2), torch.cat([value, nothing], dim=-2)
-    return key, value, torch.cat([bias, column], dim=-1)  # (..., Hq, L, S + 1)
+    return key, value, F.with_sinks(bias, sink_logits)  # (..., Hq, L, S + 1)
 
 
-def _torch_sdpa(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float | Tensor | None,
-    enable_gqa: bool,
-    *,
-    softcap: float | None,
-    sink_logits: Tensor | None,
-) -> Tensor:
-    if softcap is not None:
-        check_backend_call("torch", ScoreRule(softcap=softcap), attn_mask=None, dropout_p=0.0)
-    if sink_logits is not None:
-        key, value, attn_mask = _sink_as_key(query, key, value, attn_mask, is_causal, sink_logits)
+def _torch(call: AttentionCall) -> Tensor:
+    """PyTorch's fused SDPA: causality and window as its mask, sink logits as one more key."""
+    query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
+    assert value is not None  # attend's calls have values
+    if rule.softcap is not None:  # PyTorch's kernel cannot apply tanh to the scores
+        check_backend_call("torch", rule, attn_mask=None, dropout_p=0.0)
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    mask, is_causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
+    if rule.sink_logits is not None:
+        key, value, mask = _sink_as_key(query, key, value, mask, is_causal, rule.sink_logits)
         is_causal = False
     return torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
         value,
-        attn_mask=attn_mask,
+        attn_mask=mask,
         dropout_p=dropout_p,
         is_causal=is_causal,
-        scale=None if scale is None else float(scale),
+        scale=None if rule.scale is None else float(rule.scale),
         enable_gqa=enable_gqa,
     )
 
 
-def _flash(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    rule: ScoreRule,
-    *,
-    attn_mask: Tensor | None,
-    dropout_p: float,
-    enable_gqa: bool,
-) -> Tensor:
+def _flash(call: AttentionCall) -> Tensor:
+    query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
+    assert value is not None  # attend's calls have values
     check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
     is_causal, window, align = rule.is_causal, rule.window, rule.align
     if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
@@ -394,12 +382,12 @@ def _flash(
 
 BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
     {
-        "torch": _with_positional_mask(_torch_sdpa),
+        "torch": _torch,
         "scratch": _with_positional_mask(F.scaled_dot_product_attention),
         "flash": _flash,
     }
 )
-"""Backend name -> attention function (unvalidated), the signature of `attend`."""
+"""Backend name -> attention function (unvalidated) of one `AttentionCall`."""
 
 
 def attend(
@@ -408,17 +396,16 @@ def attend(
     key: Tensor,
     value: Tensor,
     rule: ScoreRule = _PLAIN,
-    *,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    enable_gqa: bool = False,
+    **options: Unpack[CallOptions],
 ) -> Tensor:
     """Scaled dot-product attention on `backend`, after the caller's checks.
 
     See the module docstring for the arguments and the causal rule; `rule` holds the
-    scale, causality, window, softcap and sink logits (`(Hq,)`, one per query head).
-    Raises `ValueError` only for a request the backend cannot serve (`"flash"` with a
-    mask or dropout, `"torch"` with a softcap).
+    scale, causality, window, softcap and sink logits (`(Hq,)`, one per query head), and
+    the keywords `attn_mask=None`, `dropout_p=0.0` and `enable_gqa=False` are those of
+    [`AttentionCall`][attnlab.functional.backends.AttentionCall]. Raises `ValueError`
+    only for a request the backend cannot serve (`"flash"` with a mask or dropout,
+    `"torch"` with a softcap).
 
     Examples:
         >>> q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
@@ -427,31 +414,20 @@ def attend(
         >>> all(torch.allclose(o, outs[0], atol=1e-6) for o in outs)
         True
     """
-    run = BACKENDS[backend]
-    return run(
-        query, key, value, rule, attn_mask=attn_mask, dropout_p=dropout_p, enable_gqa=enable_gqa
-    )
+    return BACKENDS[backend](AttentionCall(query, key, value, rule, **options))
+
+
+_WEIGHTS = _with_positional_mask(F.attention_weights)
 
 
 def attention_weights(
-    query: Tensor,
-    key: Tensor,
-    rule: ScoreRule = _PLAIN,
-    *,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    enable_gqa: bool = False,
+    query: Tensor, key: Tensor, rule: ScoreRule = _PLAIN, **options: Unpack[CallOptions]
 ) -> Tensor:
     """The weights `(..., L, S)` that [`attend`][attnlab.functional.backends.attend] mixes values
-    with.
+    with; the same keywords.
 
     Every backend computes the same weights; fused kernels do not return them, so they
     come from attnlab's from-scratch
     [`attention_weights`][attnlab.functional.sdpa.attention_weights].
     """
-    t_q, t_k = query.shape[-2], key.shape[-2]
-    mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
-    opts = (dropout_p, causal, rule.scale, enable_gqa)
-    return F.attention_weights(
-        query, key, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits
-    )
+    return _WEIGHTS(AttentionCall(query, key, None, rule, **options))

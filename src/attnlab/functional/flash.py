@@ -19,25 +19,30 @@ at once, so the Python loop runs over blocks only. The chapter
 "FlashAttention from scratch" derives every line.
 
 Kernel API, for code in attnlab that runs the passes itself (ring attention):
-`flash_forward(q, k, v, out, lse, is_causal, scale,
-block_q, block_k, window=None, offset=0)` fills `out (n, L, Ev)` and the log-sum-exp
+`flash_forward(q, k, v, out, lse, options)` fills `out (n, L, Ev)` and the log-sum-exp
 `lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`; `flash_backward(q, k, v,
-out, lse, grad_out, dq, dk, dv, is_causal, scale, block_q, block_k, window=None,
-offset=0)` adds the gradients into `dq`, `dk`, `dv`. `offset` places query `i` at key
-position `i + offset` for the causal and window rules (0: top-left; `S - L`:
-bottom-right, after a KV cache). Inputs must be float32 or float64 and contiguous in
-their last dimension.
+out, lse, grad_out, dq, dk, dv, options)` adds the gradients into `dq`, `dk`, `dv`.
+`options` is a `FlashOptions(is_causal, scale, block_q, block_k, window=None, offset=0,
+softcap=None)`; `offset` places query `i` at key position `i + offset` for the causal
+and window rules (0: top-left; `S - L`: bottom-right, after a KV cache). Inputs must be
+float32 or float64 and contiguous in their last dimension.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor
 
-from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
+from attnlab.rules._precision import (
+    autocast_inputs,
+    autocast_kernel,
+    autocast_off,
+    compute_dtype,
+    softmax_scale,
+)
 from attnlab.rules._validation import (
     check_block_size,
     check_bool,
@@ -46,8 +51,7 @@ from attnlab.rules._validation import (
     check_positive_int,
     check_qkv,
     check_scale,
-    check_sinks,
-    check_softcap,
+    check_score_changes,
     check_tensor,
     checking,
     entry,
@@ -59,6 +63,7 @@ from attnlab.rules.masks import (
     band_at,
     check_window,
     is_causal_window,
+    visible,
 )
 
 __all__ = ["TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
@@ -110,10 +115,11 @@ def flash_attention(
     (Gemma 2, Gemma Team, 2024, https://arxiv.org/abs/2408.00118) turns each tile's
     scores into $c \tanh(x / c)$, and the backward pass recomputes the $\tanh$ for its
     derivative $1 - \tanh^2$. `sink_logits` (gpt-oss, OpenAI, 2025,
-    https://arxiv.org/abs/2508.10925), one learned logit per head, is folded into each
-    row's running statistics after its last tile, so the saved log-sum-exp includes it
-    and the backward of $Q$, $K$, $V$ needs nothing more; the sink logits' own gradient is
-    $-\sum_i p_{i,\text{sink}}\, (dO_i \cdot O_i)$.
+    https://arxiv.org/abs/2508.10925), one learned logit per head, is merged into each
+    row's output and log-sum-exp after the tiles
+    ([`merge_sinks`][attnlab.functional.flash.merge_sinks]), so the saved log-sum-exp
+    includes it and the backward of $Q$, $K$, $V$ needs nothing more; the sink logits'
+    own gradient is $-\sum_i p_{i,\text{sink}}\, (dO_i \cdot O_i)$.
 
     float16 and bfloat16 inputs are computed in float32 and the result cast back. Under
     `torch.autocast`, the inputs are first cast to the autocast dtype (float64 excepted),
@@ -178,7 +184,7 @@ def flash_attention(
         True
     """
     if checking():
-        # Checked as autocast casts them; the cast below then finds them cast.
+        # Checked as autocast casts them; the kernel then finds them cast.
         query, key, value = autocast_inputs(query, key, value)
         _check_inputs(query, key, value)
         check_bool("is_causal", is_causal)
@@ -186,38 +192,60 @@ def flash_attention(
         check_scale("scale", scale)
         block_q, block_k = check_block_size(block_size)
         check_choice("align", align, get_args(Alignment))
-        check_softcap("softcap", softcap)
-        check_sinks("sink_logits", sink_logits, query, query.shape[-3] if query.ndim > 2 else None)
+        heads = query.shape[-3] if query.ndim > 2 else None  # one sink logit for each
+        check_score_changes(softcap, sink_logits, query, heads)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
-    # Query i sits at key position i + offset for the causal and window rules.
-    offset = alignment_offset(query.shape[-2], key.shape[-2], align)
-    q, k, v = autocast_inputs(query, key, value)
-    *batch, t_q, e = q.shape
-    t_k, e_v = k.shape[-2], v.shape[-1]
-    # E = 0: every score is 0 anyway. float(): a 0-d tensor or NumPy scale is welcome.
-    s = softmax_scale(e, scale)
+    options = FlashOptions(
+        is_causal=is_causal_window(is_causal, window),
+        scale=softmax_scale(query.shape[-1], scale),  # E = 0 too; a 0-d tensor welcome
+        block_q=block_q,
+        block_k=block_k,
+        window=window,
+        # Query i sits at key position i + offset for the causal and window rules.
+        offset=alignment_offset(query.shape[-2], key.shape[-2], align),
+        softcap=softcap,
+    )
+    return _flash(query, key, value, sink_logits, options)
+
+
+class FlashOptions(NamedTuple):
+    """What the passes take besides the tensors: the score rule of a tile, and its size.
+
+    Query `i` sits at key position `i + offset` for the causal and window rules (0:
+    top-left; `S - L`: bottom-right, after a KV cache); `is_causal` is already True
+    when there is a `window`; `scale` is a float.
+    """
+
+    is_causal: bool
+    scale: float
+    block_q: int
+    block_k: int
+    window: int | None = None
+    offset: int = 0
+    softcap: float | None = None
+
+
+@autocast_kernel(inputs=3)
+def _flash(
+    query: Tensor, key: Tensor, value: Tensor, sink_logits: Tensor | None, options: FlashOptions
+) -> Tensor:
+    """`flash_attention` after its checks: the inputs flattened to `(n, L, E)`, widened."""
+    *batch, t_q, e = query.shape
+    t_k, e_v = key.shape[-2], value.shape[-1]
     n = math.prod(batch)
-    dtype = q.dtype
-    wide = compute_dtype(dtype)  # float16/bfloat16 are computed in float32
-    q, k, v = q.to(wide), k.to(wide), v.to(wide)
+    wide = compute_dtype(query.dtype)  # float16/bfloat16 are computed in float32
+    q, k, v = query.to(wide), key.to(wide), value.to(wide)
     if sink_logits is not None:  # one logit per head -> one per row of the flattened batch
         sink_logits = sink_logits.to(wide).expand(*batch[:-1], batch[-1]).reshape(n)  # (n,)
-    with autocast_off(q.device.type):
-        out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
-            q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
-            k.reshape(n, t_k, e),  # (n, S, E)
-            v.reshape(n, t_k, e_v),  # (n, S, Ev)
-            sink_logits,
-            is_causal_window(is_causal, window),
-            s,
-            block_q,
-            block_k,
-            window,
-            offset,
-            softcap,
-        )
-    return out.reshape(*batch, t_q, e_v).to(dtype)  # (..., L, Ev)
+    out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
+        q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
+        k.reshape(n, t_k, e),  # (n, S, E)
+        v.reshape(n, t_k, e_v),  # (n, S, Ev)
+        sink_logits,
+        options,
+    )
+    return out.reshape(*batch, t_q, e_v)  # (..., L, Ev)
 
 
 def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Tensor, Tensor]:
@@ -238,42 +266,31 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        sink_logits: Tensor | None,
-        is_causal: bool,
-        scale: float,
-        block_q: int,
-        block_k: int,
-        window: int | None,
-        offset: int,
-        softcap: float | None,
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, sink_logits: Tensor | None, options: FlashOptions
     ) -> Tensor:
         n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
-        args = (is_causal, scale, block_q, block_k, window, offset, softcap)
-        for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
-            sink_h = None if sink_logits is None else sink_logits[h]
-            flash_forward(q[h], k[h], v[h], out[h], lse[h], *args, sink_logits=sink_h)
+        for h in _head_groups(n, min(options.block_q, t_q) * min(options.block_k, t_k)):
+            flash_forward(q[h], k[h], v[h], out[h], lse[h], options)
+        if sink_logits is not None:  # after every row's last tile: see merge_sinks
+            out, lse = merge_sinks(out, lse, sink_logits)
         ctx.save_for_backward(q, k, v, out, lse, *([] if sink_logits is None else [sink_logits]))
-        ctx.args = args
+        ctx.options = options
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse, *saved_logits = ctx.saved_tensors
+        options: FlashOptions = ctx.options
         with torch.no_grad(), autocast_off(q.device.type):
             grad_out = grad_out.contiguous()
             dq, dk = torch.zeros_like(q), torch.zeros_like(k)
             dv = torch.zeros_like(v)
             n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
-            block_q, block_k = ctx.args[2:4]
-            for h in _head_groups(n, min(block_q, t_q) * min(block_k, t_k)):
+            for h in _head_groups(n, min(options.block_q, t_q) * min(options.block_k, t_k)):
                 inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
-                flash_backward(*inputs, dq[h], dk[h], dv[h], *ctx.args)
+                flash_backward(*inputs, dq[h], dk[h], dv[h], options)
             # The sink has no value, so its dP is 0 and the softmax's backward leaves
             # dsink = sum_i P_i,sink (0 - D_i), with D_i = dO_i . O_i and
             # P_i,sink = exp(sink - lse_i): the saved lse includes the sink.
@@ -283,7 +300,7 @@ class _FlashAttention(torch.autograd.Function):
                 dsinks = -((sink_logits[:, None] - lse).exp() * delta).sum(dim=-1)  # (n,)
         if torch.is_grad_enabled():  # create_graph=True: refuse the second derivative
             dq, dk, dv = _no_second_derivative(dq, dk, dv, q, k, v, grad_out)
-        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None
 
 
 def _head_groups(n: int, tile_size: int) -> list[slice]:
@@ -364,28 +381,16 @@ def _query_starts(
     return range(first, end, block_q)
 
 
-def _needs_bias(
-    i0: int,
-    i1: int,
-    j0: int,
-    j1: int,
-    is_causal: bool,
-    window: int | None,
-) -> bool:
-    """Whether the tile holds a hidden (query, key) pair: the diagonal or the edge."""
-    crosses_diagonal = is_causal and j1 - 1 > i0
-    crosses_window = window is not None and j0 <= i1 - 1 - window
-    return crosses_diagonal or crosses_window
+def _needs_bias(i0: int, i1: int, j0: int, j1: int, is_causal: bool, window: int | None) -> bool:
+    """Whether the tile holds a hidden (query, key) pair: the diagonal or the window's edge.
+
+    The corners decide: the first query sees least of the future (the last key), the
+    last query least of the past (the first key); if both see them, every pair is seen.
+    """
+    return is_causal and not (visible(i0, j1 - 1, window) and visible(i1 - 1, j0, window))
 
 
-def _bias(
-    i0: int,
-    i1: int,
-    j0: int,
-    j1: int,
-    window: int | None,
-    like: Tensor,
-) -> Tensor:
+def _bias(i0: int, i1: int, j0: int, j1: int, window: int | None, like: Tensor) -> Tensor:
     """0 where query i may see key j (i - window < j <= i), else -inf; (rows, cols)."""
     seen = band_at(i1 - i0, j1 - j0, i0 - j0, window, like.device)  # (rows, cols)
     return allowed_to_additive(seen, like.dtype)  # 0 where seen, else -inf
@@ -486,35 +491,19 @@ def tile_map(
 
 # --8<-- [start:forward]
 def flash_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    is_causal: bool,
-    scale: float,
-    block_q: int,
-    block_k: int,
-    window: int | None = None,
-    offset: int = 0,
-    softcap: float | None = None,
-    sink_logits: Tensor | None = None,
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options: FlashOptions
 ) -> None:
     """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E).
 
     Query i sits at key position i + offset for the causal and window rules. With
-    `softcap`, each score x becomes softcap * tanh(x / softcap); `sink_logits` (n,) adds one
-    logit with no value to every row's softmax, and to its lse.
+    `softcap`, each score x becomes softcap * tanh(x / softcap).
     """
+    is_causal, scale, block_q, block_k, window, offset, softcap = options
     n, t_q, _ = q.shape
     t_k = k.shape[1]
-    # A row that sees no key at all: output 0, and lse the sink's logit, or -inf.
-    no_keys: float | Tensor = (
-        float("-inf") if sink_logits is None else sink_logits[:, None]
-    )  # (n, 1)
     if t_k == 0:  # no keys at all: PyTorch returns zeros
         out.zero_()
-        lse[:] = no_keys
+        lse.fill_(float("-inf"))
         return
     # One buffer holds every tile of scores in turn, instead of a new
     # allocation for every tile.
@@ -528,7 +517,7 @@ def flash_forward(
         starts = _key_starts(a0, a1, t_k, is_causal, window, block_k)
         if not starts:  # window and L > S: these queries see no key at all
             out[:, i0:i1] = 0.0
-            lse[:, i0:i1] = no_keys
+            lse[:, i0:i1] = float("-inf")
             continue
         # Scores in base 2: exp(x) = 2 ** (x log2 e), the form GPU kernels
         # compute; fold log2(e) into q, with the scale (softcap: see _q_factor).
@@ -561,13 +550,6 @@ def flash_forward(
             ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v[:, j0:j1])
             m = m_new
-        if sink_logits is not None:  # the sink: one more logit in the sum, with no value
-            sink2 = (sink_logits * _LOG2_E)[:, None, None]  # (n, 1, 1), base 2
-            m_new = torch.maximum(m, sink2)
-            alpha = (m - m_new).exp2_()
-            ell.mul_(alpha).add_((sink2 - m_new).exp2_())
-            acc.mul_(alpha)
-            m = m_new
         if sparse:  # rows that saw no key: sum 0, output 0 as PyTorch's
             seen = ell > 0  # (n, rows, 1)
             ell.clamp_min_(1.0)
@@ -591,18 +573,13 @@ def flash_backward(
     dq: Tensor,
     dk: Tensor,
     dv: Tensor,
-    is_causal: bool,
-    scale: float,
-    block_q: int,
-    block_k: int,
-    window: int | None = None,
-    offset: int = 0,
-    softcap: float | None = None,
+    options: FlashOptions,
 ) -> None:
     """Add the gradients with respect to q, k and v into dq, dk, dv (zeros).
 
     Query i sits at key position i + offset, as in the forward pass; `softcap` as there.
     """
+    is_causal, scale, block_q, block_k, window, offset, softcap = options
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     if t_k == 0 or t_q == 0:
@@ -712,3 +689,41 @@ def merge_partials(
     w_a = torch.exp(lse_a - lse).unsqueeze(-1)  # (..., L, 1), A's share of the softmax
     w_b = torch.exp(lse_b - lse).unsqueeze(-1)  # (..., L, 1), B's share, 1 - w_a
     return w_a * out_a + w_b * out_b, lse
+
+
+# --8<-- [end:merge]
+
+
+def merge_sinks(out: Tensor, lse: Tensor, sink_logits: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Learned attention sinks added to attention's output and log-sum-exp after the fact.
+
+    The one home of gpt-oss's sinks for the kernels that return a log-sum-exp (this
+    module's tiles, FlexAttention): a sink is one more logit $s_h$ in each row's
+    softmax with no value, so adding it is
+    [`merge_partials`][attnlab.functional.flash.merge_partials] with a second "key set"
+    whose log-sum-exp is $s_h$ and whose output is zero. Every weight of row $i$, and so
+    its output, shrinks by $e^{\ell_i} / (e^{\ell_i} + e^{s_h}) = \sigma(\ell_i - s_h)$,
+    and the log-sum-exp becomes $\ln(e^{\ell_i} + e^{s_h})$. A row that sees no key
+    ($\ell_i = -\infty$) keeps its zeros and gets the sink's log-sum-exp.
+
+    Args:
+        out: Attention outputs `(..., H, L, Ev)`.
+        lse: Their log-sum-exp (natural log) `(..., H, L)`.
+        sink_logits: One logit per head `(H,)`.
+
+    Returns:
+        The outputs with the sinks, in `out`'s dtype, and the log-sum-exp with them, in
+        `lse`'s.
+
+    Examples:
+        >>> sinks = torch.tensor([0.0, -100.0])  # per head: as large as a score of 0, or none
+        >>> out, lse = merge_sinks(torch.ones(1, 2, 1, 3), torch.zeros(1, 2, 1), sinks)
+        >>> out[..., 0]
+        tensor([[[0.5000],
+                 [1.0000]]])
+        >>> round(float(lse[0, 0, 0]), 4)  # ln(e^0 + e^0)
+        0.6931
+    """
+    total = torch.logaddexp(lse, sink_logits.to(lse.dtype)[:, None])  # (..., H, L)
+    keep = torch.exp(lse - total)  # (..., H, L): the keys' share of each row's softmax
+    return out * keep[..., None].to(out.dtype), total

@@ -64,6 +64,7 @@ from torch.nn.attention.flex_attention import (
     flex_attention,
 )
 
+from attnlab.functional.flash import merge_sinks
 from attnlab.rules._validation import (
     check_block_size,
     check_bool,
@@ -78,7 +79,7 @@ from attnlab.rules._validation import (
     check_softcap,
     is_integer_dtype,
 )
-from attnlab.rules.masks import Alignment, alignment_offset
+from attnlab.rules.masks import Alignment, alignment_offset, visible
 
 __all__ = [
     "MaskMod",
@@ -200,7 +201,7 @@ def causal_mod(
     offset = _offset(t_q, t_k, align)
 
     def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx <= q_idx + offset
+        return visible(q_idx + offset, kv_idx)
 
     return causal
 
@@ -242,8 +243,7 @@ def sliding_window_mod(
     offset = _offset(t_q, t_k, align)
 
     def sliding_window(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        position = q_idx + offset  # the query's own position among the keys
-        return (kv_idx <= position) & (kv_idx > position - w)
+        return visible(q_idx + offset, kv_idx, w)  # at the query's position among the keys
 
     return sliding_window
 
@@ -292,7 +292,7 @@ def sink_window_mod(
 
     def sink_window(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         position = q_idx + offset
-        return (kv_idx <= position) & ((kv_idx > position - w) | (kv_idx < n))
+        return visible(position, kv_idx, w) | (visible(position, kv_idx) & (kv_idx < n))
 
     return sink_window
 
@@ -362,13 +362,13 @@ def prefix_lm_mod(prefix_lengths: int | Tensor | Sequence[int]) -> MaskMod:
         p = check_nonnegative_int("prefix_lengths", prefix_lengths)
 
         def prefix_lm(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return (kv_idx <= q_idx) | (kv_idx < p)
+            return visible(q_idx, kv_idx) | (kv_idx < p)
 
         return prefix_lm
     n = _lengths("prefix_lengths", prefix_lengths)
 
     def prefix_lm_batch(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (kv_idx <= q_idx) | (kv_idx < n[b])
+        return visible(q_idx, kv_idx) | (kv_idx < n[b])
 
     return prefix_lm_batch
 
@@ -443,7 +443,7 @@ def document_mod(document_ids: Tensor, *, is_causal: bool = True) -> MaskMod:
 
     def document(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         inside = same(b, q_idx, kv_idx)
-        return inside & (kv_idx <= q_idx) if is_causal else inside
+        return inside & visible(q_idx, kv_idx) if is_causal else inside
 
     return document
 
@@ -725,7 +725,9 @@ def apply_sinks(out: Tensor, lse: Tensor, sink_logits: Tensor) -> Tensor:
 
     A sink logit $s_h$ joins the softmax's denominator and brings no value, so the
     output of row $i$ is FlexAttention's scaled by
-    $e^{\ell_i} / (e^{\ell_i} + e^{s_h}) = \sigma(\ell_i - s_h)$.
+    $e^{\ell_i} / (e^{\ell_i} + e^{s_h}) = \sigma(\ell_i - s_h)$: the rule of
+    [`merge_sinks`][attnlab.functional.flash.merge_sinks], which flash_attention's tiles
+    follow too.
 
     Args:
         out: FlexAttention's output `(b, H, L, Ev)`.
@@ -741,8 +743,7 @@ def apply_sinks(out: Tensor, lse: Tensor, sink_logits: Tensor) -> Tensor:
         tensor([[[0.5000],
                  [1.0000]]])
     """
-    keep = torch.sigmoid(lse.float() - sink_logits.float()[:, None])  # (b, H, L)
-    return (out * keep[..., None].to(out.dtype)).to(out.dtype)
+    return merge_sinks(out, lse.float(), sink_logits)[0]  # (b, H, L, Ev)
 
 
 @functools.cache

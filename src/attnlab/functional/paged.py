@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple, TypedDict, get_args
 
 import torch
 from torch import Tensor
 
 from attnlab.functional.backends import Backend, attend, check_backend, takes_mask
 from attnlab.functional.flash import merge_partials
-from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
+from attnlab.rules._precision import autocast_inputs, autocast_kernel, compute_dtype, softmax_scale
 from attnlab.rules._validation import (
     check_choice,
     check_features,
@@ -36,15 +36,24 @@ from attnlab.rules._validation import (
     is_integer_dtype,
     value_checks_enabled,
 )
+from attnlab.rules.masks import visible
 from attnlab.rules.scores import ScoreRule
 
-__all__ = [
-    "Method",
-    "paged_attention",
-]
+__all__ = ["Method", "paged_attention"]
 
 Method = Literal["gather", "online"]
 """How [`paged_attention`][attnlab.functional.paged.paged_attention] reads the blocks."""
+
+
+class PagedOptions(TypedDict, total=False):
+    """The keywords of [`paged_attention`][attnlab.functional.paged.paged_attention], for
+    the functions that take the same (the fast path); their defaults are there."""
+
+    query_lengths: Tensor | None
+    scale: float | None
+    method: Method
+    blocks_per_tile: int
+    backend: Backend
 
 
 # --- attention through the block table --------------------------------------------
@@ -171,7 +180,7 @@ def paged_attention(
         check_positive_int("blocks_per_tile", blocks_per_tile)
     kernel = _kernel(method, backend, blocks_per_tile)
     return run_kernel(
-        kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
+        query, key_pool, value_pool, block_tables, lengths, query_lengths, scale, kernel
     )
 
 
@@ -198,8 +207,8 @@ Kernel = Callable[[Pages], Tensor]
 part (autocast, the positions, the padding rows)."""
 
 
+@autocast_kernel(inputs=3)
 def run_kernel(
-    kernel: Kernel,
     query: Tensor,
     key_pool: Tensor,
     value_pool: Tensor,
@@ -207,23 +216,23 @@ def run_kernel(
     lengths: Tensor,
     query_lengths: Tensor | None,
     scale: float | None,
+    kernel: Kernel,
 ) -> Tensor:
-    """What every paged kernel shares: autocast, the query positions, the padding rows."""
-    # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
-    # autocast off, as PyTorch's own kernels do: every kernel then returns the autocast
-    # dtype, as torch's SDPA would.
-    query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
+    """What every paged kernel shares: autocast, the scale, the query positions, the padding rows.
+
+    The kernel widens each tile it reads to the compute dtype; the result comes back in the
+    query's dtype, as `autocast_kernel` returns it.
+    """
     b, h, t_q, e = query.shape
     if b == 0:  # no sequence: nothing to read (and no positions to take a max of)
         return query.new_zeros(0, h, t_q, value_pool.shape[-1])
-    s = softmax_scale(e, scale)  # E = 0 too
-    with autocast_off(query.device.type):
-        positions, real = _query_positions(lengths, query_lengths, t_q)
-        block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
-        out = kernel(Pages(query, key_pool, value_pool, block_tables, positions, s))
-        if real is None:  # no padding rows
-            return out
-        return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
+    positions, real = _query_positions(lengths, query_lengths, t_q)
+    block_tables = block_tables.long()  # index_select takes int64 (or int32) ids
+    pages = Pages(query, key_pool, value_pool, block_tables, positions, softmax_scale(e, scale))
+    out = kernel(pages)
+    if real is None:  # no padding rows
+        return out
+    return out.masked_fill(~real[:, None, :, None], 0.0)  # padding rows: zeros
 
 
 def _query_positions(
@@ -245,11 +254,6 @@ def _query_positions(
     last = (n - 1).clamp_min(0)[:, None]  # (b, 1)
     positions = (lengths - n)[:, None] + torch.minimum(rows, last)  # (b, t_q)
     return positions.clamp_min(0), real
-
-
-def _visible(key_positions: Tensor, query_positions: Tensor) -> Tensor:
-    """Allowed mask `(b, t_q, keys)`: key p is seen by a query at position >= p."""
-    return key_positions <= query_positions[:, :, None]
 
 
 def _group_queries(query: Tensor, num_kv_heads: int) -> Tensor:
@@ -291,7 +295,7 @@ def _gather_attention(pages: Pages, backend: Backend) -> Tensor:
     values = _blocks(value_pool, block_tables)  # (kv, b, S, e_v)
     key_positions = torch.arange(keys.shape[2], device=query.device)  # (S,)
     rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
-    mask = _visible(key_positions, rows)[None]  # (1, b, g * t_q, S)
+    mask = visible(rows[:, :, None], key_positions)[None]  # (1, b, g * t_q, S)
     q = _group_queries(query, kv)  # (kv, b, g * t_q, e)
     rule = ScoreRule(scale=scale)
     out = attend(backend, q, keys, values, rule, attn_mask=mask)  # (kv, b, g*t_q, e_v)
@@ -307,8 +311,7 @@ def _online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
     query, key_pool, value_pool, block_tables, positions, scale = pages
     kv = key_pool.shape[0]
     h, t_q = query.shape[1], query.shape[2]
-    dtype = query.dtype
-    wide = compute_dtype(dtype)
+    wide = compute_dtype(query.dtype)
     # Fold the scale into the queries once.
     q = _group_queries(query.to(wide) * scale, kv)  # (kv, b, g * t_q, e)
     rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
@@ -318,11 +321,11 @@ def _online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
         k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
         scores = q @ k.transpose(-1, -2)  # (kv, b, g * t_q, T)
         key_positions = torch.arange(start, start + k.shape[2], device=query.device)
-        hidden = ~_visible(key_positions, rows)  # (b, g * t_q, T), broadcast over kv
-        scores = scores.masked_fill(hidden, float("-inf"))
+        seen = visible(rows[:, :, None], key_positions)  # (b, g * t_q, T), broadcast over kv
+        scores = scores.where(seen, float("-inf"))
         merged = _fold(merged, *_partial_attention(scores, v))
     assert merged is not None  # block_tables has at least one column (checked)
-    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+    return _ungroup(merged[0], h, t_q)  # (b, num_heads, t_q, v_head_dim), wide
 
 
 def _tiles(

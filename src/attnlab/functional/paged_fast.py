@@ -21,14 +21,15 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from typing import Unpack
 
 import torch
 from torch import Tensor
 
-from attnlab.functional.backends import Backend, attend
+from attnlab.functional.backends import attend
 from attnlab.functional.paged import (
     Kernel,
-    Method,
+    PagedOptions,
     Pages,
     _fold,
     _group_queries,
@@ -36,11 +37,11 @@ from attnlab.functional.paged import (
     _online_attention,
     _tiles,
     _ungroup,
-    _visible,
     run_kernel,
 )
 from attnlab.rules import masks
 from attnlab.rules._precision import autocast_inputs, compute_dtype
+from attnlab.rules.masks import visible
 from attnlab.rules.scores import ScoreRule
 
 __all__: list[str] = []  # paged_attention_fast is unchecked: its callers check first
@@ -52,21 +53,19 @@ def paged_attention_fast(
     value_pool: Tensor,
     block_tables: Tensor,
     lengths: Tensor,
-    *,
-    query_lengths: Tensor | None = None,
-    scale: float | None = None,
-    method: Method = "online",
-    blocks_per_tile: int = 32,
-    backend: Backend = "torch",
+    **options: Unpack[PagedOptions],
 ) -> Tensor:
     """[`paged_attention`][attnlab.functional.paged.paged_attention], fast on the CPU.
 
-    The same arguments and the same result (to float round-off), without the checks:
+    The same arguments (the keywords of `PagedOptions`, with `paged_attention`'s
+    defaults) and the same result (to float round-off), without the checks:
     its callers check first
     ([`PagedKVCache.attend`][attnlab.serving.cache.PagedKVCache.attend] does). With
     `method="online"` and `backend="torch"`, on the CPU, without gradient and not
     compiling, it runs the module's own kernels; otherwise `paged_attention`'s.
     """
+    method, backend = options.get("method", "online"), options.get("backend", "torch")
+    blocks_per_tile = options.get("blocks_per_tile", 32)
     kernel: Kernel
     if method != "online" or backend != "torch" or not _host_inference(query, key_pool, value_pool):
         kernel = _kernel(method, backend, blocks_per_tile)
@@ -79,8 +78,9 @@ def paged_attention_fast(
         elif key_pool.shape[-1] == value_pool.shape[-1]:  # the fused kernel takes one e
             fast = _fused_online_attention
         kernel = functools.partial(fast, blocks_per_tile=blocks_per_tile)
+    query_lengths, scale = options.get("query_lengths"), options.get("scale")
     return run_kernel(
-        kernel, query, key_pool, value_pool, block_tables, lengths, query_lengths, scale
+        query, key_pool, value_pool, block_tables, lengths, query_lengths, scale, kernel
     )
 
 
@@ -165,9 +165,9 @@ def _decode_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
     # In place (out=pattern): the pattern's zeros become the scores, nothing is copied.
     torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=scale, out=pattern)
     scores = pattern.values().view(b, kv, c, g, n).transpose(2, 3).reshape(b, h, t)
-    if t - 1 > first:  # some sequence is shorter than the blocks read
-        hidden = torch.arange(t, device=query.device) > positions  # (b, T)
-        scores = scores.masked_fill(hidden[:, None], float("-inf"))
+    if not visible(first, t - 1):  # some sequence is shorter than the blocks read
+        seen = visible(positions, torch.arange(t, device=query.device))  # (b, T)
+        scores = scores.where(seen[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (b, h, T), back in the pattern's order:
     weights = weights.view(b, kv, g, c, n).transpose(2, 3).reshape(-1)
     out = torch.nn.functional.embedding_bag(
@@ -234,31 +234,31 @@ def _fused_online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
     query, key_pool, value_pool, block_tables, positions, scale = pages
     kv, _, bs, _ = key_pool.shape
     h, t_q = query.shape[1], query.shape[2]
-    dtype = query.dtype
-    wide = compute_dtype(dtype)
+    wide = compute_dtype(query.dtype)
     q = _group_queries(query.to(wide), kv)  # (kv, b, g * t_q, e)
     first, used = _reach(positions, block_tables.shape[1], bs)
     # The position of each query row, (b, g * t_q); needed only where a tile is masked.
-    rows = positions.repeat(1, h // kv) if used * bs - 1 > first else positions
+    rows = positions if visible(first, used * bs - 1) else positions.repeat(1, h // kv)
     merged = None
     for start, (k, v) in _tiles(block_tables, used, blocks_per_tile, key_pool, value_pool):
         k, v = k.to(wide), v.to(wide)  # (kv, b, T, e), (kv, b, T, e_v)
         end = start + k.shape[2]
         seen = None
-        if end - 1 > first:  # some query does not see every key of the tile
+        if not visible(first, end - 1):  # some query does not see every key of the tile
             key_positions = torch.arange(start, end, device=query.device)  # (T,)
-            seen = _visible(key_positions, rows)[None]  # (1, b, g * t_q, T)
+            seen = visible(rows[:, :, None], key_positions)[None]  # (1, b, g * t_q, T)
         if used <= blocks_per_tile:  # one tile, which holds key 0: no merging
             rule = ScoreRule(scale=scale)
             out = attend("torch", q, k, v, rule, attn_mask=seen)  # (kv, b, g*t_q, e_v)
-            return _ungroup(out, h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+            return _ungroup(out, h, t_q)  # (b, num_heads, t_q, v_head_dim), wide
         mask = None
         if seen is not None:  # the kernel takes an additive mask of the query's dtype
             mask = masks.allowed_to_additive(seen, wide)  # (1, b, g * t_q, T)
         tile_out, tile_lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
         tile_lse = tile_lse.to(wide)  # (kv, b, g * t_q)
-        if start > first:  # the kernel gives a row that sees no key lse 0: make it -inf
-            tile_lse = tile_lse.masked_fill((rows < start)[None], float("-inf"))
+        if not visible(first, start):  # a row may see none of the tile's keys: the
+            # kernel gives it lse 0, and it must be -inf (it does not see the first key)
+            tile_lse = tile_lse.where(visible(rows, start)[None], float("-inf"))
         merged = _fold(merged, tile_out, tile_lse)
     assert merged is not None  # block_tables has at least one column (checked)
-    return _ungroup(merged[0], h, t_q).to(dtype)  # (b, num_heads, t_q, v_head_dim)
+    return _ungroup(merged[0], h, t_q)  # (b, num_heads, t_q, v_head_dim), wide

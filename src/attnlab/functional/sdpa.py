@@ -34,7 +34,12 @@ from torch import Tensor
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attnlab.rules import masks
-from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
+from attnlab.rules._precision import (
+    autocast_inputs,
+    autocast_kernel,
+    compute_dtype,
+    softmax_scale,
+)
 from attnlab.rules._validation import (
     broadcast_shape,
     check_attn_mask,
@@ -46,8 +51,7 @@ from attnlab.rules._validation import (
     check_qkv,
     check_same_dtype_device,
     check_scale,
-    check_sinks,
-    check_softcap,
+    check_score_changes,
     check_tensor,
     checking,
     entry,
@@ -180,9 +184,8 @@ def scaled_softmax(scores: Tensor, d_k: int, mask: Tensor | None = None) -> Tens
                     f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
                     f"shape {tuple(scores.shape)}"
                 )
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return _softmax_or_zeros(scores / math.sqrt(d_k))
+    # Divided, not multiplied by 1 / sqrt(d_k): the article's own numbers, to the last bit.
+    return _softmax_or_zeros(with_mask(scores, mask) / math.sqrt(d_k))
 
 
 @entry
@@ -226,6 +229,35 @@ def _softmax_or_zeros(logits: Tensor) -> Tensor:
     blocked = torch.isneginf(logits).all(dim=-1, keepdim=True)  # (..., t_q, 1)
     weights = torch.softmax(logits.masked_fill(blocked, 0.0), dim=-1)
     return weights.masked_fill(blocked, 0.0)
+
+
+def with_mask(logits: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """`logits` with `attn_mask` applied, broadcast together: `-inf` where a bool mask is
+    False, a float mask added."""
+    if attn_mask is None:
+        return logits
+    if attn_mask.dtype == torch.bool:
+        # False = this key is hidden from this query: its score becomes -inf, weight 0.
+        return logits.masked_fill(~attn_mask, float("-inf"))
+    # A float mask is a bias added to the scores (-inf hides, finite values nudge).
+    return logits + attn_mask.to(logits.dtype)
+
+
+def with_sinks(logits: Tensor, sink_logits: Tensor) -> Tensor:
+    """`logits (..., H, L, S)` with each head's learned sink logit as one more key, `S + 1`.
+
+    The one home of gpt-oss's sinks for the kernels that see the scores whole (this
+    module's, and PyTorch's SDPA with the sink as an extra key): the sink is one more
+    entry of each row's softmax, the same for every query of its head, with no value;
+    the softmax's last column is its share. Kernels that return a log-sum-exp instead
+    merge it after the fact ([`merge_sinks`][attnlab.functional.flash.merge_sinks]).
+    `logits` may lack the head dimension (a mask `(L, S)`): it is broadcast to `(H, L, S)`.
+    """
+    sink = sink_logits.to(logits.dtype)[:, None, None]  # (H, 1, 1): one per head
+    lead = torch.broadcast_shapes(logits.shape[:-2], sink.shape[:-2])  # type: ignore[no-untyped-call]
+    t_q, t_k = logits.shape[-2], logits.shape[-1]
+    column = sink.expand(*lead, t_q, 1)  # (..., H, L, 1)
+    return torch.cat([logits.expand(*lead, t_q, t_k), column], dim=-1)  # (..., H, L, S + 1)
 
 
 def repeat_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -327,20 +359,14 @@ def _weights(
     if is_causal:
         # The relation itself: the lengths come from tensors checked at the boundary.
         attn_mask = masks.band(query.size(-2), key.size(-2), "top-left", None, query.device)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        # False = this key is hidden from this query: its score becomes -inf, weight 0.
-        logits = logits.masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        # A float mask is a bias added to the scores (-inf hides, finite values nudge).
-        logits = logits + attn_mask.to(logits.dtype)
+    logits = with_mask(logits, attn_mask)
     if sink_logits is None:
         weights = _softmax_or_zeros(logits)  # (..., L, S)
     else:
         # gpt-oss: one more logit per head joins every row's softmax and takes its share
         # of the weight, but has no value, so a row's weights sum to less than 1. A row
         # whose keys are all masked gives the sink everything: zero weights, no NaN.
-        sink = sink_logits.to(logits.dtype)[:, None, None].expand(*logits.shape[:-1], 1)
-        with_sink = torch.cat([logits, sink], dim=-1)  # (..., H, L, S + 1)
+        with_sink = with_sinks(logits, sink_logits)  # (..., H, L, S + 1)
         weights = torch.softmax(with_sink, dim=-1)[..., :-1]  # (..., H, L, S)
     if dropout_p > 0.0:
         # Drop whole weights, not values, and rescale the survivors by 1 / (1 - p), like
@@ -349,6 +375,7 @@ def _weights(
     return weights
 
 
+@autocast_kernel(inputs=4)
 def _attend(
     query: Tensor,
     key: Tensor,
@@ -362,53 +389,51 @@ def _attend(
     sink_logits: Tensor | None = None,
 ) -> Tensor:
     """The weights (`value` None) or the output of attention, without the checks."""
-    # Inside torch.autocast, cast as PyTorch casts SDPA's inputs, then compute with
-    # autocast off, as its kernels do: the output then has the dtype PyTorch's would.
-    query, key = autocast_inputs(query, key)
-    value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
     if isinstance(attn_mask, CausalBias):
         attn_mask = causal_bias_mask(attn_mask, query.device)  # (L, S)
-    dtype = query.dtype
-    with autocast_off(query.device.type):
-        wide = compute_dtype(dtype)  # float16/bfloat16 are attended in float32
-        query, key = query.to(wide), key.to(wide)
-        value = None if value is None else value.to(wide)
-        args = (dropout_p, is_causal, scale, enable_gqa, softcap, sink_logits)
-        weights = _weights(query, key, attn_mask, *args)
-        if value is None:
-            return weights.to(dtype)  # (..., L, S)
-        if enable_gqa:
-            value = repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-        return context_vectors(weights, value).to(dtype)  # (..., L, Ev)
+    wide = compute_dtype(query.dtype)  # float16/bfloat16 are attended in float32
+    query, key = query.to(wide), key.to(wide)
+    args = (dropout_p, is_causal, scale, enable_gqa, softcap, sink_logits)
+    weights = _weights(query, key, attn_mask, *args)
+    if value is None:
+        return weights  # (..., L, S)
+    value = value.to(wide)
+    if enable_gqa:
+        value = repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
+    return context_vectors(weights, value)  # (..., L, Ev)
 
 
-def _check_public(
+_Options = tuple[float, bool, float | Tensor | None, bool]
+"""`(dropout_p, is_causal, scale, enable_gqa)`, as the two public functions take them."""
+
+
+def _checked_attend(
     query: Tensor,
     key: Tensor,
     value: Tensor | None,
     attn_mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float | Tensor | None,
-    enable_gqa: bool,
-    softcap: float | None = None,
-    sink_logits: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """The checks of the two public functions, on the inputs as autocast casts them.
+    opts: _Options,
+    softcap: float | None,
+    sink_logits: Tensor | None,
+    window: int | None = None,
+) -> Tensor:
+    """The body of the two public functions: their checks, then `_attend`.
 
-    Returns the inputs so cast (as they came with validation off), so that `_attend`
-    does not convert them a second time.
+    The inputs are checked as autocast casts them (as they came with validation off),
+    so that `_attend` finds them cast and does not convert them a second time.
     """
-    if not checking():
-        return query, key, value, attn_mask
-    if isinstance(query, Tensor):  # else the checks name what query is instead
-        query, key = autocast_inputs(query, key)
-        value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
-    args = (dropout_p, is_causal, scale, enable_gqa)
-    q, _, _, target = _check_attention_args(query, key, value, attn_mask, *args)
-    check_softcap("softcap", softcap)
-    check_sinks("sink_logits", sink_logits, q, target[-3] if len(target) > 2 else None)
-    return query, key, value, attn_mask
+    if checking():
+        if isinstance(query, Tensor):  # else the checks name what query is instead
+            query, key = autocast_inputs(query, key)
+            value, attn_mask = autocast_inputs(value, attn_mask, device=query.device)
+        q, _, _, target = _check_attention_args(query, key, value, attn_mask, *opts)
+        check_score_changes(softcap, sink_logits, q, target[-3] if len(target) > 2 else None)
+        masks.check_window(window, attn_mask)
+    if window is not None:  # the window is the mask, causal (top-left) included
+        t_q, t_k = query.shape[-2], key.shape[-2]
+        attn_mask = masks.band(t_q, t_k, "top-left", window, query.device)  # (L, S)
+        opts = (opts[0], False, *opts[2:])
+    return _attend(query, key, value, attn_mask, *opts, softcap, sink_logits)
 
 
 @entry
@@ -477,8 +502,7 @@ def attention_weights(
                 [0.0000, 0.0000, 0.0000]])
     """
     opts = (dropout_p, is_causal, scale, enable_gqa)
-    args = _check_public(query, key, None, attn_mask, *opts, softcap, sink_logits)
-    return _attend(*args, *opts, softcap, sink_logits)
+    return _checked_attend(query, key, None, attn_mask, opts, softcap, sink_logits)
 
 
 @entry
@@ -589,11 +613,4 @@ def scaled_dot_product_attention(
         torch.bfloat16
     """
     opts = (dropout_p, is_causal, scale, enable_gqa)
-    args = _check_public(query, key, value, attn_mask, *opts, softcap, sink_logits)
-    if window is None:
-        return _attend(*args, *opts, softcap, sink_logits)
-    if checking():
-        masks.check_window(window, attn_mask)
-    q, k, v, _ = args
-    band = masks.band(q.shape[-2], k.shape[-2], "top-left", window, q.device)  # (L, S)
-    return _attend(q, k, v, band, dropout_p, False, scale, enable_gqa, softcap, sink_logits)
+    return _checked_attend(query, key, value, attn_mask, opts, softcap, sink_logits, window)

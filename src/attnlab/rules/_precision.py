@@ -16,7 +16,11 @@ follows the same three rules, and takes them from here:
    lower-precision list of both the CPU and the CUDA autocast, and returns that dtype. So
    do attnlab's kernels: [`autocast_inputs`][attnlab.rules._precision.autocast_inputs] casts,
    then the kernel runs under [`autocast_off`][attnlab.rules._precision.autocast_off], since
-   otherwise every matmul inside would be cast again and the softmax not.
+   otherwise every matmul inside would be cast again and the softmax not, and its result
+   is rounded to the (cast) query's dtype. A kernel follows rules 1 and 2 by being
+   decorated with [`autocast_kernel`][attnlab.rules._precision.autocast_kernel] and
+   widening its tensors to [`compute_dtype`][attnlab.rules._precision.compute_dtype] where
+   it reads them (a paged kernel widens one tile at a time, not the whole cache).
 3. **Scale the scores by $1 / \sqrt{E}$ unless told otherwise**, as PyTorch does, with
    `E = 0` features taken as 1 (every score is 0 then, and the values are averaged):
    [`softmax_scale`][attnlab.rules._precision.softmax_scale].
@@ -33,14 +37,19 @@ API (internal; other modules of the package import these names):
   not tensors pass unchanged too, so the checks that follow can name them.
 - `autocast_off(device_type) -> context manager`: autocast disabled on that device type
   (a null context where the type has no autocast).
+- `@autocast_kernel(inputs)`: a kernel decorated so that its first `inputs` positional
+  arguments are cast by `autocast_inputs`, its body runs under `autocast_off`, and its
+  result is returned in the dtype of the first of them (the query), as rule 2 says.
 - `softmax_scale(head_dim, scale) -> float`: `scale` as a float, or $1/\sqrt{E}$.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -50,12 +59,14 @@ from attnlab.rules._validation import autocast_dtype
 
 __all__ = [
     "autocast_inputs",
+    "autocast_kernel",
     "autocast_off",
     "compute_dtype",
     "softmax_scale",
 ]
 
 _T = TypeVar("_T")
+_Kernel = TypeVar("_Kernel", bound=Callable[..., Tensor])
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -107,6 +118,43 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def autocast_kernel(inputs: int) -> Callable[[_Kernel], _Kernel]:
+    """Decorate a kernel to run as PyTorch runs attention inside `torch.autocast`.
+
+    The kernel's first `inputs` positional arguments (its tensors: queries first) are
+    cast by [`autocast_inputs`][attnlab.rules._precision.autocast_inputs], its body runs
+    under [`autocast_off`][attnlab.rules._precision.autocast_off], and its result is
+    returned in the dtype of the first of them: the autocast dtype inside
+    `torch.autocast`, the query's own dtype outside it. The kernel itself widens what
+    it reads to [`compute_dtype`][attnlab.rules._precision.compute_dtype] and may return
+    the wide result. Arguments after the first `inputs` (a scale given as a 0-d tensor,
+    learned sink logits) are not cast, as PyTorch does not cast them.
+
+    Examples:
+        >>> @autocast_kernel(inputs=2)
+        ... def product(a: Tensor, b: Tensor) -> Tensor:
+        ...     wide = compute_dtype(a.dtype)
+        ...     return a.to(wide) @ b.to(wide)
+        >>> x = torch.ones(2, 2)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     product(x, x).dtype
+        torch.bfloat16
+    """
+
+    def decorate(kernel: _Kernel) -> _Kernel:
+        @functools.wraps(kernel)
+        def run(*args: Any, **kwargs: Any) -> Tensor:
+            cast_args = autocast_inputs(*args[:inputs])
+            query = cast_args[0]
+            with autocast_off(query.device.type):
+                out: Tensor = kernel(*cast_args, *args[inputs:], **kwargs)
+            return out if out.dtype == query.dtype else out.to(query.dtype)
+
+        return cast(_Kernel, run)
+
+    return decorate
 
 
 def softmax_scale(head_dim: int, scale: float | Tensor | None = None) -> float:

@@ -66,6 +66,7 @@ __all__ = [
     "check_same_batch",
     "check_same_dtype_device",
     "check_scale",
+    "check_score_changes",
     "check_sinks",
     "check_softcap",
     "check_tensor",
@@ -416,6 +417,18 @@ def check_sinks(
             f"({query_name}.shape={_shape(query)})"
         )
     return s
+
+
+def check_score_changes(
+    softcap: object, sink_logits: object, query: Tensor, num_heads: int | None
+) -> None:
+    """Check the score changes of 2024-2025 models that the kernels take from users.
+
+    Gemma 2's ``softcap`` (``check_softcap``) and gpt-oss's ``sink_logits``
+    (``check_sinks``: one per entry of the weights' head dimension, ``num_heads``).
+    """
+    check_softcap("softcap", softcap)
+    check_sinks("sink_logits", sink_logits, query, num_heads)
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal, get_args, overload
 
 import torch
 from torch import Tensor
@@ -60,6 +60,7 @@ __all__ = [
     "padding_attention_mask",
     "sink_window",
     "sliding_window",
+    "visible",
 ]
 
 Alignment = Literal["top-left", "bottom-right"]
@@ -78,6 +79,39 @@ def alignment_offset(t_q: int, t_k: int, align: str) -> int:
         (0, 3)
     """
     return t_k - t_q if align == "bottom-right" else 0
+
+
+@overload
+def visible(i: Tensor, j: Tensor | int, window: int | None = None) -> Tensor: ...
+
+
+@overload
+def visible(i: int, j: Tensor, window: int | None = None) -> Tensor: ...
+
+
+@overload
+def visible(i: int, j: int, window: int | None = None) -> bool: ...
+
+
+def visible(i: Tensor | int, j: Tensor | int, window: int | None = None) -> Tensor | bool:
+    """Whether the query at position `i` sees the key at position `j`: the causal rule.
+
+    The one statement of the causal/window relation: key `j` is seen if it is not in the
+    query's future (`j <= i`) and, with a `window`, not `window` or more positions behind
+    it (`j > i - window`). Positions are in one frame (a query's position among the
+    keys: see [`alignment_offset`][attnlab.rules.masks.alignment_offset]). Works on ints
+    and on index tensors that broadcast: FlexAttention's `mask_mod`s, the paged kernels'
+    masks and FlashAttention's tile rule ask it, and `band_at` builds the same relation
+    densely (tested equal). Unchecked.
+
+    Examples:
+        >>> visible(5, 3), visible(5, 3, window=2), visible(3, 5)
+        (True, False, False)
+    """
+    seen = j <= i
+    if window is not None:
+        seen = seen & (j > i - window)
+    return seen
 
 
 def band(
@@ -112,6 +146,8 @@ def band_at(
         tensor([[1, 1, 0, 0],
                 [0, 1, 1, 0]])
     """
+    # visible(i + offset, j, window) for every pair, as two triangles of a ones matrix:
+    # one kernel each, faster than comparing index tensors (a decode step's row too).
     ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
     mask = ones.tril(offset)  # j <= i + offset
     if window is not None:
