@@ -3,6 +3,7 @@
 Each takes `--json`, some of its settings (a frozen dataclass whose defaults are the
 options' defaults), `--threads` and `--seed`, and where it draws figures `--out-dir` and
 `--replot`; each writes its results, and redraws and writes its figures, the same way.
+Their settings are checked here too: every int a positive size or count.
 """
 
 from __future__ import annotations
