@@ -40,6 +40,7 @@ from attnlab import functional as AF
 from attnlab.distributed import ShardLayout, ring_attention
 from attnlab.functional.linear import delta_rule, linear_attention
 from attnlab.functional.sparse import topk_indices
+from attnlab.layers.gqa import HeadGates
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.norms import QKNormSpec
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
@@ -434,7 +435,9 @@ ENTRIES: dict[str, Entry] = {
     "GroupedQueryAttention[scratch] qk_norm, softcap, sinks": Entry(
         X_GQA,
         lambda m, i: _m(m)(i["x"]),
-        _gqa("scratch", qk_norm=QKNormSpec("head"), softcap=2.0, learned_sinks=True),
+        _gqa(
+            "scratch", qk_norm=QKNormSpec("head"), softcap=2.0, gates=HeadGates(learned_sinks=True)
+        ),
     ),
     "GroupedQueryAttention decode after a cache": Entry(
         X_GQA, lambda m, i: _decode(_m(m), i["x"]), _gqa("torch"), query=None

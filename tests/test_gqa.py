@@ -24,7 +24,7 @@ from torch.nn.attention.bias import causal_lower_right
 from attnlab import validation
 from attnlab.caches.kv import DynamicKVCache, KVCache, StaticKVCache
 from attnlab.functional import backends as _backends
-from attnlab.layers.gqa import GroupedQueryAttention, check_attention_inputs
+from attnlab.layers.gqa import GroupedQueryAttention, HeadGates, check_attention_inputs
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.norms import QKNormSpec, RMSNorm, rms_normalize
@@ -82,6 +82,11 @@ def reference(module: GroupedQueryAttention, x: Tensor, positions: Tensor | None
         scores = scores.masked_fill(~allowed, float("-inf"))
         heads.append(scores.softmax(-1) @ v[:, kv])  # (b, t, hd)
     concat = torch.cat(heads, dim=-1)  # (b, t, num_heads * hd)
+    if module.gate_proj is not None:  # Qwen3-Next: each feature of each head gated by its token
+        gate = x64 @ module.gate_proj.weight.double().T
+        if module.gate_proj.bias is not None:
+            gate = gate + module.gate_proj.bias.double()
+        concat = concat * torch.sigmoid(gate)
     out = concat @ w["out_proj"].weight.double().T
     if w["out_proj"].bias is not None:
         out = out + w["out_proj"].bias.double()
@@ -106,6 +111,7 @@ CONFIGS = {
         "bias": True,
     },
     "qwen2-biases": {"num_kv_heads": 2, "bias": True, "out_bias": False, "rope": Rope(base=300.0)},
+    "gqa-gated-biases": {"num_kv_heads": 3, "bias": True, "gates": HeadGates(output_gate=True)},
 }
 
 
@@ -115,9 +121,9 @@ def test_forward_equals_per_head_reference(name: str, backend: str) -> None:
     module = _module(**{**CONFIGS[name], "backend": backend})
     if module.bias:
         with torch.no_grad():
-            for lin in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
-                if lin.bias is not None:
-                    lin.bias.normal_()
+            for lin in module.modules():
+                if isinstance(lin, torch.nn.Linear) and lin.bias is not None:
+                    lin.bias.normal_()  # the gate's too
     x = torch.randn(B, T, D_MODEL)
     torch.testing.assert_close(module(x), reference(module, x), atol=1e-5, rtol=1e-5)
 
@@ -143,11 +149,11 @@ def test_sinks_on_torch_equal_scratch_with_masks_and_gradients() -> None:
     """PyTorch's SDPA has no sinks: the torch backend adds one key of zeros whose score is
     the sink logit (a float-mask column). It must equal the scratch kernel's sinks on the
     fused causal path, with a bool padding mask and with a float one, gradients included."""
-    torch_module = _module(learned_sinks=True)
+    torch_module = _module(gates=HeadGates(learned_sinks=True))
     with torch.no_grad():
         assert torch_module.sink_logits is not None
         torch_module.sink_logits.normal_(0.0, 2.0)
-    scratch = _module(learned_sinks=True, backend="scratch")
+    scratch = _module(gates=HeadGates(learned_sinks=True), backend="scratch")
     scratch.load_state_dict(torch_module.state_dict())
     x1 = torch.randn(B, T, D_MODEL, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
@@ -219,6 +225,29 @@ def test_default_head_dim_and_mha() -> None:
     assert (module.head_dim, module.num_kv_heads, module.k_proj.out_features) == (6, 4, 24)
     x = torch.randn(B, T, 24)
     torch.testing.assert_close(module(x), reference(module, x).float(), atol=1e-5, rtol=1e-5)
+
+
+def test_output_gate_is_an_option_of_the_layer() -> None:
+    """Qwen3-Next's gate is one more projection of the layer (no wrapper): a closed gate
+    silences every head whatever they attend to, and the weights do not see it."""
+    module = _module(gates=HeadGates(output_gate=True), bias=True)
+    assert [name for name, _ in module.named_parameters()] == [
+        f"{proj}.{p}" for proj in ("q_proj", "k_proj", "v_proj", "out_proj", "gate_proj")
+        for p in ("weight", "bias")
+    ]  # fmt: skip
+    assert "gates=HeadGates(learned_sinks=False, output_gate=True), dropout" in repr(module)
+    assert "(gate_proj): Linear(in_features=20, out_features=24, bias=True)" in repr(module)
+    plain = _module(bias=True)
+    plain.load_state_dict(module.state_dict(), strict=False)  # all but the gate
+    x = torch.randn(B, T, D_MODEL)
+    out, weights = module(x, need_weights=True)
+    torch.testing.assert_close(weights, plain(x, need_weights=True)[1])
+    torch.testing.assert_close(module(x[0]), out[0])  # unbatched
+    assert module.gate_proj is not None
+    with torch.no_grad():
+        module.gate_proj.bias.fill_(-1e4)  # sigmoid 0: every feature of every head closed
+    assert module.out_proj.bias is not None
+    torch.testing.assert_close(module(x), module.out_proj.bias.expand(B, T, D_MODEL))
 
 
 # -- properties ---------------------------------------------------------------------------
@@ -322,6 +351,8 @@ DECODE_CASES = [
     ),
     ("mha", "prompt1", "static"),
     ("gqa-no-rope", "prompt1", "dynamic"),
+    ("gqa-gated-biases", "prompt4", "dynamic"),
+    ("gqa-gated-biases", "chunks", "static"),
 ]
 
 
@@ -426,7 +457,17 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
             ValueError,
             r"backend='torch' has no softcap .* softcap=30.0",
         ),
-        ({"learned_sinks": 1}, TypeError, r"learned_sinks must be a bool, got 1 \(int\)"),
+        (
+            {"gates": HeadGates(learned_sinks=1)},  # type: ignore[arg-type]
+            TypeError,
+            r"gates\.learned_sinks must be a bool, got 1 \(int\)",
+        ),
+        (
+            {"gates": HeadGates(output_gate="yes")},  # type: ignore[arg-type]
+            TypeError,
+            r"gates\.output_gate must be a bool, got 'yes' \(str\)",
+        ),
+        ({"gates": True}, TypeError, "gates must be a HeadGates or None, got bool"),
         ({"rope": True}, TypeError, r"rope must be a Rope or None \(no RoPE\), got bool"),
         ({"rope": Rope(dims=6)}, ValueError, r"rope\.dims must be at most head_dim=4"),
         ({"scores": {"window": 2}}, TypeError, "scores must be a ScoreRule, got dict"),
@@ -438,7 +479,7 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
         (
             {"scores": ScoreRule(sink_logits=torch.zeros(H))},
             ValueError,
-            "learned_sinks=True instead",
+            r"gates=HeadGates\(learned_sinks=True\) instead",
         ),
     ],
 )
@@ -607,7 +648,9 @@ def test_float64_gradcheck_with_rope() -> None:
     assert torch.autograd.gradcheck(lambda t: module(t, positions=positions), (x,), fast_mode=True)
 
 
-@pytest.mark.parametrize("name", ["gqa", "gqa-window", "mqa-window-interleaved"])
+@pytest.mark.parametrize(
+    "name", ["gqa", "gqa-window", "mqa-window-interleaved", "gqa-gated-biases"]
+)
 def test_flash_backend_equals_torch(name: str) -> None:
     module = _module(**CONFIGS[name])
     flash = _module(**CONFIGS[name], backend="flash")
@@ -665,7 +708,7 @@ def test_forward_rejects_other_inputs() -> None:
         match=re.escape("does not broadcast to the attention weights' shape (2, 6, 9, 9)"),
     ):
         module(torch.randn(B, T, D_MODEL), attn_mask=torch.ones(T, T + 1, dtype=torch.bool))
-    with_sinks = _module(learned_sinks=True)
+    with_sinks = _module(gates=HeadGates(learned_sinks=True))
     with_sinks.sink_logits = torch.nn.Parameter(torch.zeros(3))  # one per key/value head: wrong
     with pytest.raises(
         ValueError, match=r"sink_logits must hold one logit per query head, shape \(6,\)"
@@ -707,7 +750,7 @@ _POSITIVE_FLOATS: dict[str, Any] = {
         **_DECODER_SIZES, query_pre_attn_scalar=v
     ),
     "MLA norm_eps": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, norm_eps=v),
-    "MLA rope_scale": lambda v: MultiHeadLatentAttention(8, 2, **_MLA_SIZES, rope_scale=v),
+    "RopeScaling attention_factor": lambda v: RopeScaling("yarn", 4.0, 16, attention_factor=v),
     "RopeScaling beta_fast": lambda v: RopeScaling("yarn", 4.0, 16, beta_fast=v),
     "LightningIndexer norm_eps": lambda v: LightningIndexer(8, 2, 4, norm_eps=v),
 }

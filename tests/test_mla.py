@@ -32,7 +32,7 @@ import attnlab
 from attnlab.caches.kv import DynamicKVCache, StaticKVCache
 from attnlab.layers.mla import MultiHeadLatentAttention, mla_softmax_scale
 from attnlab.rules import masks
-from attnlab.rules.rope import rope_cos_sin
+from attnlab.rules.rope import Rope, rope_cos_sin
 
 B, T = 2, 7
 D_MODEL, HEADS = 24, 3
@@ -153,8 +153,7 @@ def test_mla_from_hf_copies_every_weight_and_setting() -> None:
         module, kind = name.split(".")
         assert torch.equal(p, hf_params[f"{HF_NAMES[module]}.{kind}"]), name
         assert p.data_ptr() != hf_params[f"{HF_NAMES[module]}.{kind}"].data_ptr()
-    assert ours.rope_base == 500.0
-    assert ours.rope_layout == "interleaved"
+    assert ours.rope == Rope(500.0, "interleaved")
     assert ours.scale == hf.scaling == (NOPE + ROPE) ** -0.5
     assert not hasattr(ours, "softmax_scale")  # the name of a function, not of the factor
     assert not ours.training
@@ -320,7 +319,8 @@ def test_mla_scaled_rope_equals_hf(rope: str, absorb: bool) -> None:
     """Positions past original_max_position_embeddings=16, a prefill and 2 decode steps."""
     hf = _hf_layer(_config(rope_parameters=SCALED_ROPE[rope], max_position_embeddings=640))
     ours = MultiHeadLatentAttention.from_hf(hf)
-    assert ours.rope_frequencies is not None
+    assert ours.rope.scaling is not None
+    assert ours.rope.scaling.rope_type == SCALED_ROPE[rope]["rope_type"]
     x = torch.randn(B, T, D_MODEL)
     x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     positions = torch.arange(T) * 9  # up to 54
@@ -444,7 +444,7 @@ def test_mla_from_hf_accepts_subclasses_and_structural_copies() -> None:
     positions = torch.arange(T)[None] + 2
     expected, _ = glm(x, Glm4MoeLiteRotaryEmbedding(config)(x, positions), _causal_additive(T, T))
     ours = MultiHeadLatentAttention.from_hf(glm)
-    assert ours.rope_base == 300.0
+    assert ours.rope.base == 300.0
     for absorb in (False, True):
         got = ours(x, positions=positions, is_causal=True, absorb=absorb)
         torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
@@ -709,17 +709,24 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
         ({"kv_lora_rank": 0}, ValueError, "kv_lora_rank must be a positive int, got 0"),
         ({"q_lora_rank": 2.0}, TypeError, "q_lora_rank must be a positive int, got 2.0"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\), got 1.0"),
-        ({"rope_base": -1.0}, ValueError, "rope_base must be a finite float greater than 1"),
-        ({"rope_base": 0.5}, ValueError, "rope_base must be a finite float greater than 1"),
+        ({"rope": Rope(-1.0)}, ValueError, "rope.base must be a finite float greater than 1"),
+        ({"rope": Rope(0.5)}, ValueError, "rope.base must be a finite float greater than 1"),
         ({"window": 0}, ValueError, "window must be a positive int, got 0"),
         ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
-        ({"rope_layout": "yes"}, ValueError, "rope_layout must be one of 'half', 'interleaved'"),
         (
-            {"rope_frequencies": torch.ones(3)},
+            {"rope": Rope(layout="yes")},
             ValueError,
-            r"rope_frequencies must have shape \(qk_rope_head_dim // 2,\) = \(4,\), got \(3,\)",
+            "rope.layout must be one of 'half', 'interleaved'",
         ),
-        ({"rope_scale": 0.0}, ValueError, "rope_scale must be a positive finite float, got 0.0"),
+        (
+            {"rope": Rope(dims=2)},
+            ValueError,
+            r"rope.dims must be None or qk_rope_head_dim=8 \(the RoPE part is rotated whole\), "
+            "got rope.dims=2",
+        ),
+        ({"rope": Rope(dims=10)}, ValueError, "rope.dims must be at most head_dim=8"),
+        ({"rope": None}, TypeError, r"rope must be a Rope \(MultiHeadLatentAttention rotates"),
+        ({"rope": 10000.0}, TypeError, "rope must be a Rope .* got float"),
     ],
 )
 def test_mla_bad_config_raises(

@@ -301,6 +301,20 @@ def test_batch_items_are_independent() -> None:
 
 
 @pytest.mark.parametrize("backend", ["torch", "scratch"])
+@pytest.mark.parametrize(
+    ("b", "t", "s"), [(B, T, 0), (0, T, S), (B, 0, S)], ids=["no-keys", "no-batch", "no-queries"]
+)
+def test_empty_inputs_give_empty_or_bias_outputs(backend: str, b: int, t: int, s: int) -> None:
+    mha = _module(backend=backend)
+    x, context = torch.randn(b, t, D_IN), torch.randn(b, s, D_CONTEXT)
+    out = mha(x, context)
+    assert out.shape == (b, t, D_OUT)
+    assert mha.attention_weights(x, context).shape == (b, NUM_HEADS, t, s)
+    if s == 0:  # no key: each query's context vector is zero, so out_proj adds its bias alone
+        torch.testing.assert_close(out, mha.out_proj.bias.expand(b, t, D_OUT))
+
+
+@pytest.mark.parametrize("backend", ["torch", "scratch"])
 def test_fully_masked_rows_give_output_bias_and_finite_grads(backend: str) -> None:
     mha = _module(backend=backend)
     x = torch.randn(B, T, D_IN, requires_grad=True)
@@ -1031,7 +1045,7 @@ def test_window_combines_with_the_key_padding_mask() -> None:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_need_weights_overloads_give_a_tensor_or_a_pair() -> None:
+def test_need_weights_gives_a_tensor_or_a_pair() -> None:
     mha = MultiHeadAttention(D_IN, D_OUT, NUM_HEADS).eval()
     x = torch.randn(B, T, D_IN)
     out: Tensor = mha(x)

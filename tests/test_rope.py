@@ -12,7 +12,7 @@ from transformers.models.llama import modeling_llama as llama
 
 from attnlab import validation
 from attnlab.rules import rope
-from attnlab.rules.rope import Rope, RopeCache, apply_rope, rope_angles, rope_frequencies
+from attnlab.rules.rope import Rope, apply_rope, rope_angles, rope_frequencies
 
 
 def _hf_rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -32,8 +32,8 @@ def test_apply_rope_equals_hf_llama(base: float, head_dim: int) -> None:
     x = torch.randn(3, 5, 7, head_dim)  # (b, h, t, d), every size different
     positions = torch.stack([torch.arange(7), torch.arange(7) + 11, torch.arange(7) * 3])
     assert_close(apply_rope(x, positions, base=base), _hf_rotate(x, positions, base), **_EXACT)
-    table = RopeCache(head_dim, 64, base=base)
-    assert_close(table.apply(x, positions), _hf_rotate(x, positions, base), **_EXACT)
+    cos, sin = rope.rope_cos_sin(positions, head_dim, base=base)  # the tables layers use
+    assert_close(rope.rotate(x, cos, sin), _hf_rotate(x, positions, base), **_EXACT)
 
 
 _EXACT = {"atol": 0.0, "rtol": 0.0}
@@ -100,7 +100,7 @@ def test_float64_is_rotated_in_float64_as_hf() -> None:
     got = apply_rope(x, positions)
     assert got.dtype == torch.float64
     assert_close(got, expected, **_EXACT)
-    assert_close(RopeCache(16, 5008).apply(x, positions), expected, **_EXACT)
+    assert_close(rope.rotate(x, *rope.rope_cos_sin(positions, 16)), expected, **_EXACT)
     # Rotating in float32 (the old rule) is off by float32 rounding, far above float64's.
     rounded = apply_rope(x.float(), positions).double()
     assert (rounded - expected).abs().max() > 1e-9
@@ -122,17 +122,17 @@ def test_rotate_takes_hf_position_embeddings() -> None:
     assert_close(rope.rotate(x, cos, sin), expected, **_EXACT)
 
 
-def test_rope_cache_rows_feed_a_layer() -> None:
-    """A model's table, looked up once per forward, as a layer's position_embeddings."""
+def test_cos_sin_tables_feed_a_layer() -> None:
+    """A model's tables, built once per forward, as a layer's position_embeddings."""
     from attnlab import GroupedQueryAttention
 
     layer = GroupedQueryAttention(16, 4, 2, head_dim=6).eval()
-    table = RopeCache(6, max_positions=32)
     x, positions = torch.randn(2, 5, 16), torch.arange(5)[None] + 20
     expected = layer(x, positions=positions)
-    assert_close(layer(x, position_embeddings=table.cos_sin(positions)), expected, **_EXACT)
-    with pytest.raises(ValueError, match=r"positions must lie in \[0, 32\).*from 30 to 34"):
-        table.cos_sin(positions + 10)
+    tables = rope.rope_cos_sin(positions, 6)  # (1, t, 3) each
+    assert_close(layer(x, position_embeddings=tables), expected, **_EXACT)
+    with pytest.raises(ValueError, match=r"cos has 4 positions but x has 5 tokens"):
+        layer(x, position_embeddings=rope.rope_cos_sin(positions[:, :4], 6))
 
 
 def test_low_precision_is_rotated_in_float32() -> None:
@@ -152,16 +152,12 @@ def test_gradient_is_the_inverse_rotation() -> None:
     assert_close(x.grad, apply_rope(g, -positions))  # rotations are orthogonal
 
 
-def test_cache_refuses_positions_past_its_end() -> None:
-    table = RopeCache(8, max_positions=16)
+def test_positions_past_the_bound_are_refused() -> None:
+    """A model's `max_positions` (the decoder's `high`): past it is an error, not a wrap."""
     with pytest.raises(
         ValueError, match=r"positions must lie in \[0, 16\).*got positions from 14 to 17"
     ):
-        table.apply(torch.randn(4, 8), torch.arange(14, 18))
-    with pytest.raises(
-        ValueError, match=r"x has head_dim 6 but the RopeCache was built for head_dim=8"
-    ):
-        table.apply(torch.randn(4, 6))
+        rope.check_positions(torch.arange(14, 18), torch.randn(4, 8), low=0, high=16)
 
 
 @pytest.mark.parametrize(
@@ -194,8 +190,8 @@ def test_cache_refuses_positions_past_its_end() -> None:
             ValueError,
             "base must be a finite float greater than 1",
         ),
-        (lambda: RopeCache(7, 10), ValueError, "head_dim must be even"),
-        (lambda: RopeCache(8, 10, base=0.5), ValueError, "base must be a finite float greater"),
+        (lambda: rope_frequencies(7), ValueError, "head_dim must be even"),
+        (lambda: rope_angles(torch.arange(3), 8, base=0.5), ValueError, "base must be a finite"),
         (lambda: rope.check_base(True, "rope_base"), TypeError, "rope_base must be a float"),
         (
             lambda: rope.check_positions(torch.arange(3), torch.randn(4, 8), low=0),
@@ -230,7 +226,6 @@ def test_cache_refuses_positions_past_its_end() -> None:
             ValueError,
             "pass either positions or position_embeddings, not both",
         ),
-        (lambda: RopeCache(8, 0), ValueError, "max_positions must be a positive int, got 0"),
     ],
 )
 def test_bad_input_is_named(call, error: type[Exception], message: str) -> None:  # type: ignore[no-untyped-def]

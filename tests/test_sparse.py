@@ -344,7 +344,7 @@ def _small() -> DeepSeekSparseAttention:
         ),
         (lambda: _small()(torch.zeros(1, 3, 7)), ValueError, r"x has 7 features.*d_model=8"),
         (
-            lambda: _small().indexer(torch.zeros(1, 3, 8), torch.zeros(1, 2, 8)),
+            lambda: _small().indexer(torch.zeros(1, 3, 8), q_input=torch.zeros(1, 2, 8)),
             ValueError,
             r"q_input must have the batch size and length of x",
         ),

@@ -55,14 +55,8 @@ class CrossAttention(SelfAttention):
 
     @entry
     def attention_weights(self, x: Tensor, context: Tensor) -> Tensor:  # type: ignore[override]
-        """Weights of each token of `x` over the tokens of `context`.
-
-        Args:
-            x: Query tokens, `(t_q, d_in)` or `(b, t_q, d_in)`.
-            context: Key/value tokens, `(t_k, d_in)` or `(b, t_k, d_in)`.
-
-        Returns:
-            Weights `(t_q, t_k)` or `(b, t_q, t_k)`; each row sums to 1.
+        """Weights `(t_q, t_k)` or `(b, t_q, t_k)` of each token of `x` over the tokens of
+        `context` (both as in `forward`); each row sums to 1.
         """
         self._check_pair(x, context)
         return self._weights(x, context, None)

@@ -60,6 +60,7 @@ __all__ = [
     "KVCache",
     "RollingKVCache",
     "StaticKVCache",
+    "kv_buffers",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
     "resolve_v_head_dim",
@@ -86,6 +87,23 @@ class CacheLayout(NamedTuple):
     device: torch.device
 
 
+_MISMATCH = {
+    "batch_size": "key has batch size {got} but the cache holds {want} sequences "
+    "(key.shape={shape}); call reset() or use one cache per batch size",
+    "num_kv_heads": "key has num_kv_heads={got} but the cache holds num_kv_heads={want} "
+    "(key.shape={shape})",
+    "head_dim": "key has head_dim={got} but the cache holds head_dim={want} (key.shape={shape})",
+    "v_head_dim": "value has v_head_dim={got} but the cache holds v_head_dim={want} "
+    "(value.shape={shape})",
+    "dtype": "key has dtype {got} but the cache holds {want}; convert the inputs or build the "
+    "cache with their dtype",
+    "device": "key is on {got} but the cache is on {want}; move the inputs or build the cache "
+    "on their device",
+}
+"""What [`check_update`][attnlab.caches.kv.KVCache.check_update] says when a field of the new
+tokens' [`CacheLayout`][attnlab.caches.kv.CacheLayout] differs from the cache's."""
+
+
 def resolve_v_head_dim(head_dim: int, v_head_dim: int | None) -> int:
     """The value size of a cache: `v_head_dim`, or `head_dim` when it is None.
 
@@ -99,6 +117,40 @@ def resolve_v_head_dim(head_dim: int, v_head_dim: int | None) -> int:
         (64, 32)
     """
     return head_dim if v_head_dim is None else check_positive_int("v_head_dim", v_head_dim)
+
+
+def kv_buffers(
+    shape: tuple[int, ...],
+    head_dim: int,
+    v_head_dim: int | None,
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+) -> tuple[Tensor, Tensor]:
+    """The zeroed key and value buffers of a cache that allocates up front.
+
+    The one rule of the static cache and the paged pools: `head_dim` and `v_head_dim`
+    (None: `head_dim`) are checked, and `dtype` (floating point) and `device`; the
+    sizes in `shape` are the caller's, checked by it.
+
+    Returns:
+        `(keys, values)` of shapes `shape + (head_dim,)` and `shape + (v_head_dim,)`.
+
+    Raises:
+        TypeError: If a size is not an int, `dtype` is not a floating-point
+            `torch.dtype` or `device` is of the wrong type.
+        ValueError: If a size is not positive or `device` names no device.
+
+    Examples:
+        >>> keys, values = kv_buffers((2, 3), 8, 4, torch.float16, "cpu")
+        >>> tuple(keys.shape), tuple(values.shape), values.dtype
+        ((2, 3, 8), (2, 3, 4), torch.float16)
+    """
+    check_positive_int("head_dim", head_dim)
+    v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
+    check_float_dtype("dtype", dtype)
+    check_device("device", device)
+    keys = torch.zeros(*shape, head_dim, dtype=dtype, device=device)  # (*shape, head_dim)
+    return keys, torch.zeros(*shape, v_head_dim, dtype=dtype, device=device)
 
 
 def kv_cache_bytes_per_token(
@@ -280,7 +332,14 @@ class KVCache(AttentionCache):
     attention layers hand their keys and values to the cache
     ([`attend`][attnlab.caches.kv.KVCache.attend], or `update` for a layer that attends
     in its own way, such as MLA) and do not check the append themselves.
+
+    Each cache keeps its keys and values in two tensors, `(b, num_kv_heads, slots,
+    head_dim)` and `(..., v_head_dim)` (None before a dynamic or rolling cache's first
+    update), and stores new tokens in its own way (`_append`).
     """
+
+    _keys: Tensor | None
+    _values: Tensor | None
 
     @property
     @abc.abstractmethod
@@ -297,10 +356,20 @@ class KVCache(AttentionCache):
         return self.length
 
     @property
-    @abc.abstractmethod
     def layout(self) -> CacheLayout | None:
-        """The [`CacheLayout`][attnlab.caches.kv.CacheLayout] an update must match, or None
-        while anything goes (an empty dynamic cache)."""
+        """The [`CacheLayout`][attnlab.caches.kv.CacheLayout] an update must match: that of
+        the tensors held, or None while anything goes (an empty dynamic cache)."""
+        keys, values = self._keys, self._values
+        if keys is None or values is None:
+            return None
+        b, h, _, hd = keys.shape
+        return CacheLayout(b, h, hd, values.shape[-1], keys.dtype, keys.device)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value tensors held (0 before there are any)."""
+        keys, values = self._keys, self._values
+        return 0 if keys is None or values is None else keys.nbytes + values.nbytes
 
     @property
     def batch_size(self) -> int | None:
@@ -308,9 +377,11 @@ class KVCache(AttentionCache):
         held = self.layout
         return None if held is None else held.batch_size
 
-    @abc.abstractmethod
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append the keys and values of new tokens; return everything cached.
+
+        While validation is on, [`check_update`][attnlab.caches.kv.KVCache.check_update]
+        checks them first, once; then the cache stores them in its own way.
 
         Args:
             key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
@@ -319,8 +390,22 @@ class KVCache(AttentionCache):
         Returns:
             `(keys, values)`, of shapes `(b, num_kv_heads, n, head_dim)` and
             `(b, num_kv_heads, n, v_head_dim)`, where `n` is the tokens held before the
-            call plus the new ones.
+            call plus the new ones, oldest first (for a static cache, views of its
+            buffers).
+
+        Raises:
+            TypeError: If `key` or `value` is not a floating-point tensor.
+            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update], or if
+                the new tokens do not fit in a static cache's `max_length` (checked even
+                with validation off).
         """
+        if is_validation_enabled():
+            self.check_update(key, value)
+        return self._append(key, value)
+
+    @abc.abstractmethod
+    def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Store checked keys and values of new tokens; return what `update` returns."""
 
     def attend(
         self, query: Tensor, key: Tensor, value: Tensor, kernel: Kernel, *, window: int | None
@@ -368,52 +453,20 @@ class KVCache(AttentionCache):
         held = self.layout
         if held is None:
             return
-        if k.shape[0] != held.batch_size:
-            raise ValueError(
-                f"key has batch size {k.shape[0]} but the cache holds {held.batch_size} "
-                f"sequences (key.shape={tuple(k.shape)}); call reset() or use one cache per "
-                "batch size"
-            )
-        for name, tensor, got, want in (
-            ("num_kv_heads", k, k.shape[1], held.num_kv_heads),
-            ("head_dim", k, k.shape[3], held.head_dim),
-            ("v_head_dim", v, v.shape[3], held.v_head_dim),
-        ):
+        # The new tokens must look like those held, field by field in the layout's order.
+        new = CacheLayout(k.shape[0], k.shape[1], k.shape[3], v.shape[3], k.dtype, k.device)
+        for field, got, want in zip(CacheLayout._fields, new, held, strict=True):
             if got != want:
-                which = "key" if tensor is k else "value"
+                tensor = v if field == "v_head_dim" else k
                 raise ValueError(
-                    f"{which} has {name}={got} but the cache holds {name}={want} "
-                    f"({which}.shape={tuple(tensor.shape)})"
+                    _MISMATCH[field].format(got=got, want=want, shape=tuple(tensor.shape))
                 )
-        if k.dtype != held.dtype:
-            raise ValueError(
-                f"key has dtype {k.dtype} but the cache holds {held.dtype}; convert the "
-                "inputs or build the cache with their dtype"
-            )
-        if k.device != held.device:
-            raise ValueError(
-                f"key is on {k.device} but the cache is on {held.device}; move the inputs "
-                "or build the cache on their device"
-            )
-
-
-def _nbytes(keys: Tensor | None, values: Tensor | None) -> int:
-    """Bytes of a cache's key and value tensors (0 before they exist)."""
-    return 0 if keys is None or values is None else keys.nbytes + values.nbytes
-
-
-def _layout(keys: Tensor | None, values: Tensor | None) -> CacheLayout | None:
-    """The layout of a cache's `(b, h_kv, length, head_dim)` tensors, None before they exist."""
-    if keys is None or values is None:
-        return None
-    b, h, _, hd = keys.shape
-    return CacheLayout(b, h, hd, values.shape[-1], keys.dtype, keys.device)
 
 
 class DynamicKVCache(KVCache):
     r"""A KV cache that grows by concatenation: allocate nothing in advance.
 
-    Each [`update`][attnlab.caches.kv.DynamicKVCache.update] concatenates the new keys and
+    Each [`update`][attnlab.caches.kv.KVCache.update] concatenates the new keys and
     values to the old ones along the sequence axis, so step $n$ copies $n$ tokens: simple,
     and the memory held is exactly what is cached. The first update fixes the batch size,
     heads, feature sizes, dtype and device; [`reset`][attnlab.caches.kv.DynamicKVCache.reset]
@@ -451,33 +504,8 @@ class DynamicKVCache(KVCache):
         """Tokens cached so far."""
         return 0 if self._keys is None else self._keys.shape[2]
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the cached keys and values (0 when empty)."""
-        return _nbytes(self._keys, self._values)
-
-    @property
-    def layout(self) -> CacheLayout | None:
-        """What the first update fixed, or None while the cache is empty."""
-        return _layout(self._keys, self._values)
-
-    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Append the keys and values of new tokens; return everything cached.
-
-        Args:
-            key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
-            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
-
-        Returns:
-            `(keys, values)`: all cached tokens, `(b, num_kv_heads, length, head_dim)` and
-            `(b, num_kv_heads, length, v_head_dim)`.
-
-        Raises:
-            TypeError: If `key` or `value` is not a floating-point tensor.
-            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update].
-        """
-        if is_validation_enabled():
-            self.check_update(key, value)
+    def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Concatenate the new tokens after the cached ones; return all of them."""
         if self._keys is None or self._values is None:
             self._keys, self._values = key, value
         else:
@@ -495,10 +523,11 @@ class StaticKVCache(KVCache):
 
     The key and value buffers, `(batch_size, num_kv_heads, max_length, head_dim)` and
     `(..., v_head_dim)`, are allocated once; each
-    [`update`][attnlab.caches.kv.StaticKVCache.update] copies the new tokens into the next
-    free positions and returns views of the filled part. Its memory does not depend on
-    how many tokens are cached, and it never reallocates. It is meant for inference: a
-    later update overwrites the buffer that an earlier step's autograd graph saw.
+    [`update`][attnlab.caches.kv.KVCache.update] copies the new tokens into the next
+    free positions and returns views of the filled part (tokens past `max_length` raise,
+    even with validation off). Its memory does not depend on how many tokens are cached,
+    and it never reallocates. It is meant for inference: a later update overwrites the
+    buffer that an earlier step's autograd graph saw.
 
     Args:
         batch_size: Sequences decoded together.
@@ -523,6 +552,9 @@ class StaticKVCache(KVCache):
         6144
     """
 
+    _keys: Tensor  # allocated at construction: never None
+    _values: Tensor
+
     def __init__(
         self,
         batch_size: int,
@@ -537,13 +569,9 @@ class StaticKVCache(KVCache):
         self._batch_size = check_positive_int("batch_size", batch_size)
         self._max_length = check_positive_int("max_length", max_length)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
-        self.head_dim = check_positive_int("head_dim", head_dim)
-        self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
-        check_float_dtype("dtype", dtype)
-        check_device("device", device)
         shape = (batch_size, num_kv_heads, max_length)
-        self._keys = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
-        self._values = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
+        self._keys, self._values = kv_buffers(shape, head_dim, v_head_dim, dtype, device)
+        self.head_dim, self.v_head_dim = head_dim, self._values.shape[-1]
         self._length = 0
 
     def __repr__(self) -> str:
@@ -590,31 +618,12 @@ class StaticKVCache(KVCache):
         """Sequences the buffers hold, as their layout says."""
         return self._batch_size
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the two preallocated buffers, independent of `length`."""
-        return self._keys.nbytes + self._values.nbytes
+    def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new tokens after the cached ones; return views of the filled part.
 
-    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the keys and values of new tokens after the cached ones; return all.
-
-        Args:
-            key: Keys of the new tokens, `(batch_size, num_kv_heads, t_new, head_dim)`.
-            value: Values of the new tokens, `(batch_size, num_kv_heads, t_new,
-                v_head_dim)`.
-
-        Returns:
-            `(keys, values)`: views of the filled part of the buffers,
-            `(batch_size, num_kv_heads, length, head_dim)` and `(..., v_head_dim)`.
-
-        Raises:
-            TypeError: If `key` or `value` is not a floating-point tensor.
-            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update], or if
-                the new tokens do not fit in `max_length` (checked even with validation
-                off: the one place this overflow is checked).
+        Whether they fit in `max_length` is checked here, even with validation off: the
+        one place this overflow is checked.
         """
-        if is_validation_enabled():
-            self.check_update(key, value)
         start, t_new = self._length, key.shape[2]
         if start + t_new > self.max_length:
             room = self.max_length - start
@@ -644,7 +653,7 @@ class RollingKVCache(KVCache):
     long the context (Mistral 7B's "rolling buffer cache"; `transformers` keeps the same
     `sliding_window - 1` tokens in its sliding-window cache layers).
 
-    Each [`update`][attnlab.caches.kv.RollingKVCache.update] returns the kept tokens
+    Each [`update`][attnlab.caches.kv.KVCache.update] returns the kept tokens
     followed by all the new ones, in order, so a chunk of $t$ new queries gets the
     $w - 1 + t$ keys its window can reach and the layer's bottom-right causal window
     mask stays right. It then copies the last $w - 1$ of them into a buffer of fixed
@@ -715,33 +724,8 @@ class RollingKVCache(KVCache):
         """Tokens seen so far (kept or forgotten): the position of the next token."""
         return self._seen
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the two buffers (`window - 1` tokens each; 0 before the first update)."""
-        return _nbytes(self._keys, self._values)
-
-    @property
-    def layout(self) -> CacheLayout | None:
-        """What the first update fixed, or None before it."""
-        return _layout(self._keys, self._values)
-
-    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Return the kept tokens and the new ones; keep the last `window - 1` of them.
-
-        Args:
-            key: Keys of the new tokens, `(b, num_kv_heads, t_new, head_dim)`.
-            value: Values of the new tokens, `(b, num_kv_heads, t_new, v_head_dim)`.
-
-        Returns:
-            `(keys, values)`: the `held + t_new` latest tokens, oldest first,
-            `(b, num_kv_heads, held + t_new, head_dim)` and `(..., v_head_dim)`.
-
-        Raises:
-            TypeError: If `key` or `value` is not a floating-point tensor.
-            ValueError: As [`check_update`][attnlab.caches.kv.KVCache.check_update].
-        """
-        if is_validation_enabled():
-            self.check_update(key, value)
+    def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Return the kept tokens and the new ones; keep the last `window - 1` of them."""
         if self._keys is None or self._values is None:
             b, h, _, hd = key.shape
             room = (b, h, self.window - 1)

@@ -4,7 +4,6 @@
 (`GroupedQueryAttention`), [`mla`][attnlab.layers.mla] (latent attention),
 [`sparse`][attnlab.layers.sparse] (DeepSeek sparse attention),
 [`linear`][attnlab.layers.linear] (linear attention and Gated DeltaNet),
-[`gated`][attnlab.layers.gated] (output-gated attention), [`heads`][attnlab.layers.heads]
-(splitting and merging heads), [`norms`][attnlab.layers.norms]
+[`heads`][attnlab.layers.heads] (splitting and merging heads), [`norms`][attnlab.layers.norms]
 and [`mlp`][attnlab.layers.mlp].
 """

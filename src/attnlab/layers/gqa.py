@@ -19,7 +19,10 @@ Qwen2. The options of the models of 2024-2025 ride along: QK-norm (an
 [`RMSNorm`][attnlab.layers.norms.RMSNorm] of queries and keys before RoPE, per head as in Qwen3
 and Gemma 3 or over the whole projection as in OLMo 2; Dehghani et al., 2023,
 https://arxiv.org/abs/2302.05442), a custom score scale (Gemma's `query_pre_attn_scalar`),
-logit softcapping (Gemma 2) and learned attention sinks (gpt-oss).
+logit softcapping (Gemma 2), and two ways for a head to write nothing
+([`HeadGates`][attnlab.layers.gqa.HeadGates]): learned attention sinks (gpt-oss) and an output
+gate (Qwen3-Next; Qiu et al., "Gated Attention for Large Language Models", 2025,
+https://arxiv.org/abs/2505.06708).
 [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf] copies the
 weights of their Hugging Face implementations, and the tests check that the outputs,
 gradients and cached decoding agree.
@@ -27,7 +30,8 @@ gradients and cached decoding agree.
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from dataclasses import dataclass
+from typing import Literal, TypedDict, TypeVar, Unpack, overload
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +45,7 @@ from attnlab.functional.backends import (
     attention_weights,
     check_backend_call,
 )
+from attnlab.layers.heads import merge_heads, split_heads
 from attnlab.layers.norms import QKNorm, QKNormSpec, RMSNorm
 from attnlab.rules._validation import (
     check_attn_mask,
@@ -65,7 +70,49 @@ from attnlab.rules.rope import (
 )
 from attnlab.rules.scores import ScoreRule
 
-__all__ = ["GroupedQueryAttention", "check_attention_inputs"]
+__all__ = ["GroupedQueryAttention", "HeadGates", "check_attention_inputs"]
+
+_Spec = TypeVar("_Spec")
+
+
+@dataclass(frozen=True)
+class HeadGates:
+    r"""How a layer's heads may scale their outputs down, to write nothing for a token.
+
+    Attributes:
+        learned_sinks: Learned attention sinks (gpt-oss): a parameter `sink_logits`, one
+            logit $s_h$ per query head (zeros at first), that joins every row's softmax
+            with no value, on every backend. Head $h$'s output is then scaled by
+            $\sigma(\operatorname{logsumexp}_j \omega_{hj} - s_h)$: a gate read from its
+            scores $\omega$.
+        output_gate: An output gate (Qwen3-Next; Qiu et al., 2025): a projection
+            `gate_proj` from `d_model` to `num_heads * head_dim` (with a bias when
+            `q_proj` has one) whose sigmoid multiplies each feature of each head's output
+            before `out_proj`: a gate read from the token.
+
+    Examples:
+        >>> HeadGates(output_gate=True).learned_sinks
+        False
+    """
+
+    learned_sinks: bool = False
+    output_gate: bool = False
+
+    def check(self, name: str = "gates") -> HeadGates:
+        """Return these gates if their fields are valid; raise naming `name.field` otherwise."""
+        check_bool(f"{name}.learned_sinks", self.learned_sinks)
+        check_bool(f"{name}.output_gate", self.output_gate)
+        return self
+
+
+class _ForwardOptions(TypedDict, total=False):
+    """The keywords of `GroupedQueryAttention.forward` that leave its return type alone."""
+
+    positions: Tensor | None
+    position_embeddings: tuple[Tensor, Tensor] | None
+    cache: AttentionCache | None
+    attn_mask: Tensor | None
+    is_causal: bool
 
 
 def check_attention_inputs(
@@ -119,11 +166,50 @@ def _check_scores(scores: object) -> tuple[int | None, float | None, float | Non
     if scores.is_causal or scores.align != "top-left" or scores.sink_logits is not None:
         raise ValueError(
             "scores sets is_causal, align or sink_logits, which a layer decides itself: "
-            "pass forward(..., is_causal=...) and learned_sinks=True instead"
+            "pass forward(..., is_causal=...) and gates=HeadGates(learned_sinks=True) instead"
         )
     window = check_window(scores.window, None)
     scale = check_scale("scores.scale", scores.scale)
     return window, scale, check_softcap("scores.softcap", scores.softcap)
+
+
+def _check_spec(name: str, spec: object, cls: type[_Spec]) -> _Spec | None:
+    """`spec` if it is None or a `cls`; raise TypeError naming `name` otherwise."""
+    if spec is None or isinstance(spec, cls):
+        return spec
+    raise TypeError(f"{name} must be a {cls.__name__} or None, got {type(spec).__name__}")
+
+
+def _qk_norms(
+    spec: QKNormSpec | None, head_dim: int, q_features: int, kv_features: int
+) -> tuple[RMSNorm | None, RMSNorm | None]:
+    """The `q_norm` and `k_norm` of `spec`: over `head_dim` features, or over the projections."""
+    if spec is None:
+        return None, None
+    q_dim, k_dim = (head_dim, head_dim) if spec.over == "head" else (q_features, kv_features)
+    return (
+        RMSNorm(q_dim, spec.eps, unit_offset=spec.unit_offset),
+        RMSNorm(k_dim, spec.eps, unit_offset=spec.unit_offset),
+    )
+
+
+def _rope_tables(
+    rope: Rope, dims: int, positions: Tensor | None, past: int, x: Tensor
+) -> tuple[Tensor, Tensor]:
+    """RoPE's `(cos, sin)` for the tokens of `x` (`(b, t, d_model)`): at `positions`, by
+    default the `t` positions after `past` cached tokens."""
+    if positions is None:
+        positions = default_positions(past, x.shape[1], x.device)  # (t,)
+    return rope_cos_sin(positions, dims, base=rope.base, scaling=rope.scaling)
+
+
+def _rotate(x: Tensor, cos_sin: tuple[Tensor, Tensor], rope: Rope, dims: int) -> Tensor:
+    """RoPE on the first `dims` features of each head; the rest pass (partial RoPE)."""
+    cos, sin = cos_sin
+    if dims == x.shape[-1]:
+        return rotate(x, cos, sin, layout=rope.layout)
+    turned, kept = x[..., :dims], x[..., dims:]  # (..., t, dims), (..., t, head_dim - dims)
+    return torch.cat((rotate(turned, cos, sin, layout=rope.layout), kept), dim=-1)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -131,21 +217,11 @@ class GroupedQueryAttention(nn.Module):
 
     The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
     `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
-    and `out_proj` maps the concatenated heads back to `d_model`. The attention runs on
-    PyTorch's `scaled_dot_product_attention` (`backend="torch"`), attnlab's
-    [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
-    (`backend="scratch"`) or [`flash_attention`][attnlab.functional.flash.flash_attention]
-    (`backend="flash"`, no `attn_mask` and no dropout), the first two with
-    `enable_gqa=True`, so the key/value heads are never copied per query head.
-
-    Every query sees itself and the tokens before it (`forward(..., is_causal=False)`
-    lifts that); with `window`, only its last `window` tokens (itself included), as in
-    Mistral. Causality holds in absolute positions: with a
-    [`KVCache`][attnlab.caches.kv.KVCache], `forward` appends the new tokens' keys and
-    values to the cache and attends from the new queries to all cached tokens, the causal
-    mask bottom-right aligned ([`masks.decode_mask`][attnlab.rules.masks.decode_mask]: none at
-    all for one new token), and cached decoding gives the outputs of one forward pass
-    over the whole sequence.
+    and `out_proj` maps the concatenated heads back to `d_model`. Each query sees itself
+    and the tokens before it in absolute positions: with a
+    [`KVCache`][attnlab.caches.kv.KVCache], `forward` appends the new keys and values and
+    attends from the new queries to the cached tokens (the causal mask bottom-right), so
+    cached decoding gives the outputs of one forward pass over the whole sequence.
 
     Args:
         d_model: Features per token, in and out.
@@ -154,32 +230,16 @@ class GroupedQueryAttention(nn.Module):
             (multi-head attention); 1 is multi-query attention.
         head_dim: Features per head; default `d_model // num_heads` (then `d_model` must
             be a multiple of `num_heads`). Even with a `rope` that rotates all of it.
-        bias: Whether `q_proj`, `k_proj` and `v_proj` have a bias (Qwen2: True).
-        out_bias: Whether `out_proj` has a bias; default `bias` (Llama's `attention_bias`
-            sets all four, Qwen2 has none on `out_proj`).
-        rope: Rotate queries and keys by their positions, by the rule of a
-            [`Rope`][attnlab.rules.rope.Rope] (its base, layout, rotated features and
-            context-extension scaling; [`apply_rope`][attnlab.rules.rope.apply_rope]);
-            None for a NoPE layer (SmolLM3 leaves every fourth layer unrotated).
-        scores: The layer's [`ScoreRule`][attnlab.rules.scores.ScoreRule]: its `window`
-            (sliding-window size, keys per query, itself included, as in Mistral), its
-            `scale` (the factor of the scores $q \cdot k$; default
-            $1 / \sqrt{\text{head\_dim}}$, Gemma: `query_pre_attn_scalar ** -0.5`) and
-            its `softcap` (Gemma 2: the scaled scores $x$ become $c \tanh(x / c)$ before
-            the mask; PyTorch's SDPA cannot do it: needs `backend="scratch"` or
-            `"flash"`). Causality is `forward`'s `is_causal`, and learned sinks are
-            `learned_sinks`, so the rule leaves `is_causal`, `align` and `sink_logits`
-            unset.
-        qk_norm: QK-norm ([`QKNormSpec`][attnlab.layers.norms.QKNormSpec]): an
-            [`RMSNorm`][attnlab.layers.norms.RMSNorm] of the queries and the keys before
-            RoPE, learned weights `q_norm` and `k_norm`, over each head's `head_dim`
-            features (`"head"`; weights `(head_dim,)` shared by the heads; Qwen3,
-            Gemma 3) or over the whole projection before the split into heads
-            (`"projection"`; weights `(num_heads * head_dim,)` and
-            `(num_kv_heads * head_dim,)`; OLMo 2); None for none.
-        learned_sinks: Learned attention sinks (gpt-oss): a parameter `sink_logits` of
-            shape `(num_heads,)`, one logit per query head that joins every row's softmax
-            with no value (initialised to zeros), on every backend.
+        bias: Whether `q_proj`, `k_proj` and `v_proj` (and `gate_proj`) have a bias.
+        out_bias: Whether `out_proj` has a bias; default `bias` (Qwen2: False, `bias=True`).
+        rope: RoPE's rule, a [`Rope`][attnlab.rules.rope.Rope]; None for a NoPE layer.
+        scores: A [`ScoreRule`][attnlab.rules.scores.ScoreRule] with a `window` (keys per
+            query, itself included), `scale` (default $1 / \sqrt{\text{head\_dim}}$) or
+            `softcap` (not on `backend="torch"`); causality and sinks are not its to set.
+        qk_norm: Learned RMSNorms `q_norm`, `k_norm` of the queries and keys before RoPE
+            ([`QKNormSpec`][attnlab.layers.norms.QKNormSpec]); None for none.
+        gates: Learned sinks (`sink_logits`) and an output gate (`gate_proj`) as a
+            [`HeadGates`][attnlab.layers.gqa.HeadGates]; None for neither.
         dropout: Probability of dropping an attention weight, in training mode only.
         backend: `"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs.
 
@@ -187,17 +247,12 @@ class GroupedQueryAttention(nn.Module):
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
 
     Raises:
-        TypeError: If a size is not an int, a flag not a bool, `rope`, `scores` or
-            `qk_norm` not of its class, or `dropout`, `scores.scale`, `scores.softcap`
-            or `qk_norm.eps` not a number.
-        ValueError: If a size is not positive, `num_heads` is not a multiple of
-            `num_kv_heads`, `d_model` is not a multiple of `num_heads` without
-            `head_dim`, the features `rope` rotates (`rope.dims`, else `head_dim`) are
-            odd or above `head_dim`, `rope.base` is not above 1, `scores.scale` is not
-            finite, `scores.softcap` or `qk_norm.eps` is not positive, `scores` sets
-            `is_causal`, `align` or `sink_logits`, `qk_norm.over` is not `"head"` or
-            `"projection"`, `dropout`, `rope.layout` or `backend` is out of range, or
-            `backend="torch"` comes with a softcap.
+        TypeError: If a size is not an int, a flag not a bool, a number not a number, or
+            `rope`, `scores`, `qk_norm` or `gates` not of its class.
+        ValueError: If a size is not positive or does not divide as above, the features
+            `rope` rotates are odd or above `head_dim`, a field of `rope`, `scores` or
+            `qk_norm`, `dropout` or `backend` is out of range, `scores` sets `is_causal`,
+            `align` or `sink_logits`, or `backend="torch"` comes with a softcap.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -224,7 +279,7 @@ class GroupedQueryAttention(nn.Module):
         rope: Rope | None = Rope(),
         scores: ScoreRule = ScoreRule(),
         qk_norm: QKNormSpec | None = None,
-        learned_sinks: bool = False,
+        gates: HeadGates | None = None,
         dropout: float = 0.0,
         backend: Backend = "torch",
     ) -> None:
@@ -237,13 +292,9 @@ class GroupedQueryAttention(nn.Module):
         why = " (each key/value head serves a group of query heads)"
         check_multiple("num_heads", num_heads, "num_kv_heads", self.num_kv_heads, why=why)
         if head_dim is None:
+            why, hint = " when head_dim is not given", "; or pass head_dim"
             head_dim = check_multiple(
-                "d_model",
-                d_model,
-                "num_heads",
-                num_heads,
-                why=" when head_dim is not given",
-                hint="; or pass head_dim",
+                "d_model", d_model, "num_heads", num_heads, why=why, hint=hint
             )
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.bias = check_bool("bias", bias)
@@ -251,14 +302,15 @@ class GroupedQueryAttention(nn.Module):
         self.rope_dims = check_rope(rope, self.head_dim) or self.head_dim
         self.rope = rope
         self.window, self.scale, self.softcap = _check_scores(scores)
-        if qk_norm is not None and not isinstance(qk_norm, QKNormSpec):
-            raise TypeError(f"qk_norm must be a QKNormSpec or None, got {type(qk_norm).__name__}")
+        qk_norm = _check_spec("qk_norm", qk_norm, QKNormSpec)
         self.qk_norm = None if qk_norm is None else qk_norm.check()
+        gates = _check_spec("gates", gates, HeadGates)
+        self.gates = HeadGates() if gates is None else gates.check()
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
         check_backend_call(backend, ScoreRule(softcap=self.softcap), attn_mask=None, dropout_p=0.0)
         self.sink_logits: nn.Parameter | None = None
-        if check_bool("learned_sinks", learned_sinks):
+        if self.gates.learned_sinks:
             self.sink_logits = nn.Parameter(torch.zeros(self.num_heads))
         q_features = self.num_heads * self.head_dim
         kv_features = self.num_kv_heads * self.head_dim
@@ -266,14 +318,10 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
         self.out_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
-        self.q_norm: RMSNorm | None = None
-        self.k_norm: RMSNorm | None = None
-        if self.qk_norm is not None:
-            per_head = self.qk_norm.over == "head"
-            q_dim, k_dim = (self.head_dim, self.head_dim) if per_head else (q_features, kv_features)
-            eps, unit_offset = self.qk_norm.eps, self.qk_norm.unit_offset
-            self.q_norm = RMSNorm(q_dim, eps, unit_offset=unit_offset)
-            self.k_norm = RMSNorm(k_dim, eps, unit_offset=unit_offset)
+        self.gate_proj: nn.Linear | None = None
+        if self.gates.output_gate:
+            self.gate_proj = nn.Linear(d_model, q_features, bias=bias)
+        self.q_norm, self.k_norm = _qk_norms(self.qk_norm, self.head_dim, q_features, kv_features)
 
     backend = BackendProperty()
     """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
@@ -284,19 +332,16 @@ class GroupedQueryAttention(nn.Module):
         return self.num_heads // self.num_kv_heads
 
     def extra_repr(self) -> str:
-        rope = "rope=None" if self.rope is None else f"rope={self.rope}"
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
-            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, {rope}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, rope={self.rope}, "
             f"window={self.window}, bias={self.bias}, out_bias={self.out_bias}, "
             + ("" if self.scale is None else f"scale={self.scale}, ")
             + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm}, ")
             + ("" if self.softcap is None else f"softcap={self.softcap}, ")
-            + ("" if self.sink_logits is None else "learned_sinks=True, ")
+            + ("" if self.gates == HeadGates() else f"gates={self.gates}, ")
             + f"dropout={self.dropout}, backend={self.backend!r}"
         )
-
-    # -- input checks --------------------------------------------------------------------
 
     def check_cache(
         self, cache: object, *, name: str = "cache", owner: str = "", optional: bool = True
@@ -325,16 +370,11 @@ class GroupedQueryAttention(nn.Module):
         attn_mask: object,
         is_causal: object,
     ) -> None:
-        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there).
-
-        The cache checks its own append (in `update`, once per forward); RoPE's rules are
-        `rope`'s.
-        """
+        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
         if position_embeddings is not None and self.rope is None:
             raise ValueError(
                 "position_embeddings needs a module built with rope (a Rope, not None)"
             )
-        checked = self.check_cache(cache)
         check_attention_inputs(
             x,
             d_model=self.d_model,
@@ -343,7 +383,7 @@ class GroupedQueryAttention(nn.Module):
             rope_dims=self.rope_dims,
             positions=positions,
             position_embeddings=position_embeddings,
-            cache=checked,
+            cache=self.check_cache(cache),
             attn_mask=attn_mask,
             num_heads=self.num_heads,
             is_causal=is_causal,
@@ -356,32 +396,14 @@ class GroupedQueryAttention(nn.Module):
                 f"got sink_logits.shape={tuple(logits.shape)}"
             )
 
-    # -- computation ---------------------------------------------------------------------
-
     @overload
     def forward(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: AttentionCache | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = True,
-        need_weights: Literal[False] = False,
+        self, x: Tensor, *, need_weights: Literal[False] = False, **options: Unpack[_ForwardOptions]
     ) -> Tensor: ...
 
     @overload
     def forward(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        position_embeddings: tuple[Tensor, Tensor] | None = None,
-        cache: AttentionCache | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = True,
-        need_weights: Literal[True],
+        self, x: Tensor, *, need_weights: Literal[True], **options: Unpack[_ForwardOptions]
     ) -> tuple[Tensor, Tensor]: ...
 
     @entry
@@ -398,59 +420,36 @@ class GroupedQueryAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from each token of `x` to itself and the tokens before it (and the cache's).
 
-        Checks run once, here: the arguments (`x`, positions, the mask) before any work,
-        the cache's append inside its `update`.
+        Checks run once, here, before any work; the cache checks its own append.
 
         Args:
             x: Tokens, `(b, t, d_model)` or `(t, d_model)`.
             positions: Integer position of each token for RoPE, `(t,)`, `(1, t)` or
-                `(b, t)`; default `cache.seen + arange(t)` (or `arange(t)` without a
-                cache). Positions only rotate queries and keys: which keys a query sees
-                follows the order of the tokens in the cache, so any non-negative
-                positions keep causality and are accepted, as in Hugging Face's layers
-                (prefilling an empty cache at positions 100 to 104, say). Checking that
-                none is negative reads them (a host sync, skipped while compiling).
-            position_embeddings: RoPE's `(cos, sin)` tables computed once for all layers
-                of a model, instead of `positions`: from
-                [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin] (`(..., t, head_dim // 2)`)
-                or Hugging Face's rotary embedding (`(b, t, head_dim)`).
-            cache: A [`KVCache`][attnlab.caches.kv.KVCache] that holds the earlier
-                tokens' keys and values; the new ones are appended to it, and the
-                queries attend to the ones it says they see
-                ([`attend`][attnlab.caches.kv.KVCache.attend]).
-                Or another [`AttentionCache`][attnlab.caches.kv.AttentionCache], such as
-                one layer's view of a paged cache of many sequences (`ragged`), which
-                stores the rotated keys and values and attends itself; then `positions`
-                (or `position_embeddings`) must place the tokens, and there is no
-                `attn_mask`, window, dropout or `need_weights`.
-            attn_mask: An extra mask, combined with the causal one: bool (True = attend;
-                e.g. [`masks.key_padding`][attnlab.rules.masks.key_padding]) or float (added to
-                the scores), broadcastable to `(b, num_heads, t, cache.seen + t)`.
-            is_causal: Hide from each query the keys after it in absolute positions (the
-                mask is bottom-right aligned after a cache). False attends to every key
-                (e.g. an encoder), which a module with a `window` refuses.
+                `(b, t)`, any non-negative (a host sync, skipped while compiling); default
+                `cache.seen + arange(t)`.
+            position_embeddings: RoPE's `(cos, sin)` computed once for all layers, instead
+                of `positions`: [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin]'s
+                `(..., t, head_dim // 2)` or Hugging Face's `(b, t, head_dim)`.
+            cache: A [`KVCache`][attnlab.caches.kv.KVCache] to append the new keys and
+                values to, or another [`AttentionCache`][attnlab.caches.kv.AttentionCache]
+                that attends itself (`ragged`: then with no `attn_mask`, window, dropout,
+                scale, softcap, sinks or weights).
+            attn_mask: An extra mask, combined with the causal one: bool (True = attend)
+                or float (added), broadcastable to `(b, num_heads, t, cache.seen + t)`.
+            is_causal: Hide from each query the keys after it in absolute positions;
+                False attends to every key (an encoder), which a window refuses.
             need_weights: Also return the attention weights `(b, num_heads, t, t_k)`
-                (without dropout: call it in eval mode), computed from scratch from the
-                same queries and keys whatever the backend; `t_k` is the number of keys
-                attended to (a window drops older cached keys).
+                (without dropout) over the `t_k` keys attended to, whatever the backend.
 
         Returns:
-            `(b, t, d_model)` or `(t, d_model)`, like `x`; with `need_weights`, the pair
-            `(out, weights)`.
+            Like `x`; with `need_weights`, the pair `(out, weights)`.
 
         Raises:
-            TypeError: If `x` is not a floating-point tensor, `positions` not an integer
-                tensor, `cache` not a `KVCache`, `attn_mask` of a wrong dtype or
-                `is_causal` or `need_weights` not a bool.
-            ValueError: If the rank, feature size, dtype or device of `x` does not fit
-                the module; `positions` has a wrong shape or a negative value, or comes
-                with `position_embeddings` (or those do not fit); the cache cannot take
-                the new keys and values (batch size, heads, head size, dtype, device, or
-                a full static cache) or is a rolling cache narrower than the window; the
-                mask does not broadcast; `is_causal=False` with a window; `sink_logits` was
-                replaced by a tensor not of shape `(num_heads,)`; `backend="flash"` gets
-                a mask or dropout; or `backend="torch"` is set on a module with a
-                `softcap`.
+            TypeError: If an argument or `attn_mask`'s dtype is not of its type.
+            ValueError: If `x`, `positions`, `position_embeddings`, the mask or the cache
+                (room, batch, heads, dtype, device, a rolling cache narrower than the
+                window) does not fit; `is_causal=False` with a window; `sink_logits` was
+                replaced by one of another shape; or the backend cannot run the call.
         """
         if checking():
             self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
@@ -472,27 +471,17 @@ class GroupedQueryAttention(nn.Module):
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
-        b, t, _ = x.shape
-        h, h_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k = self.q_proj(x), self.k_proj(x)  # (b, t, h * head_dim), (b, t, h_kv * head_dim)
-        q, k = self._qk_normed(q, k, "projection")  # OLMo 2: over all heads' features
-        q = q.view(b, t, h, hd).transpose(1, 2)  # (b, h, t, head_dim)
-        k = k.view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
-        v = self.v_proj(x).view(b, t, h_kv, hd).transpose(1, 2)  # (b, h_kv, t, head_dim)
+        q, k = self._qk_normed(self.q_proj(x), self.k_proj(x), "projection")  # OLMo 2
+        q = split_heads(q, self.num_heads)  # (b, h, t, head_dim)
+        k = split_heads(k, self.num_kv_heads)  # (b, h_kv, t, head_dim)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)  # (b, h_kv, t, head_dim)
         q, k = self._qk_normed(q, k, "head")  # Qwen3, Gemma 3: each head on its own
-
         if self.rope is not None:
-            if position_embeddings is None:
-                if positions is None:
-                    past = 0 if cache is None else cache.seen
-                    positions = default_positions(past, t, x.device)  # (t,)
-                # One table for queries and keys, computed once per forward.
-                base, scaling = self.rope.base, self.rope.scaling
-                position_embeddings = rope_cos_sin(
-                    positions, self.rope_dims, base=base, scaling=scaling
-                )
-            q = self._rotate(q, position_embeddings)  # (b, h, t, head_dim)
-            k = self._rotate(k, position_embeddings)  # (b, h_kv, t, head_dim)
+            if position_embeddings is None:  # one table for queries and keys
+                past = 0 if cache is None else cache.seen
+                position_embeddings = _rope_tables(self.rope, self.rope_dims, positions, past, x)
+            q = _rotate(q, position_embeddings, self.rope, self.rope_dims)  # (b, h, t, head_dim)
+            k = _rotate(k, position_embeddings, self.rope, self.rope_dims)
         rules = (attn_mask, self.window, self.scale, self.softcap, self.sink_logits)
         unserved = dropout_p or need_weights or any(r is not None for r in rules)
         if cache is not None and cache.ragged and unserved:
@@ -509,15 +498,16 @@ class GroupedQueryAttention(nn.Module):
                 # them: the window dropped the oldest, or a RollingKVCache forgot them.
                 mask = mask[..., -k.shape[2] :]
             attended.append((k, mask))
-            out = attend(
+            return attend(  # (b, h, t, head_dim)
                 self.backend, q, k, v, rule, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
             )
-            return out  # (b, h, t, head_dim)
 
         # The cache stores the new keys and values and runs the kernel over the ones the
         # queries see (a paged view reads its blocks instead).
         heads = kernel(q, k, v) if cache is None else cache.attend(q, k, v, kernel, window=window)
-        concat = heads.transpose(1, 2).reshape(b, t, h * hd)  # (b, t, num_heads * head_dim)
+        concat = merge_heads(heads)  # (b, t, num_heads * head_dim)
+        if self.gate_proj is not None:  # each feature of each head scaled by its own token
+            concat = concat * torch.sigmoid(self.gate_proj(x))
         out: Tensor = self.out_proj(concat)  # (b, t, d_model)
         out = out[0] if unbatched else out
         if not need_weights:
@@ -528,20 +518,10 @@ class GroupedQueryAttention(nn.Module):
 
     def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:
         """QK-norm of `q` and `k` if this module normalises at `where`; else them unchanged."""
-        if self.qk_norm is None or self.qk_norm.over != where:
+        spec, q_norm, k_norm = self.qk_norm, self.q_norm, self.k_norm
+        if spec is None or spec.over != where or q_norm is None or k_norm is None:
             return q, k
-        if self.q_norm is None or self.k_norm is None:
-            return q, k
-        return self.q_norm(q), self.k_norm(k)
-
-    def _rotate(self, x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
-        """RoPE on the first `rope_dims` features of each head; the rest pass (partial RoPE)."""
-        cos, sin = cos_sin
-        layout = "half" if self.rope is None else self.rope.layout
-        if self.rope_dims == self.head_dim:
-            return rotate(x, cos, sin, layout=layout)
-        turned, kept = x[..., : self.rope_dims], x[..., self.rope_dims :]  # (..., t, d_rot)
-        return torch.cat((rotate(turned, cos, sin, layout=layout), kept), dim=-1)
+        return q_norm(q), k_norm(k)
 
     # -- interoperability with Hugging Face transformers ---------------------------------
 
@@ -549,54 +529,17 @@ class GroupedQueryAttention(nn.Module):
     def from_hf(cls, module: nn.Module, *, backend: Backend | None = None) -> GroupedQueryAttention:
         """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
 
-        Accepts `transformers`' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`,
-        `StableLmAttention` (partial RoPE, without its `qk_layernorm`),
-        `SmolLM3Attention` (NoPE layers), `Qwen3Attention` and `Gemma3Attention`
-        (QK-norm per head), `Olmo2Attention` (QK-norm over the projections),
-        `Gemma2Attention` (logit softcapping), `GptOssAttention` (learned sinks), and
-        subclasses. The weights map one to one, as `nn.Linear` weights of shape
-        `(out_features, in_features)`, with no permutation (all use the `"half"` RoPE
-        layout):
-
-        | Hugging Face | attnlab | weight shape |
-        |---|---|---|
-        | `q_proj` | `q_proj` | `(num_heads * head_dim, d_model)` |
-        | `k_proj` | `k_proj` | `(num_kv_heads * head_dim, d_model)` |
-        | `v_proj` | `v_proj` | `(num_kv_heads * head_dim, d_model)` |
-        | `o_proj` | `out_proj` | `(d_model, num_heads * head_dim)` |
-        | `q_norm`, `k_norm` | `q_norm`, `k_norm` | `(head_dim,)`; OLMo 2: the projections' |
-        | `sinks` | `sink_logits` | `(num_heads,)` |
-
-        Biases follow the layer: Qwen2 has them on `q_proj`, `k_proj`, `v_proj` but not
-        `o_proj` (`bias=True, out_bias=False`); Llama has all four or none
-        (`config.attention_bias`); Mistral has none.
-
-        From the config and the layer: `hidden_size` (`d_model`), `num_attention_heads`,
-        `num_key_value_heads`, the layer's `head_dim`, its `scaling` (as `scores.scale`
-        where it is not `head_dim ** -0.5`: Gemma's `query_pre_attn_scalar ** -0.5`),
-        `rope_parameters["rope_theta"]` (`rope_theta` in older versions; Gemma 3's
-        `rope_parameters` hold one entry per layer type, read for this layer's
-        `layer_type`), `attention_dropout`, and the sliding window: the layer's
-        `sliding_window` (Qwen2, Qwen3, SmolLM3, Gemma 3 set it only on layers whose
-        `layer_types` entry is `"sliding_attention"`), else Mistral's
-        `config.sliding_window`; QK-norm from the layer's `q_norm` and `k_norm` (their
-        epsilon, and Gemma's `1 + weight` as `qk_norm.unit_offset`); partial RoPE
-        (`module.rotary_ndims`, StableLM's `head_dim * partial_rotary_factor`) as
-        `rope.dims`; Gemma 2's `attn_logit_softcapping` as `scores.softcap`; gpt-oss's
-        `sinks` (as `learned_sinks`, the logits in `sink_logits`); SmolLM3's NoPE layers
-        (`module.use_rope` False, from `config.no_rope_layers`) as `rope=None`; and
-        RoPE's context extension
-        ([`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]: `"linear"`,
-        `"dynamic"`, `"yarn"`, `"llama3"` as in Llama 3.1/3.2). Gemma 3's layer keeps
-        `attn_logit_softcapping` but does not apply it, so neither does the port.
+        Accepts the attention layers of `transformers`' Llama, Mistral, Qwen2, StableLM
+        (partial RoPE, not its `qk_layernorm`), SmolLM3 (NoPE layers), Qwen3, Gemma 3 and
+        OLMo 2 (QK-norm), Gemma 2 (softcapping) and gpt-oss (learned sinks), and subclasses.
+        The weights map one to one (`o_proj` is `out_proj`, `sinks` is `sink_logits`); the
+        API page lists the settings read from the config and the layer.
 
         Args:
             module: The Hugging Face attention layer.
-            backend: Backend of the new module. None picks the fastest that runs every
-                call the layer may get (any mask, dropout, its softcap): `"torch"`, or
-                `"scratch"` for a softcapped layer (Gemma 2), which PyTorch's kernel
-                cannot run; the new module's `backend` (shown in its repr) says which.
-                Given explicitly, a backend that cannot run the layer is refused.
+            backend: Backend of the new module (its `backend` says which). None picks the
+                fastest that runs every call the layer may get: `"torch"`, or `"scratch"`
+                for a softcapped layer (Gemma 2). Given, one that cannot run it is refused.
 
         Returns:
             A new module on the same device and dtype, in the same training mode.
@@ -604,10 +547,9 @@ class GroupedQueryAttention(nn.Module):
         Raises:
             TypeError: If `module` is not one of the supported classes.
             ValueError: If it uses a RoPE type `RopeScaling` does not implement (e.g.
-                `"longrope"`), or its scaling misses a key, or it normalises its queries
-                and keys by LayerNorm (StableLM's `qk_layernorm`), or it attends both ways
-                (`use_bidirectional_attention`), or `backend="torch"` is asked for a
-                softcapped layer.
+                `"longrope"`) or its scaling misses a key, normalises its queries and keys
+                by LayerNorm (StableLM), attends both ways (`use_bidirectional_attention`),
+                or `backend="torch"` is asked for a softcapped layer.
 
         Examples:
             >>> from transformers import Gemma2Config

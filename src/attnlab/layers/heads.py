@@ -22,8 +22,10 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """`(b, t, num_heads * head_dim)` to `(b, num_heads, t, head_dim)`, head `i` from
     features `i * head_dim` to `(i + 1) * head_dim`, as every fused projection lays them out.
     """
-    b, t, _ = x.shape
-    return x.view(b, t, num_heads, -1).transpose(1, 2)  # (b, num_heads, t, head_dim)
+    b, t, features = x.shape
+    # head_dim spelled out: a `-1` cannot be inferred from no tokens (t = 0).
+    heads = x.view(b, t, num_heads, features // num_heads)  # (b, t, num_heads, head_dim)
+    return heads.transpose(1, 2)  # (b, num_heads, t, head_dim)
 
 
 def merge_heads(heads: Tensor) -> Tensor:

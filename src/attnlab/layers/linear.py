@@ -21,19 +21,18 @@ from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
 from attnlab.functional.linear import DELTA_RULE_MODES, delta_rule, linear_attention
+from attnlab.layers.heads import merge_heads, split_heads
 from attnlab.layers.norms import rms_normalize
 from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
     _shape,
     check_bool,
     check_choice,
-    check_features,
     check_multiple,
     check_padding_of,
     check_positive_float,
     check_positive_int,
     check_rank,
-    check_tensor,
     check_tokens,
     checking,
     entry,
@@ -98,15 +97,17 @@ class LinearSelfAttention(nn.Module):
             ValueError: If `x` is not `(b, t, d_model)`.
         """
         if checking():
-            x = check_tensor("x", x)
+            x = check_tokens(
+                "x", x, features=self.d_model, param="d_model", owner="LinearSelfAttention",
+                like=self.qkv.weight,
+            )  # fmt: skip
             check_rank("x", x, (3,), "(b, t, d_model)")
-            check_features("x", x, self.d_model, "LinearSelfAttention", "d_model")
             check_bool("is_causal", is_causal)
         b, t, d = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (b, num_heads, t, head_dim) each
         heads = linear_attention(q, k, v, is_causal=is_causal)
-        out: Tensor = self.out(heads.transpose(1, 2).reshape(b, t, d))  # (b, t, d_model)
+        out: Tensor = self.out(merge_heads(heads))  # (b, t, d_model)
         return out
 
 
@@ -346,7 +347,7 @@ class GatedDeltaNet(nn.Module):
             .transpose(1, 2)  # (b, num_v_heads, t, head_k_dim)
             for y in (q, k)
         )
-        v = v.reshape(b, t, self.num_v_heads, self.head_v_dim).transpose(1, 2).to(wide)
+        v = split_heads(v, self.num_v_heads).to(wide)  # (b, num_v_heads, t, head_v_dim)
         beta = self.b_proj(x).to(wide).sigmoid().transpose(1, 2)  # (b, num_v_heads, t)
         dt = F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (b, t, h)
         g = (-self.A_log.to(wide).exp() * dt).transpose(1, 2)  # (b, num_v_heads, t)

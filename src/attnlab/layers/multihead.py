@@ -14,7 +14,7 @@ $$
 
 from __future__ import annotations
 
-from typing import Literal, overload
+import functools
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +28,7 @@ from attnlab.functional.backends import (
     check_backend_call,
     materialize,
 )
+from attnlab.layers.heads import merge_heads, split_heads
 from attnlab.rules import masks
 from attnlab.rules._validation import (
     check_attn_mask,
@@ -56,22 +57,12 @@ class MultiHeadAttention(nn.Module):
     keeps one small matrix per head instead); `out_proj` mixes the heads. Queries come from
     `x`; keys and values from `context` if given (cross-attention), else from `x`; values
     from a separate `value` tensor where they differ from the keys' tokens (`d_value`, the
-    `vdim` of `nn.MultiheadAttention`).
-
-    The attention itself runs on PyTorch's fused `scaled_dot_product_attention` by default
-    (`backend="torch"`), on attnlab's from-scratch
-    [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]
-    (`backend="scratch"`), or on attnlab's
-    [`flash_attention`][attnlab.functional.flash.flash_attention] (`backend="flash"`, which takes no
-    `attn_mask`, no `key_padding_mask` and no dropout); all give the same outputs. Switch
-    at any time by assigning `module.backend`.
+    `vdim` of `nn.MultiheadAttention`). All backends give the same outputs; switch at any
+    time by assigning `module.backend`.
 
     [`from_torch`][attnlab.MultiHeadAttention.from_torch] and
     [`to_torch`][attnlab.MultiHeadAttention.to_torch] copy the weights from and to
-    `nn.MultiheadAttention`; the two modules then compute the same function. `forward`
-    also takes that module's `key_padding_mask` (True = padding, PyTorch's convention),
-    `need_weights` and `average_attn_weights`, with one difference: it returns the output
-    alone unless `need_weights=True` is passed, then `(output, weights)`.
+    `nn.MultiheadAttention`; the two modules then compute the same function.
 
     Args:
         d_in: Features per token of `x`.
@@ -83,7 +74,7 @@ class MultiHeadAttention(nn.Module):
         dropout: Probability of dropping an attention weight, in training mode only.
         bias: Whether the four projections have a bias.
         backend: `"torch"` (PyTorch's fused kernel), `"scratch"` (attnlab's) or
-            `"flash"` (attnlab's FlashAttention).
+            `"flash"` (attnlab's FlashAttention: no mask but `is_causal`/`window`, no dropout).
 
     Shapes:
         x: `(b, t, d_in)` or unbatched `(t, d_in)`. context: `(b, s, d_context)` or
@@ -153,23 +144,23 @@ class MultiHeadAttention(nn.Module):
             f"backend={self.backend!r}"
         )
 
-    # -- input checks --------------------------------------------------------------------
-
     def _check_inputs(
         self,
         x: object,
         context: object,
+        value: object,
         attn_mask: object,
         is_causal: object,
-        value: object = None,
-        key_padding_mask: object = None,
+        window: object,
+        key_padding_mask: object,
         *,
         needs_values: bool = True,
-        window: object = None,
     ) -> None:
         """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
-        owner, like = type(self).__name__, self.W_query.weight
-        x = check_tokens("x", x, features=self.d_in, param="d_in", owner=owner, like=like)
+        tokens = functools.partial(
+            check_tokens, owner=type(self).__name__, like=self.W_query.weight
+        )
+        x = tokens("x", x, features=self.d_in, param="d_in")
         if context is None:
             if self.d_context != self.d_in:
                 roles = "keys" if value is not None else "keys and values"
@@ -179,14 +170,7 @@ class MultiHeadAttention(nn.Module):
                 )
             context = x
         else:
-            context = check_tokens(
-                "context",
-                context,
-                features=self.d_context,
-                param="d_context",
-                owner=owner,
-                like=like,
-            )
+            context = tokens("context", context, features=self.d_context, param="d_context")
             check_same_batch("context", x, context)
         if value is None:
             if needs_values and self.d_value != self.d_context:
@@ -195,126 +179,15 @@ class MultiHeadAttention(nn.Module):
                     f"features but its keys have d_context={self.d_context}"
                 )
         else:
-            value = check_tokens(
-                "value", value, features=self.d_value, param="d_value", owner=owner, like=like
-            )
+            value = tokens("value", value, features=self.d_value, param="d_value")
             check_same_batch("value", x, value)
-            if value.shape[-2] != context.shape[-2]:
-                keys = "context" if context is not x else "x (the keys' tokens)"
-                raise ValueError(
-                    f"value must have as many tokens as {keys}, got value.shape="
-                    f"{tuple(value.shape)} and {keys.split()[0]}.shape={tuple(context.shape)}"
-                )
+            _check_value_tokens(value, context, x)
         b, s = (x.shape[0] if x.ndim == 3 else 1), context.shape[-2]
         target = (b, self.num_heads, x.shape[-2], s)  # (b, h, t, s)
         check_attn_mask("attn_mask", attn_mask, target, x, query_name="x")
         masks.check_causal_mask(attn_mask, is_causal)
         masks.check_window(window, attn_mask)
-        self._check_key_padding_mask(key_padding_mask, x, b, s)
-
-    @staticmethod
-    def _check_key_padding_mask(mask: object, x: Tensor, b: int, s: int) -> None:
-        if mask is None:
-            return
-        if not isinstance(mask, Tensor):
-            raise TypeError(
-                f"key_padding_mask must be a torch.Tensor or None, got {type(mask).__name__}"
-            )
-        if mask.dtype != torch.bool and mask.dtype not in mask_float_dtypes(x):
-            raise TypeError(
-                "key_padding_mask must be a bool tensor (True = padding, as in "
-                "nn.MultiheadAttention) or a float tensor to add to the scores, got "
-                f"{mask.dtype}"
-            )
-        expected = (b, s) if x.ndim == 3 else (s,)
-        if tuple(mask.shape) != expected:
-            layout = "(b, s)" if x.ndim == 3 else "(s,) for unbatched x"
-            raise ValueError(
-                f"key_padding_mask must have shape {layout} = {expected}, one entry per key "
-                f"token of each sequence, got {tuple(mask.shape)}"
-            )
-        if mask.device != x.device:
-            raise ValueError(f"key_padding_mask is on {mask.device} but x is on {x.device}")
-
-    @staticmethod
-    def _batched(
-        x: Tensor, context: Tensor | None, value: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, bool]:
-        """`(b, t, d_in)`, `(b, s, d_context)`, `(b, s, d_value)`, and whether x was unbatched."""
-        context = x if context is None else context
-        value = context if value is None else value
-        unbatched = x.ndim == 2
-        if unbatched:  # (1, t, d_in), (1, s, d_context), (1, s, d_value)
-            x, context, value = x.unsqueeze(0), context.unsqueeze(0), value.unsqueeze(0)
-        return x, context, value, unbatched
-
-    # -- computation ---------------------------------------------------------------------
-
-    @staticmethod
-    def _mask(
-        attn_mask: Tensor | None, key_padding_mask: Tensor | None, unbatched: bool
-    ) -> Tensor | None:
-        """`attn_mask` with the key padding merged in; causality is `attend`'s."""
-        if key_padding_mask is None:
-            return attn_mask
-        if unbatched:
-            key_padding_mask = key_padding_mask.unsqueeze(0)  # (1, s)
-        if key_padding_mask.dtype == torch.bool:  # True = padding, nn.MultiheadAttention's
-            key_padding_mask = ~key_padding_mask  # allowed convention (checked in forward)
-        padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
-        merged = masks.combine(materialize(attn_mask, padding.device), padding)
-        return merged  # (b, h|1, t, s)
-
-    def _split(self, linear: nn.Linear, tokens: Tensor) -> Tensor:
-        """Project `(b, n, d)` tokens for all heads with one matmul, then split the heads."""
-        b, n, _ = tokens.shape
-        projected: Tensor = linear(tokens)  # (b, n, d_out)
-        return projected.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, hd)
-
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: Literal[False] = False,
-        average_attn_weights: bool = True,
-    ) -> Tensor: ...
-
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: Literal[True],
-        average_attn_weights: bool = True,
-    ) -> tuple[Tensor, Tensor]: ...
-
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: bool = False,
-        average_attn_weights: bool = True,
-    ) -> Tensor | tuple[Tensor, Tensor]: ...
+        _check_key_padding_mask(key_padding_mask, x, b, s)
 
     @entry
     def forward(
@@ -382,32 +255,25 @@ class MultiHeadAttention(nn.Module):
                 asked for a mask or for dropout (training mode with `dropout > 0`).
         """
         if checking():
-            self._check_inputs(
-                x, context, attn_mask, is_causal, value, key_padding_mask, window=window
-            )
+            self._check_inputs(x, context, value, attn_mask, is_causal, window, key_padding_mask)
             check_bool("need_weights", need_weights)
             check_bool("average_attn_weights", average_attn_weights)
         p = self.dropout if self.training else 0.0
-        x, context, value, unbatched = self._batched(x, context, value)
-        mask = self._mask(attn_mask, key_padding_mask, unbatched)
+        x, context, value, unbatched = _batched(x, context, value)
+        mask = _with_key_padding(attn_mask, key_padding_mask, unbatched)
         if not need_weights:  # before the projections: a request flash cannot serve
             check_backend_call(self.backend, attn_mask=mask, dropout_p=p)
         rule = ScoreRule(is_causal=is_causal, window=window)
-        q = self._split(self.W_query, x)  # (b, h, t, head_dim)
-        k = self._split(self.W_key, context)  # (b, h, s, head_dim)
-        v = self._split(self.W_value, value)  # (b, h, s, head_dim)
-        weights = None
-        if need_weights:
-            # The weights first, then the output from these very weights (same dropout).
-            weights = attention_weights(q, k, rule, attn_mask=mask, dropout_p=p)  # (b, h, t, s)
-            heads = F.context_vectors(weights, v)  # (b, h, t, head_dim)
-        else:
-            heads = attend(self.backend, q, k, v, rule, attn_mask=mask, dropout_p=p)  # (b,h,t,hd)
-        b, _, t, _ = heads.shape
-        concat = heads.transpose(1, 2).reshape(b, t, self.d_out)  # (b, t, d_out)
-        out: Tensor = self.out_proj(concat)  # (b, t, d_out)
-        if weights is None:
+        q = split_heads(self.W_query(x), self.num_heads)  # (b, h, t, head_dim)
+        k = split_heads(self.W_key(context), self.num_heads)  # (b, h, s, head_dim)
+        v = split_heads(self.W_value(value), self.num_heads)  # (b, h, s, head_dim)
+        if not need_weights:
+            heads = attend(self.backend, q, k, v, rule, attn_mask=mask, dropout_p=p)
+            out: Tensor = self.out_proj(merge_heads(heads))  # (b, t, d_out)
             return out[0] if unbatched else out
+        # The weights first, then the output from these very weights (same dropout).
+        weights = attention_weights(q, k, rule, attn_mask=mask, dropout_p=p)  # (b, h, t, s)
+        out = self.out_proj(merge_heads(F.context_vectors(weights, v)))  # (b, t, d_out)
         if average_attn_weights:
             weights = weights.mean(dim=1)  # (b, t, s)
         return (out[0], weights[0]) if unbatched else (out, weights)
@@ -425,20 +291,10 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """Per-head attention weights, for pictures and inspection (never with dropout).
 
-        They are the weights `forward` uses in evaluation mode, computed by
-        [`attnlab.functional.sdpa.attention_weights`][attnlab.functional.sdpa.attention_weights]
-        whatever the backend (PyTorch's fused kernel does not return them). For the
-        weights of one training step, dropout included, call `forward` with
-        `need_weights=True`.
-
-        Args:
-            x: Query tokens, `(b, t, d_in)` or `(t, d_in)`.
-            context: Key tokens, `(b, s, d_context)` or `(s, d_context)`; None for
-                self-attention. (The weights do not depend on the values.)
-            attn_mask: As in `forward`.
-            is_causal: As in `forward`.
-            window: As in `forward`.
-            key_padding_mask: As in `forward` (True = padding).
+        They are the weights `forward` uses in evaluation mode, whatever the backend
+        (PyTorch's fused kernel does not return them). For the weights of one training
+        step, dropout included, call `forward` with `need_weights=True`. The arguments are
+        those of `forward` (the weights do not depend on the values).
 
         Returns:
             Weights `(b, num_heads, t, s)` or `(num_heads, t, s)`; each row sums to 1 except
@@ -450,21 +306,15 @@ class MultiHeadAttention(nn.Module):
         """
         if checking():
             self._check_inputs(
-                x,
-                context,
-                attn_mask,
-                is_causal,
-                None,
-                key_padding_mask,
-                needs_values=False,
-                window=window,
+                x, context, None, attn_mask, is_causal, window, key_padding_mask, needs_values=False
             )
-        x, context, _, unbatched = self._batched(x, context, None)
-        mask = self._mask(attn_mask, key_padding_mask, unbatched)
-        q = self._split(self.W_query, x)  # (b, h, t, head_dim)
-        k = self._split(self.W_key, context)  # (b, h, s, head_dim)
-        rule = ScoreRule(is_causal=is_causal, window=window)
-        weights = attention_weights(q, k, rule, attn_mask=mask)
+        x, context, _, unbatched = _batched(x, context, None)
+        q = split_heads(self.W_query(x), self.num_heads)  # (b, h, t, head_dim)
+        k = split_heads(self.W_key(context), self.num_heads)  # (b, h, s, head_dim)
+        mask = _with_key_padding(attn_mask, key_padding_mask, unbatched)
+        weights = attention_weights(
+            q, k, ScoreRule(is_causal=is_causal, window=window), attn_mask=mask
+        )
         return weights[0] if unbatched else weights  # (b, h, t, s)
 
     # -- interoperability with PyTorch ---------------------------------------------------
@@ -539,3 +389,64 @@ class MultiHeadAttention(nn.Module):
         from attnlab.models import interop  # a folder above this one: imported when called
 
         return interop.mha_to_torch(self)
+
+
+def _check_value_tokens(value: Tensor, context: Tensor, x: Tensor) -> None:
+    """Raise unless `value` has one token per key token (`context`, or `x` itself)."""
+    if value.shape[-2] != context.shape[-2]:
+        keys = "context" if context is not x else "x (the keys' tokens)"
+        raise ValueError(
+            f"value must have as many tokens as {keys}, got value.shape="
+            f"{tuple(value.shape)} and {keys.split()[0]}.shape={tuple(context.shape)}"
+        )
+
+
+def _check_key_padding_mask(mask: object, x: Tensor, b: int, s: int) -> None:
+    """Raise unless `mask` is None or a bool/float `(b, s)` (`(s,)` for unbatched `x`)."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"key_padding_mask must be a torch.Tensor or None, got {type(mask).__name__}"
+        )
+    if mask.dtype != torch.bool and mask.dtype not in mask_float_dtypes(x):
+        raise TypeError(
+            "key_padding_mask must be a bool tensor (True = padding, as in "
+            "nn.MultiheadAttention) or a float tensor to add to the scores, got "
+            f"{mask.dtype}"
+        )
+    expected = (b, s) if x.ndim == 3 else (s,)
+    if tuple(mask.shape) != expected:
+        layout = "(b, s)" if x.ndim == 3 else "(s,) for unbatched x"
+        raise ValueError(
+            f"key_padding_mask must have shape {layout} = {expected}, one entry per key "
+            f"token of each sequence, got {tuple(mask.shape)}"
+        )
+    if mask.device != x.device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but x is on {x.device}")
+
+
+def _batched(
+    x: Tensor, context: Tensor | None, value: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """`(b, t, d_in)`, `(b, s, d_context)`, `(b, s, d_value)`, and whether x was unbatched."""
+    context = x if context is None else context
+    value = context if value is None else value
+    unbatched = x.ndim == 2
+    if unbatched:  # (1, t, d_in), (1, s, d_context), (1, s, d_value)
+        x, context, value = x.unsqueeze(0), context.unsqueeze(0), value.unsqueeze(0)
+    return x, context, value, unbatched
+
+
+def _with_key_padding(
+    attn_mask: Tensor | None, key_padding_mask: Tensor | None, unbatched: bool
+) -> Tensor | None:
+    """`attn_mask` with the key padding merged in; causality is `attend`'s."""
+    if key_padding_mask is None:
+        return attn_mask
+    if unbatched:
+        key_padding_mask = key_padding_mask.unsqueeze(0)  # (1, s)
+    if key_padding_mask.dtype == torch.bool:  # True = padding, nn.MultiheadAttention's
+        key_padding_mask = ~key_padding_mask  # allowed convention (checked in forward)
+    padding = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
+    return masks.combine(materialize(attn_mask, padding.device), padding)  # (b, h|1, t, s)

@@ -27,6 +27,8 @@ MLA's latents and the indexer's keys.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -34,8 +36,8 @@ from attnlab.caches.base import LayerCache
 from attnlab.caches.kv import KVCache
 from attnlab.functional.backends import attention_weights as _attention_weights
 from attnlab.functional.sparse import hide_future, selection_mask, topk_indices
-from attnlab.layers.gqa import check_attention_inputs
-from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.heads import split_heads
+from attnlab.layers.mla import MultiHeadLatentAttention, _check_latent_inputs
 from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
     check_bool,
@@ -122,9 +124,9 @@ class LightningIndexer(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
+        self.d_query = d_model if d_query is None else check_positive_int("d_query", d_query)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.d_query = d_model if d_query is None else check_positive_int("d_query", d_query)
         if rope_dim != 0:  # 0: no RoPE
             check_rope_dims(rope_dim, head_dim, "rope_dim")
         self.rope_dim = rope_dim
@@ -148,19 +150,19 @@ class LightningIndexer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        q_input: Tensor | None = None,
         *,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
+        q_input: Tensor | None = None,
         keys: Tensor | None = None,
     ) -> Tensor:
         """Causal indexer scores of the tokens of `x` against themselves (or `keys`).
 
         Args:
             x: Tokens `(b, t, d_model)`: the keys and the head weights come from them.
-            q_input: What the queries are projected from, `(b, t, d_query)`; default `x`.
             position_embeddings: RoPE's `(cos, sin)` for the `t` positions, e.g. from
                 [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin] with `rope_dim` features;
                 required when `rope_dim > 0`.
+            q_input: What the queries are projected from, `(b, t, d_query)`; default `x`.
             keys: All keys `(b, s, head_dim)` from
                 [`keys`][attnlab.layers.sparse.LightningIndexer.keys],
                 those of earlier tokens (a cache) followed by those of `x`; default the
@@ -178,8 +180,7 @@ class LightningIndexer(nn.Module):
         if checking():
             self._check_inputs(x, q_input, position_embeddings, keys)
         q_input = x if q_input is None else q_input
-        b, t, _ = x.shape
-        q = self.q_proj(q_input).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        q = split_heads(self.q_proj(q_input), self.num_heads)  # (b, h, t, head_dim)
         if self.rope_dim:
             assert position_embeddings is not None
             q = self._rope(q, *position_embeddings)  # (b, h, t, head_dim)
@@ -403,7 +404,7 @@ class DeepSeekSparseAttention(nn.Module):
         if past_keys is not None:
             keys = torch.cat([past_keys, keys], dim=1)  # (b, s, head_dim)
         scores = self.indexer(
-            x.detach(), q_input.detach(), position_embeddings=cos_sin, keys=keys
+            x.detach(), position_embeddings=cos_sin, q_input=q_input.detach(), keys=keys
         )  # (b, t, s)
         return scores, cos_sin, keys
 
@@ -472,19 +473,12 @@ class DeepSeekSparseAttention(nn.Module):
         self, x: object, positions: object = None, cache: object = None, *, window: bool = False
     ) -> None:
         """MLA's checks of `x` and `positions` (and of MLA's `window`, for `forward`)."""
-        x = check_attention_inputs(
-            x,
-            d_model=self.mla.d_model,
-            owner=type(self).__name__,
-            like=self.mla.kv_down.weight,
-            rope_dims=self.mla.qk_rope_head_dim,
-            positions=positions,
-            is_causal=False,  # the selection is the causal mask
-            window=self.mla.window if window else None,
-        )
+        owner = type(self).__name__
+        mla_window = self.mla.window if window else None
+        # is_causal=False: the selection is the causal mask.
+        x = _check_latent_inputs(self.mla, owner, x, positions, is_causal=False, window=mla_window)
         cache = SparseAttentionCache.check(
-            cache,
-            needs=f"a SparseAttentionCache (see new_cache) for {type(self).__name__}",
+            cache, needs=f"a SparseAttentionCache (see new_cache) for {owner}"
         )
         if cache is None:
             return
@@ -496,31 +490,20 @@ class DeepSeekSparseAttention(nn.Module):
                 f"x (batch size {b}) and indexer.head_dim={self.indexer.head_dim}"
             )
 
-    def new_cache(
-        self,
-        batch_size: int,
-        max_length: int,
-        *,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> SparseAttentionCache:
-        """An empty decode cache: MLA's preallocated latent cache and the indexer's keys.
+    def new_cache(self, batch_size: int, max_length: int, **where: Any) -> SparseAttentionCache:
+        """An empty decode cache: MLA's latent cache and the indexer's keys.
 
         Args:
             batch_size: Sequences decoded together.
             max_length: Most tokens it can hold, prompt included.
-            dtype: Element type of the latents; defaults to the module's parameters'.
-            device: Where to allocate them; defaults to the module's parameters'.
+            where: `dtype` and `device` of the latents, as
+                [`MultiHeadLatentAttention.new_cache`][attnlab.layers.mla.MultiHeadLatentAttention.new_cache]
+                takes them (the module's parameters' by default); its errors too.
 
         Returns:
             A [`SparseAttentionCache`][attnlab.layers.sparse.SparseAttentionCache].
-
-        Raises:
-            TypeError: As `MultiHeadLatentAttention.new_cache`.
-            ValueError: As `MultiHeadLatentAttention.new_cache`.
         """
-        latents = self.mla.new_cache(batch_size, max_length, dtype=dtype, device=device)
-        return SparseAttentionCache(latents)
+        return SparseAttentionCache(self.mla.new_cache(batch_size, max_length, **where))
 
     @entry
     def forward(
@@ -528,8 +511,8 @@ class DeepSeekSparseAttention(nn.Module):
         x: Tensor,
         *,
         positions: Tensor | None = None,
-        cache: SparseAttentionCache | None = None,
         absorb: bool = False,
+        cache: SparseAttentionCache | None = None,
         padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Causal sparse attention: each query over its `topk` selected keys.
@@ -543,10 +526,10 @@ class DeepSeekSparseAttention(nn.Module):
             x: Tokens `(b, t, d_model)` or `(t, d_model)`.
             positions: Integer RoPE positions `(t,)`, `(1, t)` or `(b, t)`; default
                 `cache.length + arange(t)` (`arange(t)` without a cache).
+            absorb: Run MLA's absorbed (latent) form instead of the naive one.
             cache: A [`SparseAttentionCache`][attnlab.layers.sparse.SparseAttentionCache] from
                 [`new_cache`][attnlab.layers.sparse.DeepSeekSparseAttention.new_cache], updated
                 in place.
-            absorb: Run MLA's absorbed (latent) form instead of the naive one.
             padding_mask: `(b, cached + t)`, 1 (True) at real tokens and 0 at left
                 padding (Hugging Face's `attention_mask`): the indexer never selects a
                 padding key, so a real query attends only to real keys; a padding query

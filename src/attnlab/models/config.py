@@ -155,8 +155,8 @@ class DecoderConfig:
         linear: The sizes of the linear-attention layers; needed if any layer is
             `"linear"`.
         attn_output_gate: The attention layers gate their heads by a sigmoid before the
-            output projection ([`GatedAttention`][attnlab.layers.gated.GatedAttention],
-            Qwen3-Next).
+            output projection (Qwen3-Next; the `output_gate` of
+            [`HeadGates`][attnlab.layers.gqa.HeadGates]).
         rope_dims: Features of each head that RoPE rotates (partial RoPE, Qwen3-Next's
             `partial_rotary_factor`); None: all `head_dim`.
         moe: The sizes of a mixture-of-experts MLP ([`SparseMoE`][attnlab.layers.mlp.SparseMoE]);

@@ -47,7 +47,7 @@ sliding window, or linear attention, a [`GatedDeltaNet`][attnlab.layers.linear.G
 that decodes from a fixed-size [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState]
 instead of a KV cache. Qwen3-Next (Qwen Team, 2025) interleaves three Gated DeltaNet
 blocks with one full-attention block whose heads are gated by a sigmoid
-([`GatedAttention`][attnlab.layers.gated.GatedAttention]), rotates a quarter of each head, and
+([`HeadGates`][attnlab.layers.gqa.HeadGates]), rotates a quarter of each head, and
 replaces the MLP by a mixture of experts with a shared expert
 ([`SparseMoE`][attnlab.layers.mlp.SparseMoE]); `Decoder.from_hf` ports its
 `Qwen3NextForCausalLM`.
@@ -66,8 +66,7 @@ from torch import Tensor, nn
 from attnlab.caches.base import LayerCache
 from attnlab.caches.kv import AttentionCache, DynamicKVCache, RollingKVCache, StaticKVCache
 from attnlab.functional.backends import backend_for
-from attnlab.layers.gated import GatedAttention
-from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.layers.mlp import SparseMoE, SwiGLU
 from attnlab.layers.norms import QKNormSpec, RMSNorm
@@ -103,8 +102,8 @@ class DecoderBlock(nn.Module):
     [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet], `linear_attn`, instead of the
     attention `self_attn` (None there), and carries a
     [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState] instead of a KV cache, as
-    `Qwen3NextDecoderLayer`; with `config.attn_output_gate` the attention is a
-    [`GatedAttention`][attnlab.layers.gated.GatedAttention], and a mixture-of-experts layer's MLP
+    `Qwen3NextDecoderLayer`; with `config.attn_output_gate` the attention gates its heads
+    ([`HeadGates`][attnlab.layers.gqa.HeadGates]), and a mixture-of-experts layer's MLP
     a [`SparseMoE`][attnlab.layers.mlp.SparseMoE].
 
     `forward` does not check its input: it runs inside a
@@ -116,7 +115,7 @@ class DecoderBlock(nn.Module):
         traits = config.traits
         self.kind = config.kind(layer)
         self.input_layernorm = _norm(config)
-        self.self_attn: GroupedQueryAttention | GatedAttention | None = None
+        self.self_attn: GroupedQueryAttention | None = None
         self.linear_attn: GatedDeltaNet | None = None
         if self.kind == "linear":
             assert config.linear is not None  # checked by the config
@@ -126,7 +125,7 @@ class DecoderBlock(nn.Module):
             )
         else:
             base, scaling = config.rope(layer)
-            attention = GroupedQueryAttention(
+            self.self_attn = GroupedQueryAttention(
                 config.d_model,
                 config.num_heads,
                 config.num_kv_heads,
@@ -140,9 +139,9 @@ class DecoderBlock(nn.Module):
                 qk_norm=None
                 if config.qk_norm is None
                 else QKNormSpec(config.qk_norm, float(config.norm_eps), traits.norm_unit_offset),
+                gates=HeadGates(output_gate=config.attn_output_gate),
                 backend=backend_for(config.attn_softcap),
             )
-            self.self_attn = GatedAttention(attention) if config.attn_output_gate else attention
         self.post_attention_layernorm = _norm(config)
         self.pre_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
         self.post_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
@@ -556,6 +555,9 @@ class Decoder(nn.Module):
         `Qwen3NextForCausalLM` (and subclasses): the state dict maps key for key, less the
         `model.` prefix, as [`interop.decoder_from_hf`][attnlab.models.interop.decoder_from_hf]
         describes.
+
+        Args:
+            model: The Hugging Face model.
 
         Returns:
             A new `Decoder` on the same device and dtype, in the same training mode.

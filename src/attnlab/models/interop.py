@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.functional.backends import Backend, backend_for
-from attnlab.layers.gqa import GroupedQueryAttention
+from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.mlp import MoEConfig
@@ -238,7 +238,7 @@ def gqa_from_hf(cls: type[G], module: nn.Module, *, backend: Backend | None = No
             scale=None if scale == head_dim**-0.5 else scale, window=window, softcap=softcap
         ),
         qk_norm=qk_norm,
-        learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter),
+        gates=HeadGates(learned_sinks=isinstance(getattr(hf, "sinks", None), nn.Parameter)),
         dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         backend=backend_for(softcap) if backend is None else backend,
     ).to(device=weight.device, dtype=weight.dtype)
@@ -419,16 +419,13 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
     config = hf.config
     rope_base, scaling = hf_rope(config)
     rope_type = "default" if scaling is None else scaling.rope_type
-    frequencies, rope_scale = None, 1.0
     if rope_type not in _STATIC_ROPE_TYPES:
         static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
         raise ValueError(
             f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
             f"the sequence length; MultiHeadLatentAttention supports {static}"
         )
-    if scaling is not None:
-        frequencies = scaling.frequencies(hf.qk_rope_head_dim, rope_base)
-        rope_scale = scaling.attention_scaling()
+    interleave = getattr(config, "rope_interleave", True)
     weight = hf.kv_b_proj.weight
     mla = cls(
         hf.hidden_size,
@@ -438,10 +435,7 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
         qk_rope_head_dim=hf.qk_rope_head_dim,
         v_head_dim=hf.v_head_dim,
         q_lora_rank=hf.q_lora_rank,
-        rope_base=rope_base,
-        rope_frequencies=frequencies,
-        rope_scale=rope_scale,
-        rope_layout="interleaved" if getattr(config, "rope_interleave", True) else "half",
+        rope=Rope(rope_base, "interleaved" if interleave else "half", None, scaling),
         softmax_scale=float(hf.scaling),
         bias=hf.kv_a_proj_with_mqa.bias is not None,
         norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
@@ -733,7 +727,7 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
     settings). The attention layers are the ones
     [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf]
     would build. Qwen3-Next's fused projections are split: each head's rows of `q_proj`
-    hold its query, then its output gate (`self_attn.attention.q_proj` and
+    hold its query, then its output gate (`self_attn.q_proj` and
     `self_attn.gate_proj` here), and the Gated DeltaNet layers' weights are the ones
     [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf] copies.
     """
@@ -765,24 +759,20 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
 
 
 def _split_output_gates(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
-    """Qwen3-Next's attention keys as a [`GatedAttention`][attnlab.layers.gated.GatedAttention]'s.
+    """Qwen3-Next's fused `q_proj` keys as the `q_proj` and `gate_proj` of a
+    [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention] with an output gate.
 
     Its `q_proj` rows (and bias) hold, per head, `head_dim` query rows then `head_dim`
-    gate rows; `out_proj` moves to the wrapper, the rest to the inner attention.
+    gate rows; every other key is the same.
     """
     out = {}
     h, hd = config.num_heads, config.head_dim
     for key, value in state.items():
-        if ".self_attn." not in key:
+        prefix, fused, name = key.partition(".self_attn.q_proj.")
+        if not fused:
             out[key] = value
             continue
-        prefix, name = key.split(".self_attn.")
-        if name.startswith("q_proj."):
-            query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
-            out[f"{prefix}.self_attn.attention.{name}"] = query.reshape(h * hd, *value.shape[1:])
-            out[f"{prefix}.self_attn.gate_{name[2:]}"] = gate.reshape(h * hd, *value.shape[1:])
-        elif name.startswith("out_proj."):
-            out[key] = value
-        else:
-            out[f"{prefix}.self_attn.attention.{name}"] = value
+        query, gate = torch.split(value.reshape(h, 2 * hd, *value.shape[1:]), hd, dim=1)
+        out[key] = query.reshape(h * hd, *value.shape[1:])
+        out[f"{prefix}.self_attn.gate_proj.{name}"] = gate.reshape(h * hd, *value.shape[1:])
     return out

@@ -772,7 +772,7 @@ def check_positive_float(name: str, value: object) -> float:
     """Return `value` as a float if it is a positive finite real number; raise otherwise.
 
     The one rule of every epsilon and positive scalar of a configuration (a norm's
-    `eps`, Gemma's `query_pre_attn_scalar`, MLA's `rope_scale`): Python and NumPy ints
+    `eps`, Gemma's `query_pre_attn_scalar`, YaRN's `attention_factor`): Python and NumPy ints
     and floats; not bools, strings or tensors.
 
     Raises:

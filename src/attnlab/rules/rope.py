@@ -29,7 +29,9 @@ or `(b, t)` (with `b = 1` broadcast over the batch) and, for layers, non-negativ
 ([`check_positions`][attnlab.rules.rope.check_positions]). A layer computes the cos/sin tables
 once per forward ([`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin]) and rotates its queries and
 keys with them ([`rotate`][attnlab.rules.rope.rotate]), or takes tables computed once per model
-forward, as Hugging Face passes `position_embeddings` to every layer.
+forward, as Hugging Face passes `position_embeddings` to every layer: the
+[`Decoder`][attnlab.models.decoder.Decoder] computes one pair per distinct base and scaling of
+its layers, for the positions of the call, and hands it to each layer.
 
 Context extension is one rule, in its own module:
 [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling]
@@ -64,7 +66,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Rope",
-    "RopeCache",
     "RopeLayout",
     "apply_rope",
     "check_base",
@@ -146,7 +147,7 @@ def check_base(base: object, name: str = "base") -> float:
 
     A base of 1 or less gives frequencies that do not decrease (or grow), so no pair
     rotates slowly enough to carry long-range position: every module with RoPE
-    (`apply_rope`, `RopeCache`, `GroupedQueryAttention`, `MultiHeadLatentAttention`) uses
+    (`apply_rope`, `GroupedQueryAttention`, `MultiHeadLatentAttention`, `DecoderConfig`) uses
     this one rule, at construction for the modules.
 
     Args:
@@ -257,7 +258,7 @@ def check_positions(
     `position_ids`).
 
     With `low` or `high`, the values must also lie in `[low, high)`: layers pass
-    `low=0` (a position counts tokens), a `RopeCache` its table's size. Reading values
+    `low=0` (a position counts tokens), a decoder its `max_positions` as `high`. Reading values
     is a **host sync** (the device waits for the host to get the minimum and maximum),
     so it is skipped while `torch.compile` traces or `torch.export` exports
     (`_validation.tracing()`: compiling or exporting), where it would also break the graph.
@@ -477,10 +478,6 @@ def rope_angles(positions: Tensor, head_dim: int, *, base: float = 10000.0) -> T
     return _angles(positions, _frequencies(head_dim, base, positions.device))
 
 
-"""The frequency rules of [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling] (Hugging Face's
-names)."""
-
-
 def rope_cos_sin(
     positions: Tensor,
     head_dim: int,
@@ -648,109 +645,6 @@ def apply_rope(
         check_layout(layout)
         base = check_base(base)
     if positions is None:
-        positions = torch.arange(x.shape[-2], device=x.device)
+        positions = default_positions(0, x.shape[-2], x.device)  # (t,)
     cos, sin = rope_cos_sin(positions, x.shape[-1], base=base)
     return rotate(x, cos, sin, layout=layout)
-
-
-class RopeCache:
-    r"""Precomputed cos and sin of every angle up to `max_positions`, as models keep them.
-
-    A model computes the table once and looks up rows per step; during decoding with a
-    KV cache the position of the new token is `cache.seen`, and a position past the
-    table is an error, not a silent wrap-around.
-
-    Args:
-        head_dim: Features per head; even.
-        max_positions: Positions `0 ... max_positions - 1` are tabulated.
-        base: See [`rope_frequencies`][attnlab.rules.rope.rope_frequencies].
-        device: Where to keep the table.
-
-    Attributes:
-        cos: float32 `(max_positions, head_dim // 2)`.
-        sin: float32 `(max_positions, head_dim // 2)`.
-
-    Examples:
-        >>> cache = RopeCache(head_dim=8, max_positions=16)
-        >>> x = torch.randn(2, 5, 8)
-        >>> pos = torch.arange(3, 8)
-        >>> torch.allclose(cache.apply(x, pos), apply_rope(x, pos))
-        True
-    """
-
-    def __init__(
-        self,
-        head_dim: int,
-        max_positions: int,
-        *,
-        base: float = 10000.0,
-        device: torch.device | str | None = None,
-    ) -> None:
-        self.head_dim = check_head_dim(head_dim)
-        self.max_positions = check_positive_int("max_positions", max_positions)
-        self.base = check_base(base)
-        check_device("device", device)
-        positions = torch.arange(max_positions, device=device)
-        self.cos, self.sin = rope_cos_sin(positions, head_dim, base=self.base)  # (max, d/2)
-
-    def __repr__(self) -> str:
-        return (
-            f"RopeCache(head_dim={self.head_dim}, max_positions={self.max_positions}, "
-            f"base={self.base})"
-        )
-
-    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """The rows of the table for `positions`: `(cos, sin)`, each `positions.shape + (d/2,)`.
-
-        What a model computes once per forward and hands to every layer, as
-        `position_embeddings` of [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention]
-        or [`MultiHeadLatentAttention`][attnlab.layers.mla.MultiHeadLatentAttention]. Checking that
-        the positions lie in the table reads them, a host sync (skipped while compiling).
-
-        Raises:
-            TypeError: If `positions` is not an integer tensor.
-            ValueError: If it is not `(t,)` or `(b, t)`, or a position is negative or not
-                below `max_positions`.
-
-        Examples:
-            >>> cache = RopeCache(head_dim=8, max_positions=16)
-            >>> positions = torch.tensor([[3, 4, 5]])
-            >>> cos, sin = cache.cos_sin(positions)
-            >>> tuple(cos.shape), torch.equal(cos, rope_cos_sin(positions, 8)[0])
-            ((1, 3, 4), True)
-        """
-        if checking():
-            _check_integer_tensor(positions)
-            if positions.numel() and not tracing():
-                _check_range(positions, 0, self.max_positions)
-        return self._rows(positions, positions.device)
-
-    def _rows(self, positions: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
-        return self.cos.to(device)[positions], self.sin.to(device)[positions]  # (..., t, d/2)
-
-    def apply(
-        self, x: Tensor, positions: Tensor | None = None, *, layout: RopeLayout = "half"
-    ) -> Tensor:
-        """Rotate `x` like [`apply_rope`][attnlab.rules.rope.apply_rope], reading the table.
-
-        Checking that the positions lie in the table reads their values, a host sync
-        (skipped while compiling, see [`check_positions`][attnlab.rules.rope.check_positions]).
-
-        Raises:
-            ValueError: As `apply_rope`, and if a position is negative or not below
-                `max_positions`, or `x`'s head size is not the table's.
-        """
-        if checking():
-            x = _check_x(x)
-            check_layout(layout)
-            if x.shape[-1] != self.head_dim:
-                raise ValueError(
-                    f"x has head_dim {x.shape[-1]} but the RopeCache was built for "
-                    f"head_dim={self.head_dim} (x.shape={tuple(x.shape)})"
-                )
-            if positions is not None:
-                check_positions(positions, x, low=0, high=self.max_positions)
-        if positions is None:
-            positions = torch.arange(x.shape[-2], device=x.device)
-        cos, sin = self._rows(positions, x.device)
-        return rotate(x, cos, sin, layout=layout)

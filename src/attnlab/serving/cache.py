@@ -34,15 +34,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from attnlab.caches.kv import resolve_v_head_dim
+from attnlab.caches.kv import kv_buffers
 from attnlab.functional.backends import Backend
 from attnlab.functional.paged import check_paged
 from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._precision import autocast_inputs
 from attnlab.rules._validation import (
     check_bool,
-    check_device,
-    check_float_dtype,
     check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
@@ -51,6 +49,7 @@ from attnlab.rules._validation import (
     checking,
     entry,
 )
+from attnlab.rules.rope import default_positions
 
 __all__ = [
     "BlockAllocator",
@@ -419,7 +418,7 @@ def _write(
         key_pools[layer, :, block, slot] = key[:, 0]  # (kv, head_dim)
         value_pools[layer, :, block, slot] = value[:, 0]  # (kv, v_head_dim)
         return
-    positions = torch.arange(start, start + key.shape[1], device=key_pools.device)  # (t,)
+    positions = default_positions(start, key.shape[1], key_pools.device)  # (t,)
     table_ = torch.tensor(table, dtype=torch.long, device=key_pools.device)
     blocks = table_[positions // block_size]  # (t,) physical block of each token
     slots = positions % block_size  # (t,) its place in the block
@@ -518,16 +517,12 @@ class PagedKVCache:
         self.num_layers = check_positive_int("num_layers", num_layers)
         self.block_size = check_positive_int("block_size", block_size)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
-        self.head_dim = check_positive_int("head_dim", head_dim)
-        self.v_head_dim = resolve_v_head_dim(head_dim, v_head_dim)
-        check_float_dtype("dtype", dtype)
-        check_device("device", device)
         self.prefix_caching = check_bool("prefix_caching", prefix_caching)
         self.allocator = BlockAllocator(num_blocks)
         self._blocks = _BlockPool(self.allocator)
         shape = (num_layers, num_kv_heads, num_blocks, block_size)
-        self.key_pools = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
-        self.value_pools = torch.zeros(*shape, self.v_head_dim, dtype=dtype, device=device)
+        self.key_pools, self.value_pools = kv_buffers(shape, head_dim, v_head_dim, dtype, device)
+        self.head_dim, self.v_head_dim = head_dim, self.value_pools.shape[-1]
         self._tables = _BlockTables(self.key_pools.device)
 
     # --- sizes --------------------------------------------------------------------

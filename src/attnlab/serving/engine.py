@@ -53,6 +53,7 @@ from attnlab.rules._validation import (
     check_token_id_set,
     entry,
 )
+from attnlab.rules.rope import default_positions
 from attnlab.serving.cache import PagedKVCache
 
 __all__ = ["Engine"]
@@ -448,7 +449,7 @@ class Engine:
             start = request.computed
             ids[row, :n] = torch.tensor(request.tokens[start : start + n])
             # Padding repeats the last position: valid for RoPE, ignored by attention.
-            positions[row] = torch.arange(start, start + t).clamp(max=start + n - 1)
+            positions[row] = default_positions(start, t, device).clamp(max=start + n - 1)
         lengths = torch.tensor([n for _, n in plan], device=device)  # (b,)
         seqs = [self._seq(r) for r, _ in plan]
         layers = [
