@@ -56,7 +56,9 @@ replaces the MLP by a mixture of experts with a shared expert
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from dataclasses import asdict
+from functools import partial
+from typing import Any, Unpack, cast
 
 import torch
 from torch import Tensor, nn
@@ -69,7 +71,7 @@ from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.layers.mlp import SparseMoE, SwiGLU
 from attnlab.layers.norms import QKNormSpec, RMSNorm
 from attnlab.models.config import CacheKind, DecoderConfig
-from attnlab.models.generate import Sampler, is_any_of, pad_token
+from attnlab.models.generate import Sampler, StreamOptions, decode, pad_token
 from attnlab.rules._validation import (
     check_attn_mask,
     check_bool,
@@ -116,17 +118,10 @@ class DecoderBlock(nn.Module):
         self.self_attn: GroupedQueryAttention | None = None
         self.linear_attn: GatedDeltaNet | None = None
         if self.kind == "linear":
-            lin = config.linear
-            assert lin is not None  # checked by the config
+            assert config.linear is not None  # checked by the config
+            # The config's fields are the layer's arguments, by name.
             self.linear_attn = GatedDeltaNet(
-                config.d_model,
-                num_k_heads=lin.num_k_heads,
-                num_v_heads=lin.num_v_heads,
-                head_k_dim=lin.head_k_dim,
-                head_v_dim=lin.head_v_dim,
-                kernel_size=lin.kernel_size,
-                chunk_size=lin.chunk_size,
-                norm_eps=float(config.norm_eps),
+                config.d_model, **asdict(config.linear), norm_eps=float(config.norm_eps)
             )
         else:
             base, scaling = config.rope(layer)
@@ -271,8 +266,6 @@ class Decoder(nn.Module):
             f"kv_heads={c.num_kv_heads}, vocab={c.vocab_size}"
         )
 
-    # -- caches --------------------------------------------------------------------------
-
     def make_cache(
         self,
         batch_size: int = 1,
@@ -281,7 +274,7 @@ class Decoder(nn.Module):
         kind: CacheKind = "static",
         rolling: bool = True,
     ) -> list[Any]:
-        """One empty KV cache per layer, on the model's device and in its dtype.
+        """One empty cache per layer, on the model's device and in its dtype.
 
         A sliding-window layer gets a [`RollingKVCache`][attnlab.caches.kv.RollingKVCache]
         (it keeps only the last `window - 1` tokens, whatever `kind`), unless `rolling`
@@ -297,148 +290,12 @@ class Decoder(nn.Module):
                 kind as the others, holding every token).
 
         Returns:
-            A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`:
-            a `KVCache` per attention layer, a `GatedDeltaNetState` per linear one (typed
-            `list[Any]` so that code written for attention-only models keeps its
+            A list of `num_layers` caches, to pass as `cache=` to `forward` and `generate`
+            (typed `list[Any]` so that code written for attention-only models keeps its
             `KVCache` methods).
         """
-        check_bool("rolling", rolling)
-        if kind not in ("static", "dynamic"):
-            raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
-        c = self.config
-        length = c.max_positions if max_length is None else max_length
-        if kind == "static":  # a dynamic or rolling cache sizes itself
-            check_positive_int("max_length", length)
-        if kind == "static" and length > c.max_positions:
-            raise ValueError(
-                f"max_length={length} is past the model's max_positions={c.max_positions}"
-            )
         weight = self.embed_tokens.weight
-
-        def one(layer: int) -> LayerCache:
-            linear = cast(DecoderBlock, self.layers[layer]).linear_attn
-            if linear is not None:
-                return linear.new_state(batch_size)
-            window = c.window(layer)
-            if rolling and window is not None:
-                return RollingKVCache(window)
-            if kind == "dynamic":
-                return DynamicKVCache()
-            return StaticKVCache(
-                batch_size,
-                length,
-                c.num_kv_heads,
-                c.head_dim,
-                dtype=weight.dtype,
-                device=weight.device,
-            )
-
-        return [one(i) for i in range(c.num_layers)]
-
-    # -- input checks --------------------------------------------------------------------
-
-    def _check_ids(self, ids: object) -> Tensor:
-        ids = check_token_ids("ids", ids, self.config.vocab_size)  # the range reads values
-        if ids.shape[-1] == 0:
-            raise ValueError(
-                f"ids is empty (ids.shape={tuple(ids.shape)}): give at least one token"
-            )
-        device = self.embed_tokens.weight.device
-        if ids.device != device:
-            raise ValueError(f"ids is on {ids.device} but the model is on {device}")
-        return ids
-
-    def _check_cache(self, cache: object, batch: int) -> None:
-        """Check a per-layer cache list: one cache per layer, each of its layer's kind,
-        for `batch` sequences, all at one position (or all paged views)."""
-        if cache is None:
-            return
-        n = self.config.num_layers
-        if not isinstance(cache, Sequence) or len(cache) != n:
-            got = len(cache) if isinstance(cache, Sequence) else type(cache).__name__
-            raise TypeError(
-                f"cache must be a list of {n} KVCache objects (one per layer, from "
-                f"make_cache), got {got}"
-            )
-        for i, c in enumerate(cache):
-            block = cast(DecoderBlock, self.layers[i])
-            block.check_cache(c, batch, name=f"cache[{i}]", owner=f"layer {i}")
-        layers = cast("Sequence[LayerCache]", cache)
-        ragged = {c.ragged for c in layers}
-        if ragged == {True}:  # the caller places the tokens of the paged view's sequences
-            return
-        if len(ragged) != 1:
-            raise TypeError("cache must be paged views for every layer or for none")
-        for c in layers:
-            if c.batch_size is not None and c.batch_size != batch:
-                raise ValueError(f"cache holds {c.batch_size} sequences but ids has {batch}")
-        seen = {c.seen for c in layers}
-        if len(seen) != 1:
-            raise ValueError(
-                f"the layers' caches have seen different numbers of tokens {sorted(seen)}"
-            )
-
-    def _check_call(self, ids: object, last_only: object, logits_at: object) -> Tensor:
-        """The checks of `forward`'s `ids`, `last_only` and `logits_at`; returns `ids`."""
-        ids = self._check_ids(ids)
-        check_bool("last_only", last_only)
-        if logits_at is not None:
-            self._check_logits_at(logits_at, ids)
-        return ids
-
-    def _check_logits_at(self, logits_at: object, ids: Tensor) -> None:
-        b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
-        if not isinstance(logits_at, Tensor) or not is_integer_dtype(logits_at.dtype):
-            raise TypeError(f"logits_at must be an integer tensor, got {logits_at!r}")
-        if tuple(logits_at.shape) != (b,):
-            raise ValueError(
-                f"logits_at must have shape (b,) = ({b},), one index per row, got "
-                f"{tuple(logits_at.shape)}"
-            )
-        check_int_sequence("logits_at", logits_at, low=0, high=t, within=f"the t={t} tokens ")
-
-    def _check_ragged(self, positions: object, padding_mask: object, attn_mask: object) -> None:
-        if positions is None:
-            raise ValueError("positions must be given with a paged cache")
-        if padding_mask is not None or attn_mask is not None:
-            raise ValueError(
-                "a paged cache decides what each query sees: pass no padding_mask or attn_mask"
-            )
-
-    def _check_padding(self, mask: object, batch: int, total: int) -> Tensor:
-        weight = self.embed_tokens.weight
-        return check_padding_mask(mask, batch, total, like=weight, what="(b, cached + t)")
-
-    def _check_context(
-        self,
-        x: Tensor,
-        cache: Sequence[LayerCache] | None,
-        positions: Tensor | None,
-        padding_mask: Tensor | None,
-        attn_mask: Tensor | None,
-    ) -> None:
-        """The checks of what comes with the embedded tokens `x` `(b, t, d_model)`: the
-        caches, the positions and the masks."""
-        c = self.config
-        b, t, _ = x.shape
-        self._check_cache(cache, b)
-        if cache and cache[0].ragged:
-            self._check_ragged(positions, padding_mask, attn_mask)
-            check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
-            return
-        past = cache[0].seen if cache else 0
-        if past + t > c.max_positions:
-            raise ValueError(
-                f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
-                f"the model's max_positions={c.max_positions}"
-            )
-        if padding_mask is not None:
-            self._check_padding(padding_mask, b, past + t)
-        if attn_mask is not None:
-            target = (b, c.num_heads, t, past + t)
-            check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
-        if positions is not None:
-            check_positions(positions, x, low=0, high=c.max_positions, x_name="ids")
+        return _make_caches(self.config, self.layers, batch_size, max_length, kind, rolling, weight)
 
     # -- the forward pass ----------------------------------------------------------------
 
@@ -488,18 +345,18 @@ class Decoder(nn.Module):
                 the wrong shape, pads on the right or has a row without tokens.
         """
         if checking():
-            ids = self._check_call(ids, last_only, logits_at)
+            ids = _check_call(ids, last_only, logits_at, self.config, self.embed_tokens.weight)
         unbatched = ids.ndim == 1
         ids2 = ids[None] if unbatched else ids  # (b, t)
         x = self._embed(ids2)  # (b, t, d_model)
         if checking():
-            self._check_context(x, cache, positions, padding_mask, attn_mask)
+            _check_context(x, cache, positions, padding_mask, attn_mask, self.config, self.layers)
         # A paged cache (ragged) places the tokens by `positions` itself.
         past = 0 if not cache or cache[0].ragged else cache[0].seen
         pad = None if padding_mask is None else padding_mask.bool()  # (b, past + t)
         if positions is None:
-            positions = self._positions(pad, past, ids2)
-        tables, mask = self._rope_tables(positions), self._mask(pad, attn_mask, ids2.shape[1])
+            positions = _positions(pad, past, ids2)
+        tables, mask = _rope_tables(self.config, positions), _mask(pad, attn_mask, ids2.shape[1])
         # The linear layers' padding (b, t); one new token is never padding: it ends every row.
         padding = None if pad is None or ids2.shape[1] == 1 else pad[:, past:]
         for i, layer in enumerate(self.layers):
@@ -515,35 +372,6 @@ class Decoder(nn.Module):
             x = x * x.new_tensor(self.config.d_model**0.5)
         return x
 
-    @staticmethod
-    def _positions(pad: Tensor | None, past: int, ids: Tensor) -> Tensor:
-        """The tokens' positions after the `past` cached ones, counting only real tokens
-        where there is padding, as transformers does."""
-        if pad is None:
-            return default_positions(past, ids.shape[1], ids.device)  # (t,)
-        return (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
-
-    @staticmethod
-    def _mask(pad: Tensor | None, attn_mask: Tensor | None, t: int) -> Tensor | None:
-        """The attention layers' mask `(b, 1, t, past + t)` of the last `t` tokens under
-        the padding `pad` and `attn_mask`; None: causal only."""
-        mask = None
-        if pad is not None and (t > 1 or not bool(pad.all())):
-            # Keys at padding are hidden; a padded query sees itself, so that no row
-            # is all masked (softmax of nothing is NaN, which would reach the values).
-            mask = padding_attention_mask(pad, t)[:, None]  # (b, 1, t, past + t)
-        if attn_mask is not None:
-            mask = combine(mask, attn_mask)
-        return mask
-
-    def _rope_tables(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
-        c = self.config
-        dims = c.head_dim if c.rope_dims is None else c.rope_dims
-        kinds = [c.rope(i) for i in range(c.num_layers)]  # (base, scaling) of each layer
-        tables = {k: rope_cos_sin(positions, dims, base=k[0], scaling=k[1]) for k in set(kinds)}
-        return [tables[kind] for kind in kinds]  # (..., t, dims // 2) each
-
     def _head(self, x: Tensor, last_only: bool, logits_at: Tensor | None) -> Tensor:
         if logits_at is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logits_at][:, None]  # (b, 1, d_model)
@@ -557,11 +385,7 @@ class Decoder(nn.Module):
 
     @entry
     def attention_maps(
-        self,
-        ids: Tensor,
-        *,
-        padding_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
+        self, ids: Tensor, *, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None
     ) -> list[Tensor]:
         """The attention weights of every layer on `ids`, `(b, num_heads, t, t)` each.
 
@@ -577,9 +401,10 @@ class Decoder(nn.Module):
             One tensor per layer; row `i` of head `h` is how token `i` spreads its
             attention over the tokens up to it (each row sums to 1).
         """
+        c = self.config
         if checking():
-            ids = self._check_ids(ids)
-        if "linear" in map(self.config.kind, range(self.config.num_layers)):
+            ids = _check_ids(ids, c, self.embed_tokens.weight)
+        if "linear" in map(c.kind, range(c.num_layers)):
             raise ValueError("a model with linear-attention layers has no attention maps")
         unbatched = ids.ndim == 1
         ids2 = ids[None] if unbatched else ids  # (b, t)
@@ -587,10 +412,10 @@ class Decoder(nn.Module):
         with torch.no_grad():
             x = self._embed(ids2)  # (b, t, d_model)
             if checking():
-                self._check_context(x, None, None, padding_mask, attn_mask)
+                _check_context(x, None, None, padding_mask, attn_mask, c, self.layers)
             pad = None if padding_mask is None else padding_mask.bool()  # (b, t)
-            mask = self._mask(pad, attn_mask, ids2.shape[1])
-            tables = self._rope_tables(self._positions(pad, 0, ids2))
+            mask = _mask(pad, attn_mask, ids2.shape[1])
+            tables = _rope_tables(c, _positions(pad, 0, ids2))
             for layer, table in zip(self.layers, tables, strict=True):
                 assert isinstance(layer, DecoderBlock)
                 x, weights = layer.forward_with_weights(x, table, mask)
@@ -619,8 +444,9 @@ class Decoder(nn.Module):
         the checks run when the iteration starts. Stops after `max_new_tokens` steps, or
         once every sequence has produced an end token.
         """
+        like = self.embed_tokens.weight
         if checking():
-            ids = self._check_ids(ids)
+            ids = _check_ids(ids, self.config, like)
         ids2 = ids[None] if ids.ndim == 1 else ids  # (b, t)
         b, t = ids2.shape
         steps = check_positive_int("max_new_tokens", max_new_tokens)
@@ -629,42 +455,19 @@ class Decoder(nn.Module):
         pad = pad_token(pad_token_id, eos, self.config.vocab_size)
         caches = self._generation_cache(cache, b, t, steps)
         past = caches[0].seen
-        if padding_mask is None:
-            mask = None
-        else:
-            total = past + t
+        mask = None
+        if padding_mask is not None:
             mask = (
-                self._check_padding(padding_mask, b, total) if checking() else padding_mask.bool()
+                _check_padding(padding_mask, b, past + t, like)
+                if checking()
+                else padding_mask.bool()
             )
-        if past + t + steps > self.config.max_positions:
-            raise ValueError(
-                f"ids has {t} tokens (after {past} cached) and max_new_tokens={steps}: "
-                f"{past + t + steps} positions, past the model's "
-                f"max_positions={self.config.max_positions}"
-            )
-        unfinished = torch.ones(b, dtype=torch.bool, device=ids2.device)
-        new, step = ids2, 0
-        while True:
-            # Inference mode (no autograd bookkeeping at all: ~5% faster per token than
-            # no_grad here) around each step only, never across a yield: the caller's code
-            # between two tokens runs in its own mode.
-            with torch.inference_mode():
-                logits = self._step(new, caches, mask)
-                token = sample(logits[:, -1])  # (b,)
-                if eos:
-                    token = torch.where(unfinished, token, torch.full_like(token, pad))
-                    unfinished &= ~is_any_of(token, eos)
-            yield token.clone()  # a normal tensor, usable anywhere
-            step += 1
-            if step == steps or (eos and not bool(unfinished.any())):
-                return
-            if mask is not None:
-                mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)  # (b, total + 1)
-            new = token[:, None]  # (b, 1)
+        _check_room(past, t, steps, self.config.max_positions)
+        yield from decode(partial(self._step, caches), ids2, mask, steps, sample, eos, pad)
 
     @entry
     def _step(
-        self, ids: Tensor, cache: Sequence[LayerCache], padding_mask: Tensor | None
+        self, cache: Sequence[LayerCache], ids: Tensor, padding_mask: Tensor | None
     ) -> Tensor:
         """One step of `stream`: an entry with no checks of its own, so that the forward
         trusts what `stream` checked once (the id range and the padding mask are host
@@ -676,15 +479,8 @@ class Decoder(nn.Module):
         ids: Tensor,
         max_new_tokens: int,
         *,
-        padding_mask: Tensor | None = None,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        cache: CacheKind | Sequence[LayerCache] = "static",
-        generator: torch.Generator | None = None,
         on_token: Callable[[Tensor], object] | None = None,
+        **options: Unpack[StreamOptions],
     ) -> Tensor:
         """Continue `ids` by up to `max_new_tokens` tokens, decoding from a KV cache.
 
@@ -703,18 +499,20 @@ class Decoder(nn.Module):
         Args:
             ids: Prompt token ids, `(b, t)` or `(t,)`.
             max_new_tokens: Most tokens to add.
-            padding_mask: `(b, t)` (plus cached tokens), 1 at tokens, 0 at left padding.
-            temperature: 0 for greedy decoding, else the softmax temperature.
-            top_k: Sample only among the `top_k` most likely tokens.
-            top_p: Sample only among the most likely tokens whose probabilities sum to at
-                least `top_p` (nucleus sampling), in `(0, 1]`.
-            eos_token_id: The token id (or ids) that ends a sequence.
-            pad_token_id: What a finished sequence gets; default the first end token.
-            cache: `"static"` (preallocated for prompt plus new tokens), `"dynamic"`
-                (grows), or a list from [`make_cache`][attnlab.models.decoder.Decoder.make_cache]
-                (which may hold earlier tokens that `ids` continue).
-            generator: The random generator for sampling.
             on_token: Called with each step's new tokens `(b,)` as they are produced.
+            **options: The keyword arguments of
+                [`stream`][attnlab.models.decoder.Decoder.stream], each optional:
+                `padding_mask` (`(b, t)`, plus cached tokens, 1 at tokens, 0 at left
+                padding); `temperature` (0, the default, for greedy decoding, else the
+                softmax temperature); `top_k` (sample only among the `top_k` most likely
+                tokens); `top_p` (only among the most likely tokens whose probabilities
+                sum to at least `top_p`, in `(0, 1]`: nucleus sampling); `eos_token_id`
+                (the token id or ids that end a sequence); `pad_token_id` (what a finished
+                sequence gets; default the first end token); `cache` (`"static"`, the
+                default, preallocated for prompt plus new tokens, `"dynamic"`, which
+                grows, or a list from
+                [`make_cache`][attnlab.models.decoder.Decoder.make_cache], which may hold
+                earlier tokens that `ids` continue); `generator` (for sampling).
 
         Returns:
             `ids` followed by the new tokens, `(b, t + n)` (or `(t + n,)`), `n` at most
@@ -727,18 +525,7 @@ class Decoder(nn.Module):
                 given static cache, or a sampling setting is out of range.
         """
         tokens = []
-        for token in self.stream(
-            ids,
-            max_new_tokens,
-            padding_mask=padding_mask,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            cache=cache,
-            generator=generator,
-        ):
+        for token in self.stream(ids, max_new_tokens, **options):
             if on_token is not None:
                 on_token(token)
             tokens.append(token)
@@ -748,27 +535,16 @@ class Decoder(nn.Module):
     def _generation_cache(
         self, cache: object, batch: int, t: int, steps: int
     ) -> Sequence[LayerCache]:
-        if isinstance(cache, str):
-            if cache not in ("static", "dynamic"):
-                raise ValueError(
-                    f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
-                )
-            # The last new token is never fed back: t + steps - 1 tokens are cached.
-            length = min(t + steps - 1, self.config.max_positions)
-            return self.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
-        self._check_cache(cache, batch)
-        layers = cast("Sequence[LayerCache]", cache)
-        past = layers[0].seen
-        for c in layers:
-            if c.max_length is not None and past + t + steps - 1 > c.max_length:
-                raise ValueError(
-                    f"the static cache holds max_length={c.max_length} tokens but "
-                    f"{past} cached + {t} in ids + max_new_tokens={steps} - 1 must fit; "
-                    "make it with a larger max_length"
-                )
-        return layers
-
-    # -- interoperability with Hugging Face transformers ---------------------------------
+        if not isinstance(cache, str):
+            _check_cache(cache, self.layers, batch)
+            return _check_static_room(cast("Sequence[LayerCache]", cache), t, steps)
+        if cache not in ("static", "dynamic"):
+            raise ValueError(
+                f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
+            )
+        # The last new token is never fed back: t + steps - 1 tokens are cached.
+        length = min(t + steps - 1, self.config.max_positions)
+        return self.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> Decoder:
@@ -776,15 +552,9 @@ class Decoder(nn.Module):
 
         Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
         `Qwen2ForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM` (text only) and
-        `Qwen3NextForCausalLM` (and subclasses): the
-        state dict maps key for key, less the
-        `model.` prefix ([`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf]
-        reads the settings). The attention layers are the ones
-        [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf]
-        would build. Qwen3-Next's fused projections are split: each head's rows of
-        `q_proj` hold its query, then its output gate (`self_attn.q_proj` and
-        `self_attn.gate_proj` here), and the Gated DeltaNet layers' weights are the ones
-        [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf] copies.
+        `Qwen3NextForCausalLM` (and subclasses): the state dict maps key for key, less the
+        `model.` prefix, as [`interop.decoder_from_hf`][attnlab.models.interop.decoder_from_hf]
+        describes.
 
         Args:
             model: The Hugging Face model.
@@ -806,3 +576,199 @@ def _norm(config: DecoderConfig) -> nn.Module:
     if config.traits.norm_unit_offset:
         return RMSNorm(config.d_model, float(config.norm_eps), unit_offset=True)
     return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+
+
+def _make_caches(
+    config: DecoderConfig,
+    blocks: nn.ModuleList,
+    batch_size: int,
+    max_length: int | None,
+    kind: CacheKind,
+    rolling: bool,
+    like: Tensor,
+) -> list[Any]:
+    """The body of `Decoder.make_cache`: the caches on the device and dtype of `like`."""
+    check_bool("rolling", rolling)
+    if kind not in ("static", "dynamic"):
+        raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
+    length = config.max_positions if max_length is None else max_length
+    if kind == "static":  # a dynamic or rolling cache sizes itself
+        check_positive_int("max_length", length)
+    if kind == "static" and length > config.max_positions:
+        raise ValueError(
+            f"max_length={length} is past the model's max_positions={config.max_positions}"
+        )
+
+    def one(layer: int, block: DecoderBlock) -> LayerCache:
+        if block.linear_attn is not None:
+            return block.linear_attn.new_state(batch_size)
+        window = config.window(layer)
+        if rolling and window is not None:
+            return RollingKVCache(window)
+        if kind == "dynamic":
+            return DynamicKVCache()
+        return StaticKVCache(
+            batch_size,
+            length,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype=like.dtype,
+            device=like.device,
+        )
+
+    return [one(i, cast(DecoderBlock, block)) for i, block in enumerate(blocks)]
+
+
+# -- the forward pass's tables and mask ---------------------------------------------------
+
+
+def _positions(pad: Tensor | None, past: int, ids: Tensor) -> Tensor:
+    """The tokens' positions after the `past` cached ones, counting only real tokens
+    where there is padding, as transformers does."""
+    if pad is None:
+        return default_positions(past, ids.shape[1], ids.device)  # (t,)
+    return (pad.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+
+
+def _mask(pad: Tensor | None, attn_mask: Tensor | None, t: int) -> Tensor | None:
+    """The attention layers' mask `(b, 1, t, past + t)` of the last `t` tokens under
+    the padding `pad` and `attn_mask`; None: causal only."""
+    mask = None
+    if pad is not None and (t > 1 or not bool(pad.all())):
+        # Keys at padding are hidden; a padded query sees itself, so that no row
+        # is all masked (softmax of nothing is NaN, which would reach the values).
+        mask = padding_attention_mask(pad, t)[:, None]  # (b, 1, t, past + t)
+    if attn_mask is not None:
+        mask = combine(mask, attn_mask)
+    return mask
+
+
+def _rope_tables(config: DecoderConfig, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
+    dims = config.head_dim if config.rope_dims is None else config.rope_dims
+    kinds = [config.rope(i) for i in range(config.num_layers)]  # (base, scaling) of each layer
+    tables = {k: rope_cos_sin(positions, dims, base=k[0], scaling=k[1]) for k in set(kinds)}
+    return [tables[kind] for kind in kinds]  # (..., t, dims // 2) each
+
+
+# -- the checks at the model's boundary ---------------------------------------------------
+
+
+def _check_ids(ids: object, config: DecoderConfig, like: Tensor) -> Tensor:
+    ids = check_token_ids("ids", ids, config.vocab_size)  # the range reads values
+    if ids.shape[-1] == 0:
+        raise ValueError(f"ids is empty (ids.shape={tuple(ids.shape)}): give at least one token")
+    if ids.device != like.device:
+        raise ValueError(f"ids is on {ids.device} but the model is on {like.device}")
+    return ids
+
+
+def _check_call(
+    ids: object, last_only: object, logits_at: object, config: DecoderConfig, like: Tensor
+) -> Tensor:
+    """The checks of `forward`'s `ids`, `last_only` and `logits_at`; returns `ids`."""
+    ids = _check_ids(ids, config, like)
+    check_bool("last_only", last_only)
+    if logits_at is None:
+        return ids
+    b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
+    if not isinstance(logits_at, Tensor) or not is_integer_dtype(logits_at.dtype):
+        raise TypeError(f"logits_at must be an integer tensor, got {logits_at!r}")
+    if tuple(logits_at.shape) != (b,):
+        raise ValueError(
+            f"logits_at must have shape (b,) = ({b},), one index per row, got "
+            f"{tuple(logits_at.shape)}"
+        )
+    check_int_sequence("logits_at", logits_at, low=0, high=t, within=f"the t={t} tokens ")
+    return ids
+
+
+def _check_cache(cache: object, blocks: nn.ModuleList, batch: int) -> None:
+    """Check a per-layer cache list: one cache per layer, each of its layer's kind,
+    for `batch` sequences, all at one position (or all paged views)."""
+    if cache is None:
+        return
+    n = len(blocks)
+    if not isinstance(cache, Sequence) or len(cache) != n:
+        got = len(cache) if isinstance(cache, Sequence) else type(cache).__name__
+        raise TypeError(
+            f"cache must be a list of {n} KVCache objects (one per layer, from "
+            f"make_cache), got {got}"
+        )
+    for i, (block, c) in enumerate(zip(blocks, cache, strict=True)):
+        cast(DecoderBlock, block).check_cache(c, batch, name=f"cache[{i}]", owner=f"layer {i}")
+    layers = cast("Sequence[LayerCache]", cache)
+    ragged = {c.ragged for c in layers}
+    if ragged == {True}:  # the caller places the tokens of the paged view's sequences
+        return
+    if len(ragged) != 1:
+        raise TypeError("cache must be paged views for every layer or for none")
+    for c in layers:
+        if c.batch_size is not None and c.batch_size != batch:
+            raise ValueError(f"cache holds {c.batch_size} sequences but ids has {batch}")
+    seen = {c.seen for c in layers}
+    if len(seen) != 1:
+        raise ValueError(f"the layers' caches have seen different numbers of tokens {sorted(seen)}")
+
+
+def _check_padding(mask: object, batch: int, total: int, like: Tensor) -> Tensor:
+    return check_padding_mask(mask, batch, total, like=like, what="(b, cached + t)")
+
+
+def _check_context(
+    x: Tensor,
+    cache: Sequence[LayerCache] | None,
+    positions: Tensor | None,
+    padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+    config: DecoderConfig,
+    blocks: nn.ModuleList,
+) -> None:
+    """The checks of what comes with the embedded tokens `x` `(b, t, d_model)`: the
+    caches, the positions and the masks."""
+    b, t, _ = x.shape
+    _check_cache(cache, blocks, b)
+    if cache and cache[0].ragged:
+        if positions is None:
+            raise ValueError("positions must be given with a paged cache")
+        if padding_mask is not None or attn_mask is not None:
+            raise ValueError(
+                "a paged cache decides what each query sees: pass no padding_mask or attn_mask"
+            )
+        check_positions(positions, x, low=0, high=config.max_positions, x_name="ids")
+        return
+    past = cache[0].seen if cache else 0
+    if past + t > config.max_positions:
+        raise ValueError(
+            f"ids has t={t} tokens after {past} cached: {past + t} positions, past "
+            f"the model's max_positions={config.max_positions}"
+        )
+    if padding_mask is not None:
+        _check_padding(padding_mask, b, past + t, x)
+    if attn_mask is not None:
+        target = (b, config.num_heads, t, past + t)
+        check_attn_mask("attn_mask", attn_mask, target, x, query_name="ids")
+    if positions is not None:
+        check_positions(positions, x, low=0, high=config.max_positions, x_name="ids")
+
+
+def _check_room(past: int, t: int, steps: int, max_positions: int) -> None:
+    """Raise unless the prompt after `past` cached tokens and `steps` new ones fit."""
+    if past + t + steps > max_positions:
+        raise ValueError(
+            f"ids has {t} tokens (after {past} cached) and max_new_tokens={steps}: "
+            f"{past + t + steps} positions, past the model's max_positions={max_positions}"
+        )
+
+
+def _check_static_room(caches: Sequence[LayerCache], t: int, steps: int) -> Sequence[LayerCache]:
+    """Return `caches` if each holds what `generate` will cache; raise otherwise."""
+    past = caches[0].seen
+    for c in caches:
+        if c.max_length is not None and past + t + steps - 1 > c.max_length:
+            raise ValueError(
+                f"the static cache holds max_length={c.max_length} tokens but "
+                f"{past} cached + {t} in ids + max_new_tokens={steps} - 1 must fit; "
+                "make it with a larger max_length"
+            )
+    return caches

@@ -282,9 +282,10 @@ def mha_from_torch(cls: type[M], module: nn.MultiheadAttention, *, backend: Back
             "module uses add_bias_kv or add_zero_attn, which MultiHeadAttention does not implement"
         )
     weight = module.out_proj.weight
+    d_model = module.embed_dim  # PyTorch's one width for the input and the output
     new = cls(
-        module.embed_dim,
-        module.embed_dim,
+        d_model,
+        d_model,
         module.num_heads,
         d_context=module.kdim,
         d_value=module.vdim,
@@ -719,7 +720,17 @@ HF_DECODER_CLASSES = (
 
 
 def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
-    """The body of [`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf]."""
+    """The body of [`Decoder.from_hf`][attnlab.models.decoder.Decoder.from_hf].
+
+    The state dict maps key for key, less the `model.` prefix
+    ([`DecoderConfig.from_hf`][attnlab.models.config.DecoderConfig.from_hf] reads the
+    settings). The attention layers are the ones
+    [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf]
+    would build. Qwen3-Next's fused projections are split: each head's rows of `q_proj`
+    hold its query, then its output gate (`self_attn.q_proj` and
+    `self_attn.gate_proj` here), and the Gated DeltaNet layers' weights are the ones
+    [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf] copies.
+    """
     names = {c.__name__ for c in type(model).__mro__}
     if not names & set(HF_DECODER_CLASSES):
         supported = ", ".join(HF_DECODER_CLASSES)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnlab.layers.heads import split_heads
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models.tiny import Block, TinyTransformer
 from attnlab.rules._validation import check_choice, check_positive_int, entry
@@ -166,12 +167,12 @@ def residual_components(model: TinyTransformer, tokens: Tensor) -> ResidualCompo
     embed = x
     heads: list[Tensor] = []
     biases: list[Tensor] = []
-    b, t, d = x.shape
+    d = x.shape[-1]
     for layer in range(model.config.num_layers):
         block, attn = _attn(model, layer)
         normed = block.norm_attn(x)
         weights = attn.attention_weights(normed, is_causal=True)  # (b, h, t, t)
-        v = attn.W_value(normed).view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
+        v = split_heads(attn.W_value(normed), attn.num_heads)  # (b, h, t, head_dim)
         z = weights @ v  # (b, h, t, head_dim)
         w_o = attn.out_proj.weight.view(d, attn.num_heads, attn.head_dim)  # (d, h, head_dim)
         out = torch.einsum("bhtk,dhk->hbtd", z, w_o)  # (h, b, t, d_model)

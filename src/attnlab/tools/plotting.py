@@ -31,6 +31,7 @@ import io
 import json
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
@@ -361,21 +362,27 @@ def _as_panels(weights: Any) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     return stack.reshape(layers * heads, *stack.shape[-2:]), index  # (panels, t_q, t_k)
 
 
-def _panel_svg(
-    matrix: torch.Tensor,
-    rows: list[str],
-    cols: list[str],
-    *,
-    panel: int,
-    name: str,
-    vmin: float,
-    vmax: float,
-    xlabel: str,
-    ylabel: str,
-    hidden: bool,
-    cell: int,
-    annotate: bool,
-) -> str:
+@dataclass(frozen=True)
+class _Grid:
+    """What the panels of one interactive heatmap share: labels, colour scale, cell size."""
+
+    rows: list[str]
+    cols: list[str]
+    vmin: float
+    vmax: float
+    xlabel: str
+    ylabel: str
+    cell: int
+    annotate: bool
+
+
+def _text(attributes: str, label: str) -> str:
+    """An SVG text in the page's colour: an axis label or a row or column label."""
+    return f'<text {attributes} fill="currentColor">{escape(label)}</text>'
+
+
+def _panel_svg(matrix: torch.Tensor, grid: _Grid, *, panel: int, name: str, hidden: bool) -> str:
+    rows, cols, cell, vmin = grid.rows, grid.cols, grid.cell, grid.vmin
     t_q, t_k = matrix.shape
     left = _TITLE_GAP + round(max(map(_label_width, rows))) + 8  # axis name, labels, gap
     # Column labels are turned 45 degrees: their height is their length over sqrt(2).
@@ -385,7 +392,7 @@ def _panel_svg(
     right = max(4, round(longest * 0.71) - cell // 2 + 4)
     width = left + t_k * cell + right
     height = top + t_q * cell + 4
-    span = vmax - vmin
+    span = grid.vmax - vmin
     # The `hidden` attribute hides HTML elements only, so each SVG sits in a <div>.
     parts = [
         f'<div class="attn-heatmap-panel" data-panel="{panel}" '
@@ -396,24 +403,18 @@ def _panel_svg(
         f'role="group" aria-label="{escape(name)}">',
         f"<title>{escape(name)}</title>",
         f'<text x="{left + t_k * cell / 2:g}" y="12" text-anchor="middle" '
-        f'fill="currentColor" font-weight="600">{escape(xlabel)}</text>',
+        f'fill="currentColor" font-weight="600">{escape(grid.xlabel)}</text>',
         f'<text transform="translate(13 {top + t_q * cell / 2:g}) rotate(-90)" '
-        f'text-anchor="middle" fill="currentColor" font-weight="600">{escape(ylabel)}</text>',
+        f'text-anchor="middle" fill="currentColor" font-weight="600">{escape(grid.ylabel)}</text>',
     ]
     for j, col in enumerate(cols):
         x = left + j * cell + cell / 2
-        parts.append(
-            f'<text class="attn-heatmap-col" data-k="{j}" '
-            f'transform="translate({x:g} {top - 6}) rotate(-45)" fill="currentColor">'
-            f"{escape(col)}</text>"
-        )
+        where = f'transform="translate({x:g} {top - 6}) rotate(-45)"'
+        parts.append(_text(f'class="attn-heatmap-col" data-k="{j}" {where}', col))
     for i, row in enumerate(rows):
         y = top + i * cell + cell / 2
-        parts.append(
-            f'<text class="attn-heatmap-row" data-q="{i}" x="{left - 8}" y="{y:g}" '
-            f'text-anchor="end" dominant-baseline="central" fill="currentColor">'
-            f"{escape(row)}</text>"
-        )
+        where = f'x="{left - 8}" y="{y:g}" text-anchor="end" dominant-baseline="central"'
+        parts.append(_text(f'class="attn-heatmap-row" data-q="{i}" {where}', row))
     for i in range(t_q):
         for j in range(t_k):
             value = float(matrix[i, j])
@@ -429,7 +430,7 @@ def _panel_svg(
                     f'<text x="{x + cell / 2:g}" y="{y + cell / 2:g}" text-anchor="middle" '
                     f'dominant-baseline="central" font-size="11" pointer-events="none" '
                     f'fill="{"#ffffff" if position > 0.55 else "#1a1a1a"}">{value:.2f}</text>'
-                    if annotate
+                    if grid.annotate
                     else ""
                 )
                 + "</g>"
@@ -568,23 +569,9 @@ def interactive_heatmap(
     out.append(
         '<div class="attn-heatmap-scroll" style="overflow-x:auto;max-width:100%;padding:0 0 .3em">'
     )
+    grid = _Grid(rows, cols, vmin, top, xlabel, ylabel, cell_size, annotate)
     for panel, name in enumerate(names):
-        out.append(
-            _panel_svg(
-                stack[panel],
-                rows,
-                cols,
-                panel=panel,
-                name=name,
-                vmin=vmin,
-                vmax=top,
-                xlabel=xlabel,
-                ylabel=ylabel,
-                hidden=panel > 0,
-                cell=cell_size,
-                annotate=annotate,
-            )
-        )
+        out.append(_panel_svg(stack[panel], grid, panel=panel, name=name, hidden=panel > 0))
     out.append("</div>")
     # Shown by the script while the drawing is wider than its box (a phone's column).
     out.append(

@@ -3,6 +3,7 @@
 Each takes `--json`, some of its settings (a frozen dataclass whose defaults are the
 options' defaults), `--threads` and `--seed`, and where it draws figures `--out-dir` and
 `--replot`; each writes its results, and redraws and writes its figures, the same way.
+Their settings are checked here too: every int a positive size or count.
 """
 
 from __future__ import annotations
@@ -111,3 +112,25 @@ def run(bench: Bench, argv: Sequence[str]) -> int:
         for path in paths:
             print(path)
     return 0
+
+
+def check_sizes(settings: Any) -> None:
+    """Raise a ValueError unless every int setting is a positive int.
+
+    A benchmark's settings (see `Bench.settings`) are sizes and counts, which must be
+    positive ints (not bools); a setting whose default is a bool is a switch, and one
+    whose default is a tuple a list of lengths, which each benchmark checks itself.
+    """
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if type(field.default) is not int:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field.name} must be a positive int, got {value!r}")
+
+
+def check_contexts(contexts: tuple[int, ...]) -> None:
+    """Raise a ValueError unless `contexts` (tokens cached before the timed steps) is a
+    non-empty tuple of positive ints."""
+    if not contexts or any(not isinstance(c, int) or c < 1 for c in contexts):
+        raise ValueError(f"contexts must be positive ints, got {contexts!r}")

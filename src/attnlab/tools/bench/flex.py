@@ -94,10 +94,7 @@ class FlexSettings:
     block_size: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("window", "batch", "heads", "head_dim", "rounds", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _command.check_sizes(self)
         if not self.lengths or any(not isinstance(t, int) or t < 16 for t in self.lengths):
             raise ValueError(f"lengths must be ints of at least 16, got {self.lengths!r}")
 

@@ -92,17 +92,12 @@ class LinearSettings:
     rounds: int = 20
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if name == "contexts":
-                continue
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _command.check_sizes(self)
         if self.num_layers % 4:
             raise ValueError(
                 f"num_layers must be a multiple of 4 (the 3 : 1 hybrid), got {self.num_layers}"
             )
-        if not self.contexts or any(not isinstance(t, int) or t < 1 for t in self.contexts):
-            raise ValueError(f"contexts must be positive ints, got {self.contexts!r}")
+        _command.check_contexts(self.contexts)
 
 
 def decoder_config(model: str, settings: LinearSettings) -> DecoderConfig:

@@ -111,13 +111,8 @@ class LLMSettings:
     context_rounds: int = 5
 
     def __post_init__(self) -> None:
-        names = ("new_tokens", "prefill_tokens", "context_steps", "rounds", "prefill_rounds")
-        for name in (*names, "context_rounds"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not self.contexts or any(not isinstance(c, int) or c < 1 for c in self.contexts):
-            raise ValueError(f"contexts must be positive ints, got {self.contexts!r}")
+        _command.check_contexts(self.contexts)
+        _command.check_sizes(self)
 
 
 def generate(impl: str, model: Any, ids: Tensor, new_tokens: int, *, cache: Any = None) -> Tensor:

@@ -119,21 +119,7 @@ class ServingSettings:
     flex: bool = True
 
     def __post_init__(self) -> None:
-        names = (
-            "batch",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "num_layers",
-            "block_size",
-            "decode_rounds",
-            "throughput_rounds",
-            "static_batch",
-        )
-        for name in names:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _command.check_sizes(self)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
