@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from attnlab.functional.backends import Backend, backend_for
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet
-from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.mla import MultiHeadLatentAttention, latent_sizes
 from attnlab.layers.mlp import MoEConfig
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norms import QKNormSpec
@@ -430,10 +430,7 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
     mla = cls(
         hf.hidden_size,
         hf.num_heads,
-        kv_lora_rank=hf.kv_lora_rank,
-        qk_nope_head_dim=hf.qk_nope_head_dim,
-        qk_rope_head_dim=hf.qk_rope_head_dim,
-        v_head_dim=hf.v_head_dim,
+        **latent_sizes(hf),
         q_lora_rank=hf.q_lora_rank,
         rope=Rope(rope_base, "interleaved" if interleave else "half", None, scaling),
         softmax_scale=float(hf.scaling),

@@ -45,7 +45,7 @@ from torch import nn
 
 from attnlab.caches.kv import StaticKVCache
 from attnlab.layers.gqa import GroupedQueryAttention
-from attnlab.layers.mla import MultiHeadLatentAttention
+from attnlab.layers.mla import MultiHeadLatentAttention, latent_sizes
 from attnlab.rules._provenance import begin, command_line
 from attnlab.tools.bench.measure import CpuUse, interleaved, round_floats, summary
 
@@ -105,10 +105,7 @@ def _layers(shape: DecodeShape) -> dict[str, nn.Module]:
     mla = MultiHeadLatentAttention(
         shape.d_model,
         shape.num_heads,
-        kv_lora_rank=shape.kv_lora_rank,
-        qk_nope_head_dim=shape.qk_nope_head_dim,
-        qk_rope_head_dim=shape.qk_rope_head_dim,
-        v_head_dim=shape.v_head_dim,
+        **latent_sizes(shape),
     ).eval()
     layers["MLA naive"] = layers["MLA absorbed"] = mla
     return layers
