@@ -31,7 +31,7 @@ both forms; they are equal.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import torch
 from torch import Tensor, nn
@@ -63,19 +63,34 @@ from attnlab.rules.rope import (
 from attnlab.rules.rope_scaling import yarn_mscale
 from attnlab.rules.scores import ScoreRule
 
-__all__ = ["LATENT_SIZES", "MultiHeadLatentAttention", "latent_sizes", "mla_softmax_scale"]
+__all__ = [
+    "LATENT_SIZES",
+    "LatentSizes",
+    "MultiHeadLatentAttention",
+    "latent_sizes",
+    "mla_softmax_scale",
+]
 
 
-LATENT_SIZES = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-"""The four sizes of MLA's latent layout, named as DeepSeek's configurations and layers name
-them, so that a port and a benchmark read them from any object that carries them."""
+class LatentSizes(TypedDict):
+    """The four sizes of MLA's latent layout, named as DeepSeek's configurations and layers
+    name them, so that a port and a benchmark read them from any object that carries them."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
-def latent_sizes(source: object) -> dict[str, int]:
-    """The [`LATENT_SIZES`][attnlab.layers.mla.LATENT_SIZES] of `source` (a transformers
-    layer or config, a benchmark's shape), as keywords for
+LATENT_SIZES = tuple(LatentSizes.__annotations__)
+"""The names of [`LatentSizes`][attnlab.layers.mla.LatentSizes], in order."""
+
+
+def latent_sizes(source: object) -> LatentSizes:
+    """The [`LatentSizes`][attnlab.layers.mla.LatentSizes] of `source` (a transformers layer
+    or config, a benchmark's shape), as keywords for
     [`MultiHeadLatentAttention`][attnlab.layers.mla.MultiHeadLatentAttention]."""
-    return {name: int(getattr(source, name)) for name in LATENT_SIZES}
+    return cast(LatentSizes, {name: int(getattr(source, name)) for name in LATENT_SIZES})
 
 
 def mla_softmax_scale(
