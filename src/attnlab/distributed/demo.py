@@ -38,7 +38,15 @@ from attnlab.distributed.ring import (
 )
 from attnlab.rules._provenance import begin, command_line, provenance
 
-__all__ = ["demo_rank", "format_rows", "hello", "main", "run_demo", "torch_context_parallel"]
+__all__ = [
+    "add_shape_arguments",
+    "demo_rank",
+    "format_rows",
+    "hello",
+    "main",
+    "run_demo",
+    "torch_context_parallel",
+]
 
 
 def hello(rank: int, world_size: int) -> str:
@@ -164,13 +172,21 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def add_shape_arguments(
+    parser: argparse.ArgumentParser, *, length: int, heads: int, head_dim: int
+) -> None:
+    """The flags of a ring run's shape, `--length`, `--heads` and `--head-dim`, with these
+    defaults: the demo's and the ring benchmark's command lines take the same three."""
+    parser.add_argument("--length", type=int, default=length, help="positions T")
+    parser.add_argument("--heads", type=int, default=heads, help="attention heads")
+    parser.add_argument("--head-dim", type=int, default=head_dim, help="features per head")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: spawn `--world-size` processes, or join the group `torchrun` made."""
     parser = argparse.ArgumentParser(prog="python -m attnlab.distributed.demo")
     parser.add_argument("--world-size", type=int, help="processes to spawn (not with torchrun)")
-    parser.add_argument("--length", type=int, default=1000, help="positions T")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=16)
+    add_shape_arguments(parser, length=1000, heads=4, head_dim=16)
     parser.add_argument("--layout", choices=["contiguous", "zigzag"], default="zigzag")
     parser.add_argument("--no-causal", dest="causal", action="store_false")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank may wait")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attnlab.distributed.demo import add_shape_arguments
 from attnlab.distributed.launch import spawn
 from attnlab.distributed.ring import RingStats, ShardLayout, ring_attention, shard_sequence
 from attnlab.rules._provenance import begin, command_line, provenance
@@ -193,9 +194,7 @@ def format_results(results: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: run the benchmark, print the table, optionally save JSON."""
     parser = argparse.ArgumentParser(prog="python -m attnlab.tools.bench.ring")
-    parser.add_argument("--length", type=int, default=8192)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
+    add_shape_arguments(parser, length=8192, heads=8, head_dim=64)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     argv = list(sys.argv[1:] if argv is None else argv)
