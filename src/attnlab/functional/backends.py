@@ -16,6 +16,13 @@ names the backend and the argument, even with validation off: silently ignoring 
 would give wrong results, and falling back to another kernel would hide that the memory
 saving the user chose is not there.
 
+ALiBi (`rule.alibi_slopes`, one slope per query head) runs on every backend: `"torch"`
+and `"scratch"` get its bias [`alibi_bias`][attnlab.rules.scores.alibi_bias] as a float
+mask `(Hq, L, S)` combined with the causal or window mask and `attn_mask` (PyTorch's
+fused kernel adds it to the scores; the causal flag cannot carry it, so causality
+becomes a mask too), and `"flash"` computes it tile by tile from the slopes, never
+holding the `(L, S)` bias.
+
 Two score changes of 2024-2025 models pass through to every kernel that has them:
 `softcap` (Gemma 2's $c \tanh(x / c)$ on the scaled scores) and `sink_logits` (gpt-oss's one
 learned logit per query head, shape `(Hq,)`, in every row's softmax). PyTorch's fused
@@ -45,8 +52,9 @@ API (internal; modules import these names):
   dropout_p=0.0, enable_gqa=False)`: run attention on the named backend without
   validating (the caller checked at its public boundary). The
   [`ScoreRule`][attnlab.rules.scores.ScoreRule] carries the scale, causality and its
-  alignment, the window, the softcap and the sink logits: one object the layers hand
-  down, and `AttentionCall` holds the arguments, so this signature is written once.
+  alignment, the window, the softcap, the sink logits and ALiBi's slopes: one object the
+  layers hand down, and `AttentionCall` holds the arguments, so this signature is written
+  once.
   `query (..., L, E)`, `key (..., S, E)`, `value (..., S, Ev)`; with `enable_gqa`, `H`
   key/value heads at dim -3 serve `Hq` query heads.
 - `attention_weights(query, key, rule=ScoreRule(), *, ...)`: the weights `(..., L, S)`
@@ -84,7 +92,7 @@ from torch.nn.attention.bias import CausalBias
 from attnlab.functional import sdpa as F
 from attnlab.functional.flash import flash_attention
 from attnlab.rules import masks
-from attnlab.rules.scores import ScoreRule
+from attnlab.rules.scores import ScoreRule, alibi_bias
 
 __all__ = [
     "BACKENDS",
@@ -261,24 +269,34 @@ def materialize(attn_mask: Tensor | None, device: torch.device) -> Tensor | None
 
 
 def _positional_mask(
-    t_q: int, t_k: int, attn_mask: Tensor | None, rule: ScoreRule, device: torch.device
+    query: Tensor, key: Tensor, attn_mask: Tensor | None, rule: ScoreRule
 ) -> tuple[Tensor | None, bool]:
-    """`(attn_mask, is_causal)` for an SDPA-style kernel, with causality and window in it.
+    """`(attn_mask, is_causal)` for an SDPA-style kernel, with causality, window and ALiBi in it.
 
     The fused causal flag is kept where it means the same (top-left, no window, no other
-    mask); otherwise the causal or window mask is built and combined with `attn_mask`.
+    mask, no bias); otherwise the causal or window mask is built and combined with
+    `attn_mask` and ALiBi's bias `(Hq, L, S)`, measured from each query's position among
+    the keys (the rule's alignment), so that a sink logit meets the same scores wherever
+    the queries sit.
     """
-    window, is_causal, align = rule.window, rule.is_causal, rule.align
-    if window is None and not is_causal:
+    t_q, t_k, device = query.shape[-2], key.shape[-2], query.device
+    window, align, slopes = rule.window, rule.align, rule.alibi_slopes
+    causal = rule.is_causal or window is not None
+    if not causal and slopes is None:
         return attn_mask, False
-    if window is None and attn_mask is None and (align == "top-left" or t_q == t_k):
+    plain = window is None and attn_mask is None and slopes is None  # causal only
+    if plain and (align == "top-left" or t_q == t_k):
         return None, True  # PyTorch's own top-left is_causal: the fused path
-    attn_mask = materialize(attn_mask, device)  # combined with another causal rule
-    if align == "bottom-right":
+    attn_mask = materialize(attn_mask, device)  # combined with another rule
+    band, bias = None, None  # no causal rule, no ALiBi
+    if causal and align == "bottom-right":
         band = masks.decode_mask(t_q, t_k, window=window, device=device)  # None: all seen
-    else:
+    elif causal:
         band = masks.band(t_q, t_k, "top-left", window, device)  # (L, S)
-    return masks.combine(band, attn_mask), False
+    if slopes is not None:  # a float mask: PyTorch's causal flag cannot carry a bias
+        o = masks.alignment_offset(t_q, t_k, align)
+        bias = alibi_bias(slopes.to(query.dtype), range(o, o + t_q), range(t_k))  # (Hq, L, S)
+    return masks.combine(bias, band, attn_mask), False
 
 
 def _with_positional_mask(kernel: Callable[..., Tensor]) -> AttentionFunction:
@@ -288,8 +306,7 @@ def _with_positional_mask(kernel: Callable[..., Tensor]) -> AttentionFunction:
 
     def run(call: AttentionCall) -> Tensor:
         query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
-        t_q, t_k = query.shape[-2], key.shape[-2]
-        mask, causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
+        mask, causal = _positional_mask(query, key, attn_mask, rule)
         tensors = (query, key) if value is None else (query, key, value)
         opts = (dropout_p, causal, rule.scale, enable_gqa)
         return kernel(*tensors, mask, *opts, softcap=rule.softcap, sink_logits=rule.sink_logits)
@@ -330,8 +347,7 @@ def _torch(call: AttentionCall) -> Tensor:
     assert value is not None  # attend's calls have values
     if rule.softcap is not None:  # PyTorch's kernel cannot apply tanh to the scores
         check_backend_call("torch", rule, attn_mask=None, dropout_p=0.0)
-    t_q, t_k = query.shape[-2], key.shape[-2]
-    mask, is_causal = _positional_mask(t_q, t_k, attn_mask, rule, query.device)
+    mask, is_causal = _positional_mask(query, key, attn_mask, rule)
     if rule.sink_logits is not None:
         key, value, mask = _sink_as_key(query, key, value, mask, is_causal, rule.sink_logits)
         is_causal = False
@@ -377,6 +393,7 @@ def _flash(call: AttentionCall) -> Tensor:
         align=align,
         softcap=rule.softcap,
         sink_logits=rule.sink_logits,  # one per query head: after repeat_heads as before
+        alibi_slopes=rule.alibi_slopes,
     )
 
 
@@ -401,11 +418,11 @@ def attend(
     """Scaled dot-product attention on `backend`, after the caller's checks.
 
     See the module docstring for the arguments and the causal rule; `rule` holds the
-    scale, causality, window, softcap and sink logits (`(Hq,)`, one per query head), and
-    the keywords `attn_mask=None`, `dropout_p=0.0` and `enable_gqa=False` are those of
-    [`AttentionCall`][attnlab.functional.backends.AttentionCall]. Raises `ValueError`
-    only for a request the backend cannot serve (`"flash"` with a mask or dropout,
-    `"torch"` with a softcap).
+    scale, causality, window, softcap, sink logits and ALiBi slopes (each `(Hq,)`, one per
+    query head), and the keywords `attn_mask=None`, `dropout_p=0.0` and `enable_gqa=False`
+    are those of [`AttentionCall`][attnlab.functional.backends.AttentionCall]. Raises
+    `ValueError` only for a request the backend cannot serve (`"flash"` with a mask or
+    dropout, `"torch"` with a softcap).
 
     Examples:
         >>> q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)

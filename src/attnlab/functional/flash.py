@@ -23,9 +23,10 @@ Kernel API, for code in attnlab that runs the passes itself (ring attention):
 `lse (n, L)` for `q (n, L, E)`, `k (n, S, E)`, `v (n, S, Ev)`; `flash_backward(q, k, v,
 out, lse, grad_out, dq, dk, dv, options)` adds the gradients into `dq`, `dk`, `dv`.
 `options` is a `FlashOptions(is_causal, scale, block_q, block_k, window=None, offset=0,
-softcap=None)`; `offset` places query `i` at key position `i + offset` for the causal
-and window rules (0: top-left; `S - L`: bottom-right, after a KV cache). Inputs must be
-float32 or float64 and contiguous in their last dimension.
+softcap=None, alibi_slopes=None)`; `offset` places query `i` at key position `i + offset`
+for the causal and window rules (0: top-left; `S - L`: bottom-right, after a KV cache);
+`alibi_slopes` holds one ALiBi slope per row, `(n,)`. Inputs must be float32 or float64
+and contiguous in their last dimension.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from attnlab.rules.masks import (
     is_causal_window,
     visible,
 )
+from attnlab.rules.scores import alibi_bias, check_alibi_slopes
 
 __all__ = ["TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
@@ -85,6 +87,7 @@ def flash_attention(
     align: Alignment = "top-left",
     softcap: float | None = None,
     sink_logits: Tensor | None = None,
+    alibi_slopes: Tensor | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention in tiles (FlashAttention), with its own backward pass.
 
@@ -119,7 +122,12 @@ def flash_attention(
     row's output and log-sum-exp after the tiles
     ([`merge_sinks`][attnlab.functional.flash.merge_sinks]), so the saved log-sum-exp
     includes it and the backward of $Q$, $K$, $V$ needs nothing more; the sink logits'
-    own gradient is $-\sum_i p_{i,\text{sink}}\, (dO_i \cdot O_i)$.
+    own gradient is $-\sum_i p_{i,\text{sink}}\, (dO_i \cdot O_i)$. `alibi_slopes` (ALiBi,
+    Press et al., 2022, https://arxiv.org/abs/2108.12409), one slope $m_h$ per head, adds
+    $m_h (j - i - o)$ to each tile's scores after the softcap, computed from the tile's
+    positions ($o$: the queries' offset of `align`), so the `(L, S)` bias is never held;
+    the backward pass adds it again when it recomputes a tile (a constant of $Q$ and $K$,
+    it changes no derivative).
 
     float16 and bfloat16 inputs are computed in float32 and the result cast back. Under
     `torch.autocast`, the inputs are first cast to the autocast dtype (float64 excepted),
@@ -147,6 +155,9 @@ def flash_attention(
         sink_logits: Learned attention sinks (gpt-oss), one logit per head `(H,)` for inputs
             `(..., H, L, E)`: each row's softmax gets one more entry with this logit and
             no value. Differentiable; its gradient is computed in the backward pass.
+        alibi_slopes: ALiBi's slopes, one per head `(H,)` for inputs `(..., H, L, E)`
+            (e.g. [`alibi_slopes`][attnlab.functional.flex.alibi_slopes]`(H)`); not
+            differentiated.
         block_size: Rows of a tile, `block_q` for the queries and `block_k` for the keys;
             one int sets both. Any positive sizes give the same result; they trade the
             memory of a tile (`n * block_q * block_k` floats for `n` batch and head
@@ -162,8 +173,8 @@ def flash_attention(
             wrong type.
         ValueError: If the shapes, dtypes or devices of `query`, `key` and `value` do not
             fit together, a block size, the window or `softcap` is not positive, `align`
-            is not one of the two, or `sink_logits` is not one logit per head on the query's
-            device.
+            is not one of the two, or `sink_logits` (`alibi_slopes`) is not one logit
+            (slope) per head on the query's device.
         RuntimeError: If a second derivative is asked of the backward pass (the error
             comes from the second backward, not from this call).
 
@@ -194,6 +205,7 @@ def flash_attention(
         check_choice("align", align, get_args(Alignment))
         heads = query.shape[-3] if query.ndim > 2 else None  # one sink logit for each
         check_score_changes(softcap, sink_logits, query, heads)
+        check_alibi_slopes("alibi_slopes", alibi_slopes, heads, like=query)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     options = FlashOptions(
@@ -205,6 +217,7 @@ def flash_attention(
         # Query i sits at key position i + offset for the causal and window rules.
         offset=alignment_offset(query.shape[-2], key.shape[-2], align),
         softcap=softcap,
+        alibi_slopes=alibi_slopes,  # one per head: _flash spreads them over the rows
     )
     return _flash(query, key, value, sink_logits, options)
 
@@ -214,7 +227,8 @@ class FlashOptions(NamedTuple):
 
     Query `i` sits at key position `i + offset` for the causal and window rules (0:
     top-left; `S - L`: bottom-right, after a KV cache); `is_causal` is already True
-    when there is a `window`; `scale` is a float.
+    when there is a `window`; `scale` is a float; `alibi_slopes` holds one ALiBi slope
+    per row of the passes' inputs, `(n,)`.
     """
 
     is_causal: bool
@@ -224,6 +238,12 @@ class FlashOptions(NamedTuple):
     window: int | None = None
     offset: int = 0
     softcap: float | None = None
+    alibi_slopes: Tensor | None = None
+
+    def rows(self, h: slice) -> FlashOptions:
+        """The options of the rows `h` of the inputs: their own ALiBi slopes."""
+        slopes = self.alibi_slopes
+        return self if slopes is None else self._replace(alibi_slopes=slopes[h])
 
 
 @autocast_kernel(inputs=3)
@@ -236,8 +256,8 @@ def _flash(
     n = math.prod(batch)
     wide = compute_dtype(query.dtype)  # float16/bfloat16 are computed in float32
     q, k, v = query.to(wide), key.to(wide), value.to(wide)
-    if sink_logits is not None:  # one logit per head -> one per row of the flattened batch
-        sink_logits = sink_logits.to(wide).expand(*batch[:-1], batch[-1]).reshape(n)  # (n,)
+    sink_logits = _per_row(sink_logits, batch, wide)  # (n,)
+    options = options._replace(alibi_slopes=_per_row(options.alibi_slopes, batch, wide))
     out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
         q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
         k.reshape(n, t_k, e),  # (n, S, E)
@@ -246,6 +266,13 @@ def _flash(
         options,
     )
     return out.reshape(*batch, t_q, e_v)  # (..., L, Ev)
+
+
+def _per_row(per_head: Tensor | None, batch: list[int], dtype: torch.dtype) -> Tensor | None:
+    """One value per head `(H,)` (the last batch dimension) as one per flattened row `(n,)`."""
+    if per_head is None:
+        return None
+    return per_head.to(dtype).expand(*batch[:-1], batch[-1]).reshape(-1)  # (n,)
 
 
 def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Tensor, Tensor]:
@@ -272,7 +299,7 @@ class _FlashAttention(torch.autograd.Function):
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
         for h in _head_groups(n, min(options.block_q, t_q) * min(options.block_k, t_k)):
-            flash_forward(q[h], k[h], v[h], out[h], lse[h], options)
+            flash_forward(q[h], k[h], v[h], out[h], lse[h], options.rows(h))
         if sink_logits is not None:  # after every row's last tile: see merge_sinks
             out, lse = merge_sinks(out, lse, sink_logits)
         ctx.save_for_backward(q, k, v, out, lse, *([] if sink_logits is None else [sink_logits]))
@@ -290,7 +317,7 @@ class _FlashAttention(torch.autograd.Function):
             n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
             for h in _head_groups(n, min(options.block_q, t_q) * min(options.block_k, t_k)):
                 inputs = (q[h], k[h], v[h], out[h], lse[h], grad_out[h])
-                flash_backward(*inputs, dq[h], dk[h], dv[h], options)
+                flash_backward(*inputs, dq[h], dk[h], dv[h], options.rows(h))
             # The sink has no value, so its dP is 0 and the softmax's backward leaves
             # dsink = sum_i P_i,sink (0 - D_i), with D_i = dO_i . O_i and
             # P_i,sink = exp(sink - lse_i): the saved lse includes the sink.
@@ -496,9 +523,10 @@ def flash_forward(
     """Fill out (n, L, Ev) and lse (n, L), the log-sum-exp, for q of (n, L, E).
 
     Query i sits at key position i + offset for the causal and window rules. With
-    `softcap`, each score x becomes softcap * tanh(x / softcap).
+    `softcap`, each score x becomes softcap * tanh(x / softcap); `alibi_slopes` (n,)
+    then add ALiBi's m (j - i - offset).
     """
-    is_causal, scale, block_q, block_k, window, offset, softcap = options
+    is_causal, scale, block_q, block_k, window, offset, softcap, slopes = options
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     if t_k == 0:  # no keys at all: PyTorch returns zeros
@@ -511,6 +539,7 @@ def flash_forward(
     k_t = k.transpose(1, 2)  # (n, E, S)
     # A row may see no key at all: with a window, or queries placed before the keys.
     sparse = window is not None or (is_causal and offset < 0)
+    alibi2 = None if slopes is None else slopes * _LOG2_E  # (n,), base 2 like the scores
     for i0 in range(0, t_q, block_q):
         i1 = min(i0 + block_q, t_q)
         a0, a1 = i0 + offset, i1 + offset  # the queries' positions among the keys
@@ -529,6 +558,8 @@ def flash_forward(
             torch.bmm(q_i, k_t[:, :, j0:j1], out=s)  # this tile's scores
             if softcap is not None:  # s = x / c: now c tanh(x / c), in base 2
                 s.tanh_().mul_(softcap * _LOG2_E)
+            if alibi2 is not None:  # this tile's part of the bias, never the whole (L, S)
+                s.add_(alibi_bias(alibi2, range(a0, a1), range(j0, j1)))
             if _needs_bias(a0, a1, j0, j1, is_causal, window):
                 s.add_(_bias(a0, a1, j0, j1, window, s))
             if j0 == starts[0]:
@@ -577,9 +608,10 @@ def flash_backward(
 ) -> None:
     """Add the gradients with respect to q, k and v into dq, dk, dv (zeros).
 
-    Query i sits at key position i + offset, as in the forward pass; `softcap` as there.
+    Query i sits at key position i + offset, as in the forward pass; `softcap` and
+    `alibi_slopes` as there.
     """
-    is_causal, scale, block_q, block_k, window, offset, softcap = options
+    is_causal, scale, block_q, block_k, window, offset, softcap, slopes = options
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     if t_k == 0 or t_q == 0:
@@ -596,6 +628,7 @@ def flash_backward(
     tile_dp = torch.empty_like(tile_p)
     tile_t = None if softcap is None else torch.empty_like(tile_p)
     cap2 = 0.0 if softcap is None else softcap * _LOG2_E
+    alibi2 = None if slopes is None else slopes * _LOG2_E  # (n,), base 2
     for j0 in range(0, t_k, block_k):
         j1 = min(j0 + block_k, t_k)
         k_j, v_j = k[:, j0:j1], v[:, j0:j1]  # (n, cols, E), (n, cols, Ev)
@@ -614,6 +647,8 @@ def flash_backward(
             if tile_t is not None:  # softcap: keep t = tanh(x / c) for its derivative
                 t = torch.tanh(p, out=tile_t[: n * rows * cols].view(n, rows, cols))
                 torch.mul(t, cap2, out=p)
+            if alibi2 is not None:  # the forward's bias, again: constant in q and k
+                p.add_(alibi_bias(alibi2, range(a0, a1), range(j0, j1)))
             if _needs_bias(a0, a1, j0, j1, is_causal, window):
                 p.add_(_bias(a0, a1, j0, j1, window, p))
             p.sub_(lse2[:, i0:i1]).exp2_()  # P_ij = exp(s_ij - lse_i)

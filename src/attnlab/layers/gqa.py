@@ -68,7 +68,7 @@ from attnlab.rules.rope import (
     rope_cos_sin,
     rotate,
 )
-from attnlab.rules.scores import ScoreRule
+from attnlab.rules.scores import ScoreRule, check_alibi_slopes
 
 __all__ = ["GroupedQueryAttention", "HeadGates", "check_attention_inputs"]
 
@@ -155,8 +155,11 @@ def check_attention_inputs(
     return x
 
 
-def _check_scores(scores: object) -> tuple[int | None, float | None, float | None]:
-    """A layer's `scores` rule as its `(window, scale, softcap)`; raise naming `scores`.
+def _check_scores(
+    scores: object, num_heads: int
+) -> tuple[int | None, float | None, float | None, Tensor | None]:
+    """A layer's `scores` rule as its `(window, scale, softcap, alibi_slopes)`; raise
+    naming `scores`.
 
     Causality and learned sinks are the layer's per call and its own parameter, so a
     rule that sets them is refused rather than silently overridden.
@@ -170,7 +173,9 @@ def _check_scores(scores: object) -> tuple[int | None, float | None, float | Non
         )
     window = check_window(scores.window, None)
     scale = check_scale("scores.scale", scores.scale)
-    return window, scale, check_softcap("scores.softcap", scores.softcap)
+    softcap = check_softcap("scores.softcap", scores.softcap)
+    slopes = check_alibi_slopes("scores.alibi_slopes", scores.alibi_slopes, num_heads)
+    return window, scale, softcap, slopes
 
 
 def _check_spec(name: str, spec: object, cls: type[_Spec]) -> _Spec | None:
@@ -215,13 +220,11 @@ def _rotate(x: Tensor, cos_sin: tuple[Tensor, Tensor], rope: Rope, dims: int) ->
 class GroupedQueryAttention(nn.Module):
     r"""Causal grouped-query self-attention with optional RoPE, sliding window and KV cache.
 
-    The projections are named as in Hugging Face's Llama: `q_proj` maps `d_model` to
-    `num_heads * head_dim` features, `k_proj` and `v_proj` to `num_kv_heads * head_dim`,
-    and `out_proj` maps the concatenated heads back to `d_model`. Each query sees itself
-    and the tokens before it in absolute positions: with a
-    [`KVCache`][attnlab.caches.kv.KVCache], `forward` appends the new keys and values and
-    attends from the new queries to the cached tokens (the causal mask bottom-right), so
-    cached decoding gives the outputs of one forward pass over the whole sequence.
+    The projections `q_proj`, `k_proj`, `v_proj` and `out_proj` are named and shaped as in
+    Hugging Face's Llama (the API page's table). Each query sees itself and the tokens
+    before it in absolute positions: with a [`KVCache`][attnlab.caches.kv.KVCache], `forward`
+    appends the new keys and values and attends from the new queries to the cached tokens
+    (the causal mask bottom-right), so cached decoding equals one pass over the sequence.
 
     Args:
         d_model: Features per token, in and out.
@@ -233,9 +236,9 @@ class GroupedQueryAttention(nn.Module):
         bias: Whether `q_proj`, `k_proj` and `v_proj` (and `gate_proj`) have a bias.
         out_bias: Whether `out_proj` has a bias; default `bias` (Qwen2: False, `bias=True`).
         rope: RoPE's rule, a [`Rope`][attnlab.rules.rope.Rope]; None for a NoPE layer.
-        scores: A [`ScoreRule`][attnlab.rules.scores.ScoreRule] with a `window` (keys per
-            query, itself included), `scale` (default $1 / \sqrt{\text{head\_dim}}$) or
-            `softcap` (not on `backend="torch"`); causality and sinks are not its to set.
+        scores: A [`ScoreRule`][attnlab.rules.scores.ScoreRule]: `window` (keys per query,
+            itself included), `scale`, `softcap` (not on `backend="torch"`), `alibi_slopes`
+            (one per query head, kept as a buffer); not causality or sinks, the layer's own.
         qk_norm: Learned RMSNorms `q_norm`, `k_norm` of the queries and keys before RoPE
             ([`QKNormSpec`][attnlab.layers.norms.QKNormSpec]); None for none.
         gates: Learned sinks (`sink_logits`) and an output gate (`gate_proj`) as a
@@ -301,7 +304,9 @@ class GroupedQueryAttention(nn.Module):
         self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
         self.rope_dims = check_rope(rope, self.head_dim) or self.head_dim
         self.rope = rope
-        self.window, self.scale, self.softcap = _check_scores(scores)
+        self.window, self.scale, self.softcap, slopes = _check_scores(scores, self.num_heads)
+        self.register_buffer("alibi_slopes", slopes, persistent=False)  # moves with .to()
+        self.alibi_slopes: Tensor | None
         qk_norm = _check_spec("qk_norm", qk_norm, QKNormSpec)
         self.qk_norm = None if qk_norm is None else qk_norm.check()
         gates = _check_spec("gates", gates, HeadGates)
@@ -340,6 +345,7 @@ class GroupedQueryAttention(nn.Module):
             + ("" if self.qk_norm is None else f"qk_norm={self.qk_norm}, ")
             + ("" if self.softcap is None else f"softcap={self.softcap}, ")
             + ("" if self.gates == HeadGates() else f"gates={self.gates}, ")
+            + ("" if self.alibi_slopes is None else "alibi=True, ")
             + f"dropout={self.dropout}, backend={self.backend!r}"
         )
 
@@ -433,7 +439,7 @@ class GroupedQueryAttention(nn.Module):
             cache: A [`KVCache`][attnlab.caches.kv.KVCache] to append the new keys and
                 values to, or another [`AttentionCache`][attnlab.caches.kv.AttentionCache]
                 that attends itself (`ragged`: then with no `attn_mask`, window, dropout,
-                scale, softcap, sinks or weights).
+                scale, softcap, sinks, ALiBi or weights).
             attn_mask: An extra mask, combined with the causal one: bool (True = attend)
                 or float (added), broadcastable to `(b, num_heads, t, cache.seen + t)`.
             is_causal: Hide from each query the keys after it in absolute positions;
@@ -466,11 +472,11 @@ class GroupedQueryAttention(nn.Module):
             window=window,
             softcap=self.softcap,
             sink_logits=self.sink_logits,
+            alibi_slopes=self.alibi_slopes,
         )
         check_backend_call(self.backend, rule, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
-        if unbatched:
-            x = x.unsqueeze(0)  # (1, t, d_model)
+        x = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
         q, k = self._qk_normed(self.q_proj(x), self.k_proj(x), "projection")  # OLMo 2
         q = split_heads(q, self.num_heads)  # (b, h, t, head_dim)
         k = split_heads(k, self.num_kv_heads)  # (b, h_kv, t, head_dim)
@@ -482,12 +488,12 @@ class GroupedQueryAttention(nn.Module):
                 position_embeddings = _rope_tables(self.rope, self.rope_dims, positions, past, x)
             q = _rotate(q, position_embeddings, self.rope, self.rope_dims)  # (b, h, t, head_dim)
             k = _rotate(k, position_embeddings, self.rope, self.rope_dims)
-        rules = (attn_mask, self.window, self.scale, self.softcap, self.sink_logits)
-        unserved = dropout_p or need_weights or any(r is not None for r in rules)
+        scores = (self.window, self.scale, self.softcap, self.sink_logits, self.alibi_slopes)
+        unserved = dropout_p or need_weights or any(r is not None for r in (attn_mask, *scores))
         if cache is not None and cache.ragged and unserved:
             raise ValueError(
                 f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                "window, dropout, need_weights, scale, softcap or sink_logits"
+                "window, dropout, need_weights, scale, softcap, sink_logits or alibi_slopes"
             )
         attended: list[tuple[Tensor, Tensor | None]] = []  # keys and mask, for need_weights
 
@@ -530,10 +536,9 @@ class GroupedQueryAttention(nn.Module):
         """A `GroupedQueryAttention` with the weights and settings of a Hugging Face layer.
 
         Accepts the attention layers of `transformers`' Llama, Mistral, Qwen2, StableLM
-        (partial RoPE, not its `qk_layernorm`), SmolLM3 (NoPE layers), Qwen3, Gemma 3 and
-        OLMo 2 (QK-norm), Gemma 2 (softcapping) and gpt-oss (learned sinks), and subclasses.
-        The weights map one to one (`o_proj` is `out_proj`, `sinks` is `sink_logits`); the
-        API page lists the settings read from the config and the layer.
+        (partial RoPE), SmolLM3 (NoPE layers), Qwen3, Gemma 3 and OLMo 2 (QK-norm), Gemma 2
+        (softcapping), gpt-oss (learned sinks) and their subclasses; the API page lists the
+        weights it maps one to one and the settings it reads from the config and the layer.
 
         Args:
             module: The Hugging Face attention layer.

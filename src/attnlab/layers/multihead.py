@@ -42,7 +42,7 @@ from attnlab.rules._validation import (
     entry,
     mask_float_dtypes,
 )
-from attnlab.rules.scores import ScoreRule
+from attnlab.rules.scores import ScoreRule, check_alibi_slopes
 
 __all__ = [
     "MultiHeadAttention",
@@ -60,10 +60,6 @@ class MultiHeadAttention(nn.Module):
     `vdim` of `nn.MultiheadAttention`). All backends give the same outputs; switch at any
     time by assigning `module.backend`.
 
-    [`from_torch`][attnlab.MultiHeadAttention.from_torch] and
-    [`to_torch`][attnlab.MultiHeadAttention.to_torch] copy the weights from and to
-    `nn.MultiheadAttention`; the two modules then compute the same function.
-
     Args:
         d_in: Features per token of `x`.
         d_out: Features of the output, split over the heads; a multiple of `num_heads`.
@@ -73,6 +69,9 @@ class MultiHeadAttention(nn.Module):
             `d_context`.
         dropout: Probability of dropping an attention weight, in training mode only.
         bias: Whether the four projections have a bias.
+        alibi_slopes: ALiBi (BLOOM, MPT): one slope per head, `(num_heads,)`, the
+            [`ScoreRule`][attnlab.rules.scores.ScoreRule] field of that name, kept as a
+            buffer; e.g. [`alibi_slopes`][attnlab.functional.flex.alibi_slopes]`(num_heads)`.
         backend: `"torch"` (PyTorch's fused kernel), `"scratch"` (attnlab's) or
             `"flash"` (attnlab's FlashAttention: no mask but `is_causal`/`window`, no dropout).
 
@@ -84,7 +83,8 @@ class MultiHeadAttention(nn.Module):
     Raises:
         TypeError: If a size is not an int, `dropout` not a number or `bias` not a bool.
         ValueError: If a size is not positive, `d_out` is not a multiple of `num_heads`,
-            `dropout` is not in [0, 1) or `backend` is unknown.
+            `dropout` is not in [0, 1), `alibi_slopes` is not one slope per head or
+            `backend` is unknown.
 
     Examples:
         >>> _ = torch.manual_seed(0)
@@ -115,6 +115,7 @@ class MultiHeadAttention(nn.Module):
         d_value: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        alibi_slopes: Tensor | None = None,
         backend: Backend = "torch",
     ) -> None:
         super().__init__()
@@ -126,6 +127,9 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = check_multiple("d_out", d_out, "num_heads", num_heads)
         self.dropout = check_probability("dropout", dropout)
         self.bias = check_bool("bias", bias)
+        slopes = check_alibi_slopes("alibi_slopes", alibi_slopes, self.num_heads)
+        self.register_buffer("alibi_slopes", slopes, persistent=False)  # moves with .to()
+        self.alibi_slopes: Tensor | None
         self.backend = backend
         self.W_query = nn.Linear(self.d_in, d_out, bias=bias)
         self.W_key = nn.Linear(self.d_context, d_out, bias=bias)
@@ -141,7 +145,8 @@ class MultiHeadAttention(nn.Module):
             f"d_context={self.d_context}, "
             + (f"d_value={self.d_value}, " if self.d_value != self.d_context else "")
             + f"dropout={self.dropout}, bias={self.bias}, "
-            f"backend={self.backend!r}"
+            + ("" if self.alibi_slopes is None else "alibi=True, ")
+            + f"backend={self.backend!r}"
         )
 
     def _check_inputs(
@@ -263,7 +268,7 @@ class MultiHeadAttention(nn.Module):
         mask = _with_key_padding(attn_mask, key_padding_mask, unbatched)
         if not need_weights:  # before the projections: a request flash cannot serve
             check_backend_call(self.backend, attn_mask=mask, dropout_p=p)
-        rule = ScoreRule(is_causal=is_causal, window=window)
+        rule = ScoreRule(is_causal=is_causal, window=window, alibi_slopes=self.alibi_slopes)
         q = split_heads(self.W_query(x), self.num_heads)  # (b, h, t, head_dim)
         k = split_heads(self.W_key(context), self.num_heads)  # (b, h, s, head_dim)
         v = split_heads(self.W_value(value), self.num_heads)  # (b, h, s, head_dim)
@@ -312,9 +317,8 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.W_query(x), self.num_heads)  # (b, h, t, head_dim)
         k = split_heads(self.W_key(context), self.num_heads)  # (b, h, s, head_dim)
         mask = _with_key_padding(attn_mask, key_padding_mask, unbatched)
-        weights = attention_weights(
-            q, k, ScoreRule(is_causal=is_causal, window=window), attn_mask=mask
-        )
+        rule = ScoreRule(is_causal=is_causal, window=window, alibi_slopes=self.alibi_slopes)
+        weights = attention_weights(q, k, rule, attn_mask=mask)
         return weights[0] if unbatched else weights  # (b, h, t, s)
 
     # -- interoperability with PyTorch ---------------------------------------------------
@@ -375,7 +379,8 @@ class MultiHeadAttention(nn.Module):
             and training mode).
 
         Raises:
-            ValueError: If `d_in != d_out`: PyTorch's module has one `embed_dim` for both.
+            ValueError: If `d_in != d_out` (PyTorch's module has one `embed_dim` for both)
+                or the module has `alibi_slopes` (PyTorch's has no ALiBi).
 
         Examples:
             >>> mha = MultiHeadAttention(d_in=8, d_out=8, num_heads=4, d_context=6).eval()
@@ -386,6 +391,10 @@ class MultiHeadAttention(nn.Module):
             >>> torch.allclose(mha(x, c), torch_mha(x, c, c)[0], atol=1e-6)
             True
         """
+        if self.alibi_slopes is not None:
+            raise ValueError(
+                "nn.MultiheadAttention has no ALiBi: a module with alibi_slopes has no equal there"
+            )
         from attnlab.models import interop  # a folder above this one: imported when called
 
         return interop.mha_to_torch(self)

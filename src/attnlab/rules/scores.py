@@ -3,25 +3,38 @@ r"""The score rule: how one call turns $q \cdot k$ into the weights of its softm
 Every attention layer hands its kernel one [`ScoreRule`][attnlab.rules.scores.ScoreRule]
 instead of a list of keywords, the way `torch.nn.attention.flex_attention` takes one
 `score_mod`: the scale, which keys each query may see (causal, its alignment, a sliding
-window), Gemma 2's softcap and gpt-oss's learned sink logits. The kernel registry
-([`attend`][attnlab.functional.backends.attend]) takes the rule and each backend reads the
-fields it implements, so a new rule is one field here and one branch per kernel, not a
-keyword threaded through every layer and every signature.
+window), Gemma 2's softcap, gpt-oss's learned sink logits and ALiBi's slopes. The kernel
+registry ([`attend`][attnlab.functional.backends.attend]) takes the rule and each backend
+reads the fields it implements, so a new rule is one field here and one branch per
+kernel, not a keyword threaded through every layer and every signature.
 
 The rule does not check its fields: the layer that builds it checked them at its
 boundary (its constructor, its `forward`), and the public kernels check the keywords
 they take from users.
+
+ALiBi (Press et al., 2022, "Train Short, Test Long", https://arxiv.org/abs/2108.12409;
+BLOOM, MPT) adds to each score a bias that falls linearly with the distance from the
+query to the key, one slope per head, instead of rotating or embedding positions. Its
+slopes have one home, [`flex.alibi_slopes`][attnlab.functional.flex.alibi_slopes], and
+its bias one formula, [`alibi_bias`][attnlab.rules.scores.alibi_bias], which the kernels
+evaluate over the whole score matrix (`"torch"`, `"scratch"`) or tile by tile
+(`"flash"`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
-from attnlab.rules.masks import Alignment
+from attnlab.rules._validation import check_tensor
 
-__all__ = ["ScoreRule"]
+if TYPE_CHECKING:  # for annotations only: at run time it would lengthen the kernels' imports
+    from attnlab.rules.masks import Alignment
+
+__all__ = ["ScoreRule", "alibi_bias", "check_alibi_slopes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,11 +42,22 @@ class ScoreRule:
     r"""The rules of one attention call's scores, read by every backend.
 
     The scores of query $i$ and key $j$ are $x_{ij} = s\, q_i \cdot k_j$, then
-    $c \tanh(x_{ij} / c)$ with a `softcap` $c$; key $j$ is hidden from query $i$ when
+    $c \tanh(x_{ij} / c)$ with a `softcap` $c$, then $+\, m_h (j - i - o)$ with ALiBi's
+    slope $m_h$ for head $h$ (`alibi_slopes`); key $j$ is hidden from query $i$ when
     $j > i + o$ (`is_causal`) and also when $j \le i + o - w$ (`window` $w$, which
     implies causal), where $o = 0$ for `align="top-left"` and $o = S - L$ for
     `"bottom-right"` (the queries are the last `L` of `S` positions, after a KV cache);
     a head's `sink_logits` entry joins each row's softmax with no value.
+
+    The order is the one every backend follows: scale, softcap, ALiBi's bias, the mask,
+    then the softmax with the sink. The softcap bounds the content term $q \cdot k$ only,
+    so ALiBi's penalty keeps growing with the distance (capped after the bias, every
+    far key would sit at $-c$ and the recency ordering that lets ALiBi extrapolate would
+    be lost). The bias is measured from the query's own position ($0$ on the diagonal,
+    $-m_h d$ for a key $d$ tokens back), as in the paper, not from the first token as
+    BLOOM's `build_alibi_tensor` does: the two differ by a constant per row, which the
+    softmax ignores, but a learned sink's logit or a softcap does not, and the distance
+    keeps the sink's share independent of how far into the sequence the query sits.
 
     Attributes:
         scale: The factor $s$, a number or a 0-d tensor; None for $1 / \sqrt{E}$.
@@ -43,6 +67,8 @@ class ScoreRule:
         softcap: Logit softcapping (Gemma 2), a positive float, or None.
         sink_logits: Learned attention sinks (gpt-oss): one logit per query head,
             shape `(Hq,)`, or None.
+        alibi_slopes: ALiBi: one slope per query head, shape `(Hq,)` (e.g.
+            [`alibi_slopes`][attnlab.functional.flex.alibi_slopes]`(Hq)`), or None.
 
     Examples:
         >>> rule = ScoreRule(is_causal=True, align="bottom-right", window=4)
@@ -56,3 +82,65 @@ class ScoreRule:
     window: int | None = None
     softcap: float | None = None
     sink_logits: Tensor | None = None
+    alibi_slopes: Tensor | None = None
+
+
+def alibi_bias(slopes: Tensor, queries: range, keys: range) -> Tensor:
+    r"""ALiBi's bias $m_h (j - i)$ for the queries at positions `queries` and keys at `keys`.
+
+    The one formula of the bias: the kernels that hold all scores call it once over
+    `range(o, o + L)` and `range(S)` (with $o$ the queries' offset among the keys), and
+    FlashAttention once per tile, over that tile's positions.
+
+    Args:
+        slopes: One slope per head (or per flattened batch-and-head row), shape `(n,)`.
+        queries: The queries' positions, in the keys' frame.
+        keys: The keys' positions.
+
+    Returns:
+        The bias `(n, len(queries), len(keys))`, in the slopes' dtype and on their device.
+
+    Examples:
+        >>> alibi_bias(torch.tensor([0.5]), range(2, 4), range(4))
+        tensor([[[-1.0000, -0.5000,  0.0000,  0.5000],
+                 [-1.5000, -1.0000, -0.5000,  0.0000]]])
+    """
+    i = torch.arange(queries.start, queries.stop, device=slopes.device)  # (L,)
+    j = torch.arange(keys.start, keys.stop, device=slopes.device)  # (S,)
+    distance = (j[None, :] - i[:, None]).to(slopes.dtype)  # (L, S), <= 0 where causal
+    return slopes[:, None, None] * distance  # (n, L, S)
+
+
+def check_alibi_slopes(
+    name: str, slopes: object, num_heads: int | None, like: Tensor | None = None
+) -> Tensor | None:
+    """Check ALiBi's slopes: None, or a floating-point tensor of shape `(num_heads,)`.
+
+    `num_heads` is None for queries without a head dimension, which take no slopes. With
+    `like`, the slopes must also be on its device (the kernels' inputs); a layer keeps
+    its slopes as a buffer, which moves with the layer.
+
+    Raises:
+        TypeError: If `slopes` is not a floating-point tensor (or None).
+        ValueError: If it does not hold one slope per head, or is on another device.
+
+    Examples:
+        >>> check_alibi_slopes("alibi_slopes", torch.tensor([0.5, 0.25]), 2)
+        tensor([0.5000, 0.2500])
+    """
+    if slopes is None:
+        return None
+    s = check_tensor(name, slopes)
+    if num_heads is None:
+        raise ValueError(
+            f"{name} holds one ALiBi slope per head, but the queries have no head "
+            "dimension: they must be (..., H, L, E)"
+        )
+    if tuple(s.shape) != (num_heads,):
+        raise ValueError(
+            f"{name} must hold one ALiBi slope per query head, shape ({num_heads},), got "
+            f"{name}.shape={tuple(s.shape)}"
+        )
+    if like is not None and s.device != like.device:
+        raise ValueError(f"{name} is on {s.device} but query is on {like.device}")
+    return s

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from attnlab.caches.kv import AttentionCache, Kernel
 from attnlab.functional.paged import Method
+from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.decoder import Decoder
 from attnlab.rules._validation import (
     check_choice,
@@ -186,7 +187,7 @@ class Engine:
         TypeError: If `decoder` is not a `Decoder` or a size is not an int.
         ValueError: If a size is not positive, `max_running` is more than
             `max_batch_tokens`, or a layer of the decoder is not full attention (a
-            sliding-window or a linear-attention layer).
+            sliding-window or a linear-attention layer, or one with ALiBi).
 
     Examples:
         >>> from attnlab.models.config import DecoderConfig
@@ -230,6 +231,12 @@ class Engine:
                     "the engine's paged cache holds keys and values of attention layers "
                     "only, not a linear layer's state; serve this model with "
                     "Decoder.generate"
+                )
+        for name, module in decoder.named_modules():
+            if isinstance(module, GroupedQueryAttention) and module.alibi_slopes is not None:
+                raise ValueError(
+                    f"decoder's {name} has ALiBi (scores.alibi_slopes): the engine's paged "
+                    "attention adds no position bias; serve this model with Decoder.generate"
                 )
         self.decoder = decoder
         self.max_batch_tokens = check_positive_int("max_batch_tokens", max_batch_tokens)
