@@ -40,7 +40,7 @@ from attnlab.functional.flash import (
     merge_partials,
     tile_kind,
 )
-from attnlab.rules._precision import autocast_inputs, autocast_off, compute_dtype, softmax_scale
+from attnlab.rules._precision import autocast_kernel, autocast_off, compute_dtype, softmax_scale
 from attnlab.rules._validation import (
     check_bool,
     check_choice,
@@ -625,7 +625,25 @@ def ring_attention(
     if rank < 0:
         raise RuntimeError("ring_attention: this process is not a member of group")
     positions = [getattr(x, _POSITIONS, None) for x in (query, key, value)]
-    query, key, value = autocast_inputs(query, key, value)
+    flags = (is_causal, window, scale, layout, block_size)
+    return _ring(query, key, value, group, rank, size, positions, flags, stats)
+
+
+@autocast_kernel(inputs=3)
+def _ring(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    group: dist.ProcessGroup | None,
+    rank: int,
+    size: int,
+    positions: list[Any],
+    flags: tuple[bool, int | None, float | None, ShardLayout, int],
+    stats: RingStats | None,
+) -> Tensor:
+    """`ring_attention`'s work on inputs cast as autocast casts them: checks agreed by every
+    rank, then the ring, with autocast off."""
+    is_causal, window, scale, layout, block_size = flags
     problem = None
     try:
         if is_validation_enabled():
@@ -668,14 +686,13 @@ def ring_attention(
         block_k=block_size,
         stats=RingStats() if stats is None else stats,
     )
-    with autocast_off(query.device.type):
-        out: Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
-            query.reshape(n, t_q, e).contiguous(),  # (n, t, E), n = prod(batch)
-            key.reshape(n, t_q, e).contiguous(),  # (n, t, E)
-            value.reshape(n, t_q, e_v).contiguous(),  # (n, t, Ev)
-            ring,
-        )
-    return out.reshape(*batch, t_q, e_v).to(query.dtype)  # (..., t, Ev)
+    out: Tensor = _RingAttention.apply(  # type: ignore[no-untyped-call]
+        query.reshape(n, t_q, e).contiguous(),  # (n, t, E), n = prod(batch)
+        key.reshape(n, t_q, e).contiguous(),  # (n, t, E)
+        value.reshape(n, t_q, e_v).contiguous(),  # (n, t, Ev)
+        ring,
+    )
+    return out.reshape(*batch, t_q, e_v)  # (..., t, Ev)
 
 
 def _check_local(
