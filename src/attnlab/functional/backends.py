@@ -296,6 +296,8 @@ def _positional_mask(
     if slopes is not None:  # a float mask: PyTorch's causal flag cannot carry a bias
         o = masks.alignment_offset(t_q, t_k, align)
         bias = alibi_bias(slopes.to(query.dtype), range(o, o + t_q), range(t_k))  # (Hq, L, S)
+    if band is None and bias is None:  # a decode step that sees every key: nothing to add
+        return attn_mask, False
     return masks.combine(bias, band, attn_mask), False
 
 
