@@ -3,7 +3,7 @@
 Each takes `--json`, some of its settings (a frozen dataclass whose defaults are the
 options' defaults), `--threads` and `--seed`, and where it draws figures `--out-dir` and
 `--replot`; each writes its results, and redraws and writes its figures, the same way.
-Their settings are checked here too: every int a positive size or count.
+Their settings are checked here too (`Settings`): every int a positive size or count.
 """
 
 from __future__ import annotations
@@ -114,23 +114,30 @@ def run(bench: Bench, argv: Sequence[str]) -> int:
     return 0
 
 
-def check_sizes(settings: Any) -> None:
-    """Raise a ValueError unless every int setting is a positive int.
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The base of every benchmark's settings (see `Bench.settings`), checked on creation.
 
-    A benchmark's settings (see `Bench.settings`) are sizes and counts, which must be
-    positive ints (not bools); a setting whose default is a bool is a switch, and one
-    whose default is a tuple a list of lengths, which each benchmark checks itself.
+    Its fields are sizes and counts, switches and lists of lengths, told apart by their
+    defaults: an int must be a positive int (not a bool), a tuple a non-empty tuple of
+    positive ints, a bool is a switch. A benchmark with rules of its own (a multiple of
+    something, a least length) adds them in `check`, which runs after these.
     """
-    for field in dataclasses.fields(settings):
-        value = getattr(settings, field.name)
-        if type(field.default) is not int:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{field.name} must be a positive int, got {value!r}")
 
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if type(field.default) is int and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
+            if type(field.default) is tuple and (
+                not isinstance(value, tuple)
+                or not value
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)
+            ):
+                raise ValueError(f"{field.name} must be positive ints, got {value!r}")
+        self.check()
 
-def check_contexts(contexts: tuple[int, ...]) -> None:
-    """Raise a ValueError unless `contexts` (tokens cached before the timed steps) is a
-    non-empty tuple of positive ints."""
-    if not contexts or any(not isinstance(c, int) or c < 1 for c in contexts):
-        raise ValueError(f"contexts must be positive ints, got {contexts!r}")
+    def check(self) -> None:
+        """Raise a ValueError where the settings break the benchmark's own rules."""

@@ -29,14 +29,11 @@ processes.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import random
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +46,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from attnlab.functional import flex
 from attnlab.functional.flash import flash_attention
 from attnlab.rules._provenance import begin
-from attnlab.tools.bench import _command
+from attnlab.tools.bench import _command, measure
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 
 __all__ = [
@@ -72,7 +69,7 @@ MASKS = ("causal", "window", "documents")
 
 
 @dataclass(frozen=True)
-class FlexSettings:
+class FlexSettings(_command.Settings):
     """What the run measures.
 
     Attributes:
@@ -93,9 +90,9 @@ class FlexSettings:
     rounds: int = 5
     block_size: int = 128
 
-    def __post_init__(self) -> None:
-        _command.check_sizes(self)
-        if not self.lengths or any(not isinstance(t, int) or t < 16 for t in self.lengths):
+    def check(self) -> None:
+        """Raise a ValueError for a length under 16, too short for `document_lengths`' five."""
+        if min(self.lengths) < 16:
             raise ValueError(f"lengths must be ints of at least 16, got {self.lengths!r}")
 
 
@@ -108,23 +105,6 @@ def document_lengths(t: int) -> list[int]:
     """
     parts = [t // 8, t // 4, t // 16, 5 * t // 16]
     return [*parts, t - sum(parts)]
-
-
-@contextlib.contextmanager
-def _empty_inductor_cache() -> Iterator[None]:
-    """A fresh inductor cache folder for the block, and dynamo's caches reset."""
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="attnlab-inductor-") as folder:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
-        torch._dynamo.reset()
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-            torch._dynamo.reset()
 
 
 def _calls(
@@ -193,7 +173,7 @@ def measure_flex(
     # Every case is a recompile of the same function: past dynamo's limit (8) it would
     # silently run the rest eagerly.
     limit = torch._dynamo.config.patch(recompile_limit=2 * len(MASKS) * len(settings.lengths))
-    with _empty_inductor_cache(), limit, torch.inference_mode(), warnings.catch_warnings():
+    with measure.empty_inductor_cache(), limit, torch.inference_mode(), warnings.catch_warnings():
         # and if it ever did, flex_attention would warn that it runs uncompiled: fail then
         warnings.filterwarnings("error", "flex_attention called without torch.compile")
         for t in settings.lengths:

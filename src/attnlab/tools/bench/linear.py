@@ -60,7 +60,7 @@ _WARMUP = 3  # untimed rounds per context: the first calls of a shape allocate
 
 
 @dataclass(frozen=True)
-class LinearSettings:
+class LinearSettings(_command.Settings):
     """What the run measures.
 
     Attributes:
@@ -91,13 +91,12 @@ class LinearSettings:
     vocab_size: int = 1024
     rounds: int = 20
 
-    def __post_init__(self) -> None:
-        _command.check_sizes(self)
+    def check(self) -> None:
+        """Raise a ValueError unless the layers make whole 3 : 1 groups."""
         if self.num_layers % 4:
             raise ValueError(
                 f"num_layers must be a multiple of 4 (the 3 : 1 hybrid), got {self.num_layers}"
             )
-        _command.check_contexts(self.contexts)
 
 
 def decoder_config(model: str, settings: LinearSettings) -> DecoderConfig:

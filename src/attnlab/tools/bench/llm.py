@@ -89,7 +89,7 @@ PROMPT = "Life is short, eat dessert first"
 
 
 @dataclass(frozen=True)
-class LLMSettings:
+class LLMSettings(_command.Settings):
     """What the run measures.
 
     Attributes:
@@ -109,10 +109,6 @@ class LLMSettings:
     rounds: int = 5
     prefill_rounds: int = 5
     context_rounds: int = 5
-
-    def __post_init__(self) -> None:
-        _command.check_contexts(self.contexts)
-        _command.check_sizes(self)
 
 
 def generate(impl: str, model: Any, ids: Tensor, new_tokens: int, *, cache: Any = None) -> Tensor:

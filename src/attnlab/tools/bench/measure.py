@@ -8,6 +8,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -36,6 +37,25 @@ def _quiet_stderr() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def empty_inductor_cache() -> Iterator[None]:
+    """A fresh, empty inductor cache folder for the block, and dynamo's caches reset on
+    the way in and out, so that the block's first compile is a cold one; the folder goes
+    afterwards and the previous `TORCHINDUCTOR_CACHE_DIR` comes back."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="attnlab-inductor-") as folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+            torch._dynamo.reset()
 
 
 def peak_extra_bytes(fn: Callable[[], object]) -> int:

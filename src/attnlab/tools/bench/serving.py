@@ -45,10 +45,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,7 +62,7 @@ from attnlab.rules._provenance import begin
 from attnlab.rules._validation import validation
 from attnlab.rules.scores import ScoreRule
 from attnlab.serving.cache import PagedKVCache
-from attnlab.tools.bench import _command
+from attnlab.tools.bench import _command, measure
 from attnlab.tools.bench.config import SERVING_GOALS as GOALS
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 from attnlab.tools.bench.serving_plots import FIGURES, write_serving_plots
@@ -89,7 +87,7 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True)
-class ServingSettings:
+class ServingSettings(_command.Settings):
     """What the run measures.
 
     Attributes:
@@ -118,15 +116,13 @@ class ServingSettings:
     static_batch: int = 4
     flex: bool = True
 
-    def __post_init__(self) -> None:
-        _command.check_sizes(self)
+    def check(self) -> None:
+        """Raise a ValueError unless heads group evenly and contexts fill whole blocks."""
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
             )
-        if not self.contexts or any(
-            not isinstance(c, int) or c < 1 or c % self.block_size for c in self.contexts
-        ):
+        if any(c % self.block_size for c in self.contexts):
             raise ValueError(
                 f"contexts must be positive multiples of block_size={self.block_size}, "
                 f"got {self.contexts!r}"
@@ -567,11 +563,7 @@ def measure_flex(
         context), `ratio` (flex / paged there), `points` per context and
         `max_abs_diff` (flex against attnlab's paged attention).
     """
-    folder = tempfile.mkdtemp(prefix="attnlab-inductor-")
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
-    try:
-        torch._dynamo.reset()
+    with measure.empty_inductor_cache():
         points, diffs = [], []
         warm = 0.0
         for context in settings.contexts:
@@ -601,12 +593,6 @@ def measure_flex(
                     "block_mask_ms": mask_s * 1e3,
                 }
             )
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-        torch._dynamo.reset()
     return {
         "compile_cold_s": points[0]["compile_s"],
         "compile_warm_s": warm,
