@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,72 @@ def page_run() -> Callable[[str], outputs.PageRun]:
 def page_record() -> Callable[[str], dict[str, Any]]:
     """`page_record("docs/x.md")`: this session's run of the page, as a build can reuse it."""
     return lambda page: outputs.record(page_session(ROOT / page))
+
+
+class SiteBuild:
+    """The strict build of the whole site, in a process of its own, from this session's runs.
+
+    The build checks every page's blocks with the runs the pages' own items use instead of
+    running them a second time. It is a quarter of the test session's CPU time, so it
+    starts as soon as the worker that holds the page runs begins its group (see
+    `pytest_runtest_setup`) and goes on beside that worker's other tests;
+    tests/test_site.py's `site` fixture waits for it.
+    """
+
+    def __init__(self) -> None:
+        self.pages = sorted(
+            str(page.relative_to(ROOT))
+            for page in (ROOT / "docs").rglob("*.md")
+            if "```" in page.read_text("utf-8")
+        )  # the pages with code, which the build reads recorded runs of
+        self.folder: Path | None = None
+        self._process: subprocess.Popen[str] | None = None
+        self._result: tuple[int, str] | None = None
+
+    def start(self) -> None:
+        """Run the pages that have not run yet and start the build (once)."""
+        if self._process is not None:
+            return
+        self.folder = Path(tempfile.mkdtemp(prefix="attnlab-site-"))
+        runs = self.folder / "runs.json"
+        records = {page: outputs.record(page_session(ROOT / page)) for page in self.pages}
+        runs.write_text(json.dumps(records), encoding="utf-8")
+        env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "ATTNLAB_PAGE_RUNS": str(runs)}
+        site = str(self.folder / "site")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", site],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait(self) -> tuple[int, Path, str]:
+        """The build's exit status, the built site's folder and the build's log."""
+        self.start()
+        assert self._process is not None
+        assert self.folder is not None
+        if self._result is None:
+            log, _ = self._process.communicate()
+            self._result = (self._process.returncode, log)
+        return self._result[0], self.folder / "site", self._result[1]
+
+    def close(self) -> None:
+        if self._process is not None and self._result is None:
+            self._process.kill()
+            self._process.communicate()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_SITE_BUILD = pytest.StashKey[SiteBuild]()
+
+
+@pytest.fixture(scope="session")
+def site_build(request: pytest.FixtureRequest) -> SiteBuild:
+    """This session's build of the site (started early, see `SiteBuild`)."""
+    return request.config.stash[_SITE_BUILD]
 
 
 class ShownOutputItem(pytest.Item):
@@ -131,22 +202,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
-_SHARED_FIXTURES = {"page_run", "page_record", "smollm2"}
+_SHARED_FIXTURES = {"page_run", "page_record", "smollm2", "site_build"}
+_BUILDS_SITE = pytest.StashKey[bool]()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test that uses a shared fixture must live in a file of the shared group."""
+    """A test that uses a shared fixture must live in a file of the shared group; the first
+    test of that group starts the site's build if a test of this session reads it."""
     shared = _SHARED_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-    if shared and _xdist_group(item.nodeid) != _SHARED_GROUP:
+    group = _xdist_group(item.nodeid)
+    if shared and group != _SHARED_GROUP:
         file = item.nodeid.split("::", 1)[0]
         pytest.fail(
             f"{item.nodeid} uses the `{min(shared)}` fixture: add {file} to the files of "
             "conftest.py's shared group, so that the worker that holds its state runs it",
             pytrace=False,
         )
+    if group == _SHARED_GROUP and item.config.stash.setdefault(
+        _BUILDS_SITE,
+        any("site_build" in getattr(i, "fixturenames", ()) for i in item.session.items),
+    ):
+        item.config.stash[_SITE_BUILD].start()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_SITE_BUILD] = build = SiteBuild()
+    config.add_cleanup(build.close)
     # Two workers on two cores: one intra-op thread each, not two threads fighting over
     # each core (the pages' printed values do not depend on it: the build runs them with
     # one thread per worker too).

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +27,15 @@ NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
 pytestmark = pytest.mark.slow
 
 
-def _pages_with_code() -> list[str]:
-    pages = sorted((ROOT / "docs").rglob("*.md"))
-    return [str(p.relative_to(ROOT)) for p in pages if "```" in p.read_text("utf-8")]
-
-
 @pytest.fixture(scope="module")
 def site(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    page_record: Callable[[str], dict[str, Any]],
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, site_build: Any
 ) -> Iterator[tuple[Path, str]]:
-    # The build checks every page's blocks with this test session's run of them (the
-    # same execution the pages' own items use) instead of running them a second time.
-    runs = tmp_path_factory.mktemp("runs") / "runs.json"
-    records = {page: page_record(page) for page in _pages_with_code()}
-    runs.write_text(json.dumps(records), encoding="utf-8")
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "ATTNLAB_PAGE_RUNS": str(runs)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-5000:]
+    # The build (conftest.py's SiteBuild) checks every page's blocks with this session's
+    # run of them instead of running them again; it started with the shared worker's
+    # first test and has run beside the others since.
+    returncode, out, log = site_build.wait()
+    assert returncode == 0, log[-5000:]
     if BROWSER is None:
         yield out, log
         return
@@ -81,12 +60,12 @@ def _text_of_code(page: Path) -> str:
 
 
 def test_the_build_checked_this_sessions_runs_instead_of_running_pages(
-    site: tuple[Path, str],
+    site: tuple[Path, str], site_build: Any
 ) -> None:
     counts = re.search(r"pages with code: (\d+) to run, (\d+) from recorded runs", site[1])
     assert counts is not None, "the outputs hook did not report its pages"
     assert int(counts[1]) == 0
-    assert int(counts[2]) == len(_pages_with_code())
+    assert int(counts[2]) == len(site_build.pages)
     # markdown-exec showed what those runs printed for its blocks instead of running them.
     shown = re.search(
         r"markdown-exec blocks: (\d+) shown from this build's run, (\d+) run", site[1]
