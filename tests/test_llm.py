@@ -203,6 +203,9 @@ def _random_hf(kind: str, attn: str = "sdpa") -> Any:
     elif kind == "llama-bias":
         config = transformers.LlamaConfig(**common, attention_bias=True, mlp_bias=True)
         model = transformers.LlamaForCausalLM(config)
+    elif kind == "smollm3":  # its second layer a NoPE layer
+        config = transformers.SmolLM3Config(**common, no_rope_layers=[1, 0, 1])
+        model = transformers.SmolLM3ForCausalLM(config)
     elif kind == "mistral":
         config = transformers.MistralConfig(**common, sliding_window=5)
         model = transformers.MistralForCausalLM(config)
@@ -224,7 +227,7 @@ def tiny() -> tuple[Any, Decoder]:
     return hf, Decoder.from_hf(hf)
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-bias", "mistral", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "llama-bias", "mistral", "qwen2", "smollm3"])
 def test_from_hf_equals_transformers(kind: str) -> None:
     hf = _random_hf(kind)
     decoder = Decoder.from_hf(hf)
@@ -233,8 +236,9 @@ def test_from_hf_equals_transformers(kind: str) -> None:
         torch.testing.assert_close(decoder(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
         theirs = hf.generate(ids, max_new_tokens=9, do_sample=False, eos_token_id=None)
     assert torch.equal(decoder.generate(ids, 9), theirs)
-    windows = {"llama": None, "llama-bias": None, "mistral": (5, 5, 5), "qwen2": (None, 4, 4)}
-    assert decoder.config.windows == windows[kind]
+    windows = {"mistral": (5, 5, 5), "qwen2": (None, 4, 4)}
+    assert decoder.config.windows == windows.get(kind)
+    assert decoder.config.rope_layers == ((True, False, True) if kind == "smollm3" else None)
     assert decoder.config.qkv_bias == (kind in ("llama-bias", "qwen2"))
     assert decoder.config.out_bias == (kind == "llama-bias")
 
@@ -551,6 +555,10 @@ def test_config_checks() -> None:
         ValueError, match="windows must give one entry per layer, got 1 for num_layers=2"
     ):
         DecoderConfig(10, 8, 2, 2, 1, 4, 16, windows=(3,))
+    with pytest.raises(ValueError, match=r"rope_layers must give one entry per layer, got 3"):
+        DecoderConfig(10, 8, 2, 2, 1, 4, 16, rope_layers=(True, False, True))
+    with pytest.raises(TypeError, match=r"rope_layers\[1\] must be a bool, got 0 \(int\)"):
+        DecoderConfig(10, 8, 2, 2, 1, 4, 16, rope_layers=(True, 0))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_kv_heads"):
         Decoder(DecoderConfig(10, 8, 2, 3, 2, 4, 16))
 

@@ -163,6 +163,9 @@ class DecoderConfig:
             None: every MLP a SwiGLU of `hidden_dim`.
         moe_layers: Per layer, whether its MLP is the mixture of experts (the others
             are SwiGLUs of `hidden_dim`); None with `moe`: every layer.
+        rope_layers: Per layer, whether its attention rotates queries and keys by RoPE;
+            False makes it a NoPE layer, which sees positions only through the causal
+            mask (SmolLM3's `no_rope_layers`: every fourth layer). None: every layer.
     """
 
     vocab_size: int
@@ -194,6 +197,7 @@ class DecoderConfig:
     rope_dims: int | None = None
     moe: MoEConfig | None = None
     moe_layers: tuple[bool, ...] | None = None
+    rope_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -265,14 +269,19 @@ class DecoderConfig:
             check_rope_dims(self.rope_dims, self.head_dim)
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise TypeError(f"moe must be a MoEConfig or None, got {type(self.moe).__name__}")
-        if self.moe_layers is not None:
-            if self.moe is None:
-                raise ValueError("moe_layers needs moe= (the experts' sizes)")
-            if len(self.moe_layers) != self.num_layers:
+        if self.moe_layers is not None and self.moe is None:
+            raise ValueError("moe_layers needs moe= (the experts' sizes)")
+        for name in ("moe_layers", "rope_layers"):
+            flags = getattr(self, name)
+            if flags is None:
+                continue
+            if len(flags) != self.num_layers:
                 raise ValueError(
-                    f"moe_layers must give one entry per layer, got {len(self.moe_layers)} "
+                    f"{name} must give one entry per layer, got {len(flags)} "
                     f"for num_layers={self.num_layers}"
                 )
+            for i, flag in enumerate(flags):
+                check_bool(f"{name}[{i}]", flag)
 
     def kind(self, layer: int) -> LayerKind:
         """What block `layer` mixes tokens with: `"full"`, `"sliding"` or `"linear"`."""
@@ -288,8 +297,11 @@ class DecoderConfig:
         """The sliding-window size of block `layer`, or None for full causal attention."""
         return None if self.windows is None else self.windows[layer]
 
-    def rope(self, layer: int) -> tuple[float, RopeScaling | None]:
-        """RoPE's base and context extension in block `layer` (local or global)."""
+    def rope(self, layer: int) -> tuple[float, RopeScaling | None] | None:
+        """RoPE's base and context extension in block `layer` (local or global), or None
+        for a NoPE layer."""
+        if self.rope_layers is not None and not self.rope_layers[layer]:
+            return None
         if self.window(layer) is not None and self.local_rope_base is not None:
             return self.local_rope_base, self.local_rope_scaling
         return self.rope_base, self.rope_scaling
@@ -311,8 +323,10 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, config: Any) -> DecoderConfig:
-        """The settings of a Hugging Face Llama, Mistral, Qwen2, Gemma 2, Gemma 3 or
-        Qwen3-Next config.
+        """The settings of a Hugging Face Llama, Mistral, Qwen2, SmolLM3, Gemma 2,
+        Gemma 3 or Qwen3-Next config.
+
+        SmolLM3's `no_rope_layers` gives `rope_layers` (its NoPE layers).
 
         Gemma 3's `rope_parameters` hold one entry per layer type: `"full_attention"`
         gives `rope_base` and `rope_scaling`, `"sliding_attention"` `local_rope_base`

@@ -1,7 +1,8 @@
 r"""A Llama-family decoder built from attnlab's attention: the model file of a real LLM.
 
-Llama (Touvron et al., 2023, https://arxiv.org/abs/2302.13971), Mistral, Qwen2 and
-SmolLM2 share one architecture. Each of `num_layers` pre-norm residual blocks runs
+Llama (Touvron et al., 2023, https://arxiv.org/abs/2302.13971), Mistral, Qwen2,
+SmolLM2 and SmolLM3 share one architecture (SmolLM3 leaves RoPE out of every fourth
+layer: `rope_layers`). Each of `num_layers` pre-norm residual blocks runs
 
 $$
 h = x + \operatorname{GQA}(\operatorname{RMSNorm}(x)), \qquad
@@ -124,7 +125,7 @@ class DecoderBlock(nn.Module):
                 config.d_model, **asdict(config.linear), norm_eps=float(config.norm_eps)
             )
         else:
-            base, scaling = config.rope(layer)
+            spec = config.rope(layer)  # None: a NoPE layer
             self.self_attn = GroupedQueryAttention(
                 config.d_model,
                 config.num_heads,
@@ -132,7 +133,9 @@ class DecoderBlock(nn.Module):
                 head_dim=config.head_dim,
                 bias=config.qkv_bias,
                 out_bias=config.out_bias,
-                rope=Rope(base=base, dims=config.rope_dims, scaling=scaling),
+                rope=None
+                if spec is None
+                else Rope(base=spec[0], dims=config.rope_dims, scaling=spec[1]),
                 scores=ScoreRule(
                     scale=config.scale, window=config.window(layer), softcap=config.attn_softcap
                 ),
@@ -172,7 +175,7 @@ class DecoderBlock(nn.Module):
     def forward(
         self,
         x: Tensor,
-        position_embeddings: tuple[Tensor, Tensor],
+        position_embeddings: tuple[Tensor, Tensor] | None,
         cache: LayerCache | None = None,
         attn_mask: Tensor | None = None,
         padding: Tensor | None = None,
@@ -206,7 +209,7 @@ class DecoderBlock(nn.Module):
     def forward_with_weights(
         self,
         x: Tensor,
-        position_embeddings: tuple[Tensor, Tensor],
+        position_embeddings: tuple[Tensor, Tensor] | None,
         attn_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """`forward` (without a cache) and the attention weights `(b, heads, t, t)`."""
@@ -551,10 +554,10 @@ class Decoder(nn.Module):
         """A `Decoder` with the weights and settings of a Hugging Face causal LM.
 
         Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
-        `Qwen2ForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM` (text only) and
-        `Qwen3NextForCausalLM` (and subclasses): the state dict maps key for key, less the
-        `model.` prefix, as [`interop.decoder_from_hf`][attnlab.models.interop.decoder_from_hf]
-        describes.
+        `Qwen2ForCausalLM`, `SmolLM3ForCausalLM`, `Gemma2ForCausalLM`,
+        `Gemma3ForCausalLM` (text only) and `Qwen3NextForCausalLM` (and subclasses):
+        the state dict maps key for key, less the `model.` prefix, as
+        [`interop.decoder_from_hf`][attnlab.models.interop.decoder_from_hf] describes.
 
         Args:
             model: The Hugging Face model.
@@ -643,12 +646,13 @@ def _mask(pad: Tensor | None, attn_mask: Tensor | None, t: int) -> Tensor | None
     return mask
 
 
-def _rope_tables(config: DecoderConfig, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """RoPE's (cos, sin) for every layer: one table per distinct base and scaling."""
+def _rope_tables(config: DecoderConfig, positions: Tensor) -> list[tuple[Tensor, Tensor] | None]:
+    """RoPE's (cos, sin) for every layer, None for a NoPE layer: one table per distinct
+    base and scaling."""
     dims = config.head_dim if config.rope_dims is None else config.rope_dims
-    kinds = [config.rope(i) for i in range(config.num_layers)]  # (base, scaling) of each layer
-    tables = {k: rope_cos_sin(positions, dims, base=k[0], scaling=k[1]) for k in set(kinds)}
-    return [tables[kind] for kind in kinds]  # (..., t, dims // 2) each
+    kinds = [config.rope(i) for i in range(config.num_layers)]  # (base, scaling) or None
+    tables = {k: rope_cos_sin(positions, dims, base=k[0], scaling=k[1]) for k in set(kinds) if k}
+    return [None if kind is None else tables[kind] for kind in kinds]  # (..., t, dims // 2)
 
 
 # -- the checks at the model's boundary ---------------------------------------------------

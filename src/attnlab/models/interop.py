@@ -619,7 +619,7 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
     qwen2 = model_type == "qwen2"
     windows: tuple[int | None, ...] | None = None
-    if qwen2 and getattr(config, "use_sliding_window", False):
+    if model_type in ("qwen2", "smollm3") and getattr(config, "use_sliding_window", False):
         windows = tuple(
             config.sliding_window if kind == "sliding_attention" else None
             for kind in config.layer_types
@@ -628,7 +628,14 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         windows = (int(config.sliding_window),) * config.num_hidden_layers
     if qwen2:  # biases on the q, k, v projections and none on the output, always
         common.update(qkv_bias=True, out_bias=False)
-    return cls(**common, mlp_bias=bool(getattr(config, "mlp_bias", False)), windows=windows)
+    # SmolLM3: `no_rope_layers[i]` is 1 where layer i rotates, 0 for its NoPE layers.
+    nope = getattr(config, "no_rope_layers", None) if model_type == "smollm3" else None
+    return cls(
+        **common,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        windows=windows,
+        rope_layers=None if nope is None else tuple(bool(f) for f in nope),
+    )
 
 
 def _gemma_config(cls: type[C], config: Any) -> C:
@@ -712,6 +719,7 @@ HF_DECODER_CLASSES = (
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Qwen3NextForCausalLM",
+    "SmolLM3ForCausalLM",
 )
 """The `transformers` causal LMs (and their subclasses) that a `Decoder` ports."""
 
