@@ -1,4 +1,4 @@
-r"""Sparse attention's selection, as pure functions: each query's top-k keys.
+r"""Sparse attention's selection, as pure functions: each query's top-k keys or blocks.
 
 DeepSeek-V3.2 (DeepSeek-AI, 2025, https://arxiv.org/abs/2512.02556) lets each query
 attend to only `topk` past tokens, those with the highest scores $I_{t,s}$ of a small
@@ -7,16 +7,27 @@ keys per query (never a future one), [`selection_mask`][attnlab.functional.spars
 turns them into a boolean mask, and [`indexer_loss`][attnlab.functional.sparse.indexer_loss]
 is the KL objective that teaches the indexer to imitate the main attention. The indexer
 and the sparse layer are in [`attnlab.layers.sparse`][attnlab.layers.sparse].
+
+MoBA (Lu et al., 2025, https://arxiv.org/abs/2502.13189) chooses blocks instead of
+tokens, with no parameters: [`moba_blocks`][attnlab.functional.sparse.moba_blocks] scores
+each block of keys by its mean key, and
+[`moba_attention`][attnlab.functional.sparse.moba_attention] attends to the chosen blocks.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.rules._validation import (
+    check_multiple,
     check_positive_int,
+    check_qkv,
     check_rank,
+    check_scale,
     check_tensor,
     checking,
     entry,
@@ -27,6 +38,8 @@ from attnlab.rules.masks import band
 
 __all__ = [
     "indexer_loss",
+    "moba_attention",
+    "moba_blocks",
     "selection_mask",
     "topk_indices",
 ]
@@ -215,3 +228,159 @@ def _check_loss_inputs(scores: object, weights: object, indices: object) -> None
                 f"indices must have the batch and query axes of scores {tuple(scores.shape[:-1])}, "
                 f"got indices.shape={tuple(indices.shape)}"
             )
+
+
+# -- MoBA: blocks chosen by their mean key ------------------------------------------------
+
+
+@entry
+def moba_blocks(query: Tensor, key: Tensor, block_size: int, top_k: int) -> Tensor:
+    r"""MoBA's choice: which blocks of keys each query attends to.
+
+    The `s` keys are cut into $n = \lceil s / B \rceil$ blocks of `block_size` $B$ (the
+    last may be shorter), and block $j$ is scored for query $q_i$ by its mean key,
+    $g_{ij} = q_i \cdot \bar k_j$ (computed in float32 at least, as the authors do). Each
+    query takes the block that holds its own position, always, plus the `top_k - 1`
+    best-scoring blocks that lie wholly before that one; a block that starts after the
+    query is never chosen, and inside its own block the query sees only the keys up to
+    itself (that is [`moba_attention`][attnlab.functional.sparse.moba_attention]'s causal
+    mask). The queries are the last `t` of the `s` positions, so a decode step of one
+    query chooses as the last row of a prefill does.
+
+    Args:
+        query: `(b, Hq, t, E)`.
+        key: `(b, Hkv, s, E)`, `Hkv` dividing `Hq` (each key head serves a group of query
+            heads, as in grouped-query attention), `s >= t`.
+        block_size: Keys per block, a positive int.
+        top_k: Blocks per query, the query's own included, a positive int; a query with
+            fewer blocks behind it takes them all.
+
+    Returns:
+        A bool tensor `(b, Hq, t, n)`, True at the chosen blocks.
+
+    Raises:
+        TypeError: If `query` or `key` is not a floating-point tensor, or `block_size`
+            or `top_k` not an int.
+        ValueError: If they are not 4-d, differ in batch or features, `Hkv` does not
+            divide `Hq`, there are no keys or more queries than keys, or `block_size` or
+            `top_k` is not positive.
+
+    Examples:
+        >>> q, k = torch.ones(1, 1, 4, 2), torch.ones(1, 1, 4, 2)
+        >>> moba_blocks(q, k, block_size=2, top_k=2)[0, 0]  # 4 queries, 2 blocks
+        tensor([[ True, False],
+                [ True, False],
+                [ True,  True],
+                [ True,  True]])
+    """
+    if checking():
+        _check_moba(query, key, None, block_size, top_k)
+    b, hq, t, _ = query.shape
+    h_kv, s = key.shape[1], key.shape[2]
+    n = math.ceil(s / block_size)
+    # The mean key of each block; padding the last block with zeros changes its sum only.
+    padded = F.pad(key, (0, 0, 0, n * block_size - s))  # (b, Hkv, n B, E)
+    sums = padded.view(b, h_kv, n, block_size, key.shape[-1]).sum(3)  # (b, Hkv, n, E)
+    starts = torch.arange(n, device=key.device) * block_size
+    counts = (s - starts).clamp(max=block_size)  # (n,) keys in each block
+    means = (sums / counts[:, None]).repeat_interleave(hq // h_kv, dim=1)  # (b, Hq, n, E)
+    work = torch.promote_types(query.dtype, torch.float32)
+    gate = query.to(work) @ means.to(work).transpose(-1, -2)  # (b, Hq, t, n)
+    own = (torch.arange(t, device=query.device) + s - t) // block_size  # (t,) block of query i
+    blocks = torch.arange(n, device=query.device)
+    behind = blocks < own[:, None]  # (t, n) blocks wholly before the query's own
+    chosen = blocks == own[:, None]  # (t, n)
+    extra = min(top_k - 1, n - 1)
+    if extra == 0:
+        return chosen.expand(b, hq, t, n)
+    values, picks = gate.masked_fill(~behind, float("-inf")).topk(extra, dim=-1)
+    # A query with fewer blocks behind it than `extra` fills its slots with -inf: skip those.
+    picked = torch.zeros_like(gate, dtype=torch.bool).scatter(-1, picks, values > -math.inf)
+    return picked | chosen  # (b, Hq, t, n)
+
+
+@entry
+def moba_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    block_size: int,
+    top_k: int,
+    scale: float | None = None,
+) -> Tensor:
+    r"""Causal attention over the blocks MoBA chooses (Lu et al., 2025).
+
+    Each query attends, causally, to the keys of the blocks
+    [`moba_blocks`][attnlab.functional.sparse.moba_blocks] chooses for it: its own block
+    up to itself and the `top_k - 1` past blocks whose mean key scores highest. With
+    `top_k` at least the number of blocks, every past block is chosen and this is causal
+    attention. This function builds the mask and runs PyTorch's SDPA with it, so its
+    cost is a dense attention's: it shows what MoBA computes. A MoBA kernel reads only
+    the chosen blocks, `top_k * block_size` keys per query, plus one mean key per block.
+
+    Args:
+        query: `(b, Hq, t, E)`.
+        key: `(b, Hkv, s, E)`, `Hkv` dividing `Hq`, `s >= t` (the queries are the last
+            `t` positions).
+        value: `(b, Hkv, s, Ev)`.
+        block_size: Keys per block, a positive int.
+        top_k: Blocks per query, its own included, a positive int.
+        scale: The scores' factor; None for $1 / \sqrt{E}$.
+
+    Returns:
+        `(b, Hq, t, Ev)`.
+
+    Raises:
+        TypeError: If an input is not a floating-point tensor, or `block_size` or `top_k`
+            not an int.
+        ValueError: As [`moba_blocks`][attnlab.functional.sparse.moba_blocks], or if
+            `value` does not fit `key`, or `scale` is not a finite number.
+
+    Examples:
+        >>> q = k = v = torch.randn(1, 2, 8, 4)
+        >>> causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(moba_attention(q, k, v, block_size=4, top_k=2), causal, atol=1e-6)
+        True
+    """
+    if checking():
+        _check_moba(query, key, value, block_size, top_k)
+        check_scale("scale", scale)
+    t, s = query.shape[-2], key.shape[-2]
+    chosen = moba_blocks(query, key, block_size, top_k)  # (b, Hq, t, n)
+    keys_chosen = chosen.repeat_interleave(block_size, dim=-1)[..., :s]  # (b, Hq, t, s)
+    mask = keys_chosen & band(t, s, "bottom-right", None, query.device)
+    out: Tensor = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out  # (b, Hq, t, Ev)
+
+
+def _check_moba(
+    query: object, key: object, value: object, block_size: object, top_k: object
+) -> None:
+    q, k, v = check_qkv(query, key, value)
+    check_rank("query", q, (4,), "(b, Hq, t, E)")
+    check_rank("key", k, (4,), "(b, Hkv, s, E)")
+    if v is not None:
+        check_rank("value", v, (4,), "(b, Hkv, s, Ev)")
+        if v.shape[:2] != k.shape[:2]:
+            raise ValueError(
+                f"value must have the batch and heads of key, got key.shape={tuple(k.shape)} "
+                f"and value.shape={tuple(v.shape)}"
+            )
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"query and key must have the same batch, got query.shape={tuple(q.shape)} "
+            f"and key.shape={tuple(k.shape)}"
+        )
+    check_multiple("query.shape[1]", q.shape[1], "key.shape[1]", k.shape[1])
+    if k.shape[2] == 0:
+        raise ValueError(f"key must have at least one position, got key.shape={tuple(k.shape)}")
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"key must have at least as many positions as query (the queries are the last "
+            f"t of the s positions), got t={q.shape[2]} > s={k.shape[2]}"
+        )
+    check_positive_int("block_size", block_size)
+    check_positive_int("top_k", top_k)
