@@ -1,9 +1,11 @@
-"""attnlab.linear: linear attention's two forms, the delta rule's three modes, and the
-Gated DeltaNet layer against Hugging Face's `Qwen3NextGatedDeltaNet` (outputs, gradients,
-and the decode state carried from prefill)."""
+"""attnlab.linear: linear attention's two forms, the delta rule's three modes (with one
+decay per head, Gated DeltaNet, or per key channel, Kimi Delta Attention, each against
+Hugging Face's PyTorch kernels), and the Gated DeltaNet layer against Hugging Face's
+`Qwen3NextGatedDeltaNet` (outputs, gradients, and the decode state carried from prefill)."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -12,6 +14,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.testing import assert_close
 from transformers import DynamicCache, Qwen3NextConfig
+from transformers.models.kimi_linear.modeling_kimi_linear import (
+    chunk_kimi_delta_attention,
+    recurrent_kimi_delta_attention,
+)
 from transformers.models.qwen3_next.modeling_qwen3_next import (
     Qwen3NextGatedDeltaNet,
     torch_chunk_gated_delta_rule,
@@ -80,13 +86,14 @@ def test_linear_self_attention_names_the_bad_argument() -> None:
         layer(torch.randn(2, 3, 8), is_causal=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_delta_rule_modes_equal(gated: bool) -> None:
+@pytest.mark.parametrize("gate", [None, "head", "channel"])
+def test_delta_rule_modes_equal(gate: str | None) -> None:
     b, h, t, d_k, d_v = 2, 3, 10, 4, 5
     q, v = torch.randn(b, h, t, d_k, dtype=torch.float64), torch.randn(b, h, t, d_v).double()
     k = F.normalize(torch.randn(b, h, t, d_k, dtype=torch.float64), dim=-1)
     beta = torch.rand(b, h, t, dtype=torch.float64)
-    g = -torch.rand(b, h, t, dtype=torch.float64) if gated else None
+    shape = {None: None, "head": (b, h, t), "channel": (b, h, t, d_k)}[gate]
+    g = None if shape is None else -torch.rand(shape, dtype=torch.float64)
     s0 = torch.randn(b, h, d_k, d_v, dtype=torch.float64)
     naive = delta_rule(q, k, v, beta, g, mode="naive", initial_state=s0)
     for mode, size in (("recurrent", 64), ("chunk", 4), ("chunk", 64)):
@@ -110,6 +117,34 @@ def test_delta_rule_chunk_from_a_state_equals_hugging_faces_kernel() -> None:
     out, our_state = delta_rule(*heads, chunk_size=5, initial_state=s0)
     assert_close(out.transpose(1, 2), expected)
     assert_close(our_state, state)
+
+
+def test_delta_rule_per_channel_equals_kimi_delta_attentions_kernels() -> None:
+    # Kimi Linear's PyTorch kernels (transformers' fallbacks: no FLA here, so nothing
+    # else can run): (b, t, h, d) layout, L2-normalised queries and keys, queries scaled
+    # by d_k ** -0.5 inside, a decay per key channel; chunks of 64 padded at the end.
+    assert importlib.util.find_spec("fla") is None
+    b, h, t, d_k, d_v = 2, 3, 13, 4, 5
+    q, k, v = torch.randn(b, t, h, d_k), torch.randn(b, t, h, d_k), torch.randn(b, t, h, d_v)
+    beta, g = torch.rand(b, t, h), -torch.rand(b, t, h, d_k)
+    s0 = torch.randn(b, h, d_k, d_v)
+    kw = {"initial_state": s0, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+    chunked, chunk_state = chunk_kimi_delta_attention(q, k, v, g, beta, **kw)
+    stepped, step_state = recurrent_kimi_delta_attention(q, k, v, g, beta, **kw)
+    unit_q, unit_k = (x / (x.square().sum(-1, keepdim=True) + 1e-6).sqrt() for x in (q, k))
+    heads = [x.transpose(1, 2) for x in (unit_q * d_k**-0.5, unit_k, v, beta, g)]
+    for mode, theirs, state in (
+        ("chunk", chunked, chunk_state),
+        ("recurrent", stepped, step_state),
+    ):
+        out, our_state = delta_rule(*heads, mode=mode, chunk_size=5, initial_state=s0)
+        assert_close(out.transpose(1, 2), theirs)
+        assert_close(our_state, state)
+    # One decay per head is the special case of equal channels.
+    q_, k_, v_, beta_, g_ = heads
+    per_head = delta_rule(q_, k_, v_, beta_, g_[..., 0], chunk_size=5, initial_state=s0)
+    equal = g_[..., :1].expand_as(g_)
+    assert_close(per_head, delta_rule(q_, k_, v_, beta_, equal, chunk_size=5, initial_state=s0))
 
 
 def test_delta_rule_overwrites_where_linear_attention_adds() -> None:
@@ -240,6 +275,11 @@ def test_gated_delta_net_unbatched_and_modes_agree() -> None:
         (lambda q: delta_rule(q, q, q, q[..., 0], chunk_size=2.0), TypeError, "chunk_size"),
         (lambda q: delta_rule(q, q, q, q[..., :1, 0]), ValueError, "beta"),
         (lambda q: delta_rule(q, q, q, q[..., 0], q[..., 0].int()), TypeError, "log_decay"),
+        (
+            lambda q: delta_rule(q, q, q, q[..., 0], q[..., :2]),
+            ValueError,
+            r"log_decay must be \(b, h, t\) = \(2, 3, 5\) or \(b, h, t, d_k\) = \(2, 3, 5, 4\)",
+        ),
         (lambda q: delta_rule(q[0], q[0], q[0], q[0, ..., 0]), ValueError, "query"),
         (
             lambda q: delta_rule(q, q, q, q[..., 0], initial_state=q),

@@ -17,7 +17,11 @@ The gated delta rule (Yang, Kautz and Hatamizadeh, "Gated Delta Networks", 2024,
 https://arxiv.org/abs/2412.06464) writes to the state only what it does not already
 predict, at a rate $\beta_t$, and shrinks the old state by $\alpha_t = e^{g_t}$:
 $S_t = \alpha_t (I - \beta_t k_t k_t^\top) S_{t-1} + \beta_t k_t v_t^\top$, $o_t = S_t^\top q_t$.
-[`delta_rule`][attnlab.functional.linear.delta_rule] computes it in three modes that agree:
+Kimi Delta Attention (KDA, Kimi Team, "Kimi Linear", 2025, https://arxiv.org/abs/2510.26692)
+decays each key channel at its own rate, $\operatorname{Diag}(\alpha_t)$ for the scalar
+$\alpha_t$. [`delta_rule`][attnlab.functional.linear.delta_rule] computes both (a
+`log_decay` of one value per head and token, or one per key channel) in three modes that
+agree:
 token by token with that matrix (`"naive"`), as a rank-one update (`"recurrent"`, what
 decoding runs) and chunk by chunk (`"chunk"`, what training and prefill run: inside a
 chunk the recurrence becomes a unit lower-triangular solve, the WY/UT transform). The
@@ -190,21 +194,24 @@ def delta_rule(
     chunk_size: int = 64,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""The delta rule (DeltaNet), or with `log_decay` the gated delta rule (Gated DeltaNet).
+    r"""The delta rule (DeltaNet), or with `log_decay` the gated delta rule (Gated
+    DeltaNet, one decay per head) or Kimi Delta Attention (one decay per key channel).
 
     With the state $S$ `(d_k, d_v)` starting at `initial_state` (zeros if None), each token
     $t$ updates it and reads it:
 
     $$
-    S_t = \alpha_t \left(I - \beta_t k_t k_t^\top\right) S_{t-1} + \beta_t k_t v_t^\top,
-    \qquad o_t = S_t^\top q_t, \qquad \alpha_t = e^{g_t}
+    S_t = \left(I - \beta_t k_t k_t^\top\right) \operatorname{Diag}(\alpha_t) S_{t-1}
+    + \beta_t k_t v_t^\top, \qquad o_t = S_t^\top q_t, \qquad \alpha_t = e^{g_t}
     $$
 
-    ($\alpha_t = 1$ without `log_decay`). `S^T k` is what the state predicts for key $k$;
-    the update moves that prediction a fraction $\beta_t$ of the way to $v_t$. Queries and
-    keys are used as given: scale and normalise them first (Gated DeltaNet L2-normalises
-    both and scales queries by `d_k ** -0.5`; with unit keys and $\beta \le 1$ the
-    transition $I - \beta k k^\top$ has no eigenvalue above 1, so the state stays bounded).
+    ($\alpha_t = 1$ without `log_decay`; a scalar $\alpha_t$ per head is the Gated
+    DeltaNet form $\alpha_t (I - \beta_t k_t k_t^\top) S_{t-1} + \beta_t k_t v_t^\top$).
+    `S^T k` is what the state predicts for key $k$; the update moves that prediction a
+    fraction $\beta_t$ of the way to $v_t$. Queries and keys are used as given: scale and
+    normalise them first (Gated DeltaNet and KDA L2-normalise both and scale queries by
+    `d_k ** -0.5`; with unit keys and $\beta \le 1$ the transition
+    $I - \beta k k^\top$ has no eigenvalue above 1, so the state stays bounded).
 
     The modes compute the same thing: `"naive"` builds the `(d_k, d_k)` transition of
     every token, `"recurrent"` applies it as a rank-one update, `"chunk"` processes
@@ -216,7 +223,8 @@ def delta_rule(
         key: `(b, h, t, d_k)`.
         value: `(b, h, t, d_v)`.
         beta: `(b, h, t)`, the writing strength, usually in (0, 1).
-        log_decay: `(b, h, t)`, $g_t \le 0$ (Hugging Face's `g`), or None for DeltaNet.
+        log_decay: $g_t \le 0$ (Hugging Face's `g`): `(b, h, t)`, one per head (Gated
+            DeltaNet), or `(b, h, t, d_k)`, one per key channel (KDA); None for DeltaNet.
         mode: `"chunk"`, `"recurrent"` or `"naive"`.
         chunk_size: Tokens per chunk in `"chunk"` mode (the last chunk may be shorter).
         initial_state: `(b, h, d_k, d_v)`, the state before the first token, or None.
@@ -265,12 +273,14 @@ def delta_rule(
         initial_state = value.new_zeros((b, h, d_k, value.shape[-1]))
     if log_decay is None:
         log_decay = beta.new_zeros(beta.shape)
+    if log_decay.ndim == 3:  # one decay per head: a channel axis of 1 that broadcasts
+        log_decay = log_decay.unsqueeze(-1)  # (b, h, t, 1 or d_k) from here on
     if mode == "chunk":
         return _delta_chunk(query, key, value, beta, log_decay, initial_state, chunk_size)
     step = _delta_step_naive if mode == "naive" else _delta_step
     state, outputs = initial_state, []
     for t in range(query.shape[-2]):
-        state = step(state, key[..., t, :], value[..., t, :], beta[..., t], log_decay[..., t])
+        state = step(state, key[..., t, :], value[..., t, :], beta[..., t], log_decay[..., t, :])
         outputs.append((query[..., t, :].unsqueeze(-1) * state).sum(-2))  # S^T q: (b, h, d_v)
     if not outputs:
         return value.new_zeros(value.shape), state
@@ -278,17 +288,18 @@ def delta_rule(
 
 
 def _delta_step_naive(state: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor) -> Tensor:
-    """One token of the gated delta rule with its transition matrix written out."""
-    beta, alpha = beta[..., None, None], g.exp()[..., None, None]
+    """One token of the gated delta rule with its transition matrix written out; `g`
+    `(b, h, 1 or d_k)`."""
+    beta = beta[..., None, None]
     eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
     kk = k.unsqueeze(-1) * k.unsqueeze(-2)  # (b, h, d_k, d_k)
-    transition = alpha * (eye - beta * kk)
+    transition = (eye - beta * kk) * g.exp().unsqueeze(-2)  # (I - b k k^T) Diag(alpha)
     return transition @ state + beta * (k.unsqueeze(-1) * v.unsqueeze(-2))
 
 
 def _delta_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor) -> Tensor:
     """One token of the gated delta rule as a rank-one update (what decoding runs)."""
-    state = state * g.exp()[..., None, None]
+    state = state * g.exp().unsqueeze(-1)  # each key channel's row decays: Diag(alpha) S
     predicted = (k.unsqueeze(-1) * state).sum(-2)  # S^T k: (b, h, d_v)
     correction = beta.unsqueeze(-1) * (v - predicted)  # (b, h, d_v)
     return state + k.unsqueeze(-1) * correction.unsqueeze(-2)
@@ -297,49 +308,61 @@ def _delta_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor) ->
 def _delta_chunk(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor, size: int
 ) -> tuple[Tensor, Tensor]:
-    r"""The gated delta rule chunk by chunk.
+    r"""The gated delta rule chunk by chunk; `g` `(b, h, t, 1 or d_k)`.
 
     In a chunk that starts from state $S_0$, let $\Gamma_i = \prod_{j \le i} \alpha_j$
-    (decay from the chunk's start to token $i$) and $u_i = \beta_i (v_i - \alpha_i
-    S_{i-1}^\top k_i)$ the correction that token $i$ writes, so that
-    $S_i = \Gamma_i S_0 + \sum_{j \le i} (\Gamma_i / \Gamma_j) k_j u_j^\top$. Substituting
-    $S_{i-1}$ into $u_i$ gives a unit lower-triangular system for all $u$ of the chunk,
+    (decay from the chunk's start to token $i$, one number per key channel) and
+    $u_i = \beta_i (v_i - S_{i-1}^\top (\alpha_i \odot k_i))$ the correction that token
+    $i$ writes, so that $S_i = \operatorname{Diag}(\Gamma_i) S_0 + \sum_{j \le i}
+    \operatorname{Diag}(\Gamma_i / \Gamma_j) k_j u_j^\top$. Substituting $S_{i-1}$ into
+    $u_i$ gives a unit lower-triangular system for all $u$ of the chunk,
 
     $$
-    (I + L)\,U = \beta \odot V - (\beta \odot \Gamma \odot K)\,S_0, \qquad
-    L_{ij} = \beta_i \tfrac{\Gamma_i}{\Gamma_j} k_i^\top k_j \ (j < i),
+    (I + L)\,U = \beta \odot V - \beta \odot (\Gamma \odot K)\,S_0, \qquad
+    L_{ij} = \beta_i\, k_i^\top \operatorname{Diag}(\Gamma_i / \Gamma_j)\, k_j \ (j < i),
     $$
 
-    solved once per chunk; then the outputs are $O = (\Gamma \odot Q) S_0 + (Q K^\top
-    \odot D)\,U$ with $D_{ij} = \Gamma_i / \Gamma_j$ for $j \le i$ (0 above), and the state
-    at the chunk's end $S_C = \Gamma_C S_0 + (K \odot \Gamma_C / \Gamma)^\top U$. Only the
-    last line is sequential across chunks.
+    solved once per chunk; then the outputs are $O = (\Gamma \odot Q) S_0 + A\,U$ with
+    $A_{ij} = q_i^\top \operatorname{Diag}(\Gamma_i / \Gamma_j)\, k_j$ for $j \le i$
+    (0 above), and the state at the chunk's end $S_C = \operatorname{Diag}(\Gamma_C) S_0 +
+    (K \odot \Gamma_C / \Gamma)^\top U$. With one decay per head (a channel axis of 1)
+    the products factor into $q_i^\top k_j\, \Gamma_i / \Gamma_j$, one matrix product.
+    Only the last line is sequential across chunks.
     """
     outputs = []
     for start in range(0, q.shape[-2], size):
         chunk = slice(start, start + size)
         q_c, k_c, v_c = q[..., chunk, :], k[..., chunk, :], v[..., chunk, :]  # (b, h, c, d)
-        beta_c, cum = beta[..., chunk], g[..., chunk].cumsum(-1)  # (b, h, c)
+        beta_c, cum = beta[..., chunk], g[..., chunk, :].cumsum(-2)  # (b, h, c, 1 or d_k)
         c = q_c.shape[-2]
         causal = band(c, c, "top-left", None, q.device)  # (c, c): j <= i
         # log(Gamma_i / Gamma_j), masked above the diagonal before exp: it is > 0 there
         # and could overflow.
-        log_ratio = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, -torch.inf)
-        ratio = log_ratio.exp()  # (b, h, c, c), D
-        gamma = cum.exp().unsqueeze(-1)  # (b, h, c, 1)
+        log_ratio = cum.unsqueeze(-2) - cum.unsqueeze(-3)  # (b, h, c, c, 1 or d_k)
+        ratio = log_ratio.masked_fill(~causal[..., None], -torch.inf).exp()
+        gamma = cum.exp()  # (b, h, c, 1 or d_k)
         k_beta = k_c * beta_c.unsqueeze(-1)  # (b, h, c, d_k)
-        system = (k_beta @ k_c.transpose(-1, -2) * ratio).tril(-1)  # L: (b, h, c, c)
+        system = _decayed(k_beta, k_c, ratio).tril(-1)  # L: (b, h, c, c)
         system = system + torch.eye(c, dtype=q.dtype, device=q.device)
         rhs = torch.cat([v_c * beta_c.unsqueeze(-1), k_beta * gamma], dim=-1)
         solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
         values, keys = torch.split(solved, [v.shape[-1], k.shape[-1]], dim=-1)
         u = values - keys @ state  # (b, h, c, d_v)
-        outputs.append((q_c * gamma) @ state + (q_c @ k_c.transpose(-1, -2) * ratio) @ u)
-        to_end = (cum[..., -1:] - cum).exp().unsqueeze(-1)  # Gamma_C / Gamma_j: (b, h, c, 1)
-        state = state * gamma[..., -1:, :] + (k_c * to_end).transpose(-1, -2) @ u
+        outputs.append((q_c * gamma) @ state + _decayed(q_c, k_c, ratio) @ u)
+        to_end = (cum[..., -1:, :] - cum).exp()  # Gamma_C / Gamma_j: (b, h, c, 1 or d_k)
+        state = state * gamma[..., -1, :, None] + (k_c * to_end).transpose(-1, -2) @ u
     if not outputs:
         return v.new_zeros(v.shape), state
     return torch.cat(outputs, dim=-2), state  # (b, h, t, d_v)
+
+
+def _decayed(a: Tensor, b: Tensor, ratio: Tensor) -> Tensor:
+    r"""`(..., c, c)`: $a_i^\top \operatorname{Diag}(r_{ij})\, b_j$ for `a`, `b`
+    `(..., c, d)` and decay ratios `ratio` `(..., c, c, 1 or d)`; one matrix product when
+    `ratio` has one channel."""
+    if ratio.shape[-1] == 1:
+        return (a @ b.transpose(-1, -2)) * ratio[..., 0]
+    return (a.unsqueeze(-2) * b.unsqueeze(-3) * ratio).sum(-1)
 
 
 def _check_delta_inputs(
@@ -360,9 +383,11 @@ def _check_delta_inputs(
     gates = {"beta": beta} if log_decay is None else {"beta": beta, "log_decay": log_decay}
     for name, gate in gates.items():
         y = check_tensor(name, gate)
-        if y.shape != q.shape[:-1]:
+        per_channel = name == "log_decay" and y.shape == q.shape  # KDA: one per key channel
+        if y.shape != q.shape[:-1] and not per_channel:
+            also = f" or (b, h, t, d_k) = {_shape(q)}" if name == "log_decay" else ""
             raise ValueError(
-                f"{name} must be (b, h, t) = {_shape(q)[:-1]}, got {name}.shape={_shape(y)}"
+                f"{name} must be (b, h, t) = {_shape(q)[:-1]}{also}, got {name}.shape={_shape(y)}"
             )
         if y.device != q.device:
             raise ValueError(f"{name} is on {y.device} but query is on {q.device}")
