@@ -25,7 +25,12 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
 
 from attnlab import validation
 from attnlab.functional.linear import delta_rule, elu_feature_map, linear_attention
-from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState, LinearSelfAttention
+from attnlab.layers.linear import (
+    DeltaGates,
+    GatedDeltaNet,
+    GatedDeltaNetState,
+    LinearSelfAttention,
+)
 from attnlab.models.interop import split_deltanet_projections
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -369,3 +374,61 @@ def test_gated_delta_net_names_a_bad_padding_mask(mask: Any, error: type, match:
     layer = GatedDeltaNet(8, num_k_heads=1, num_v_heads=2, head_k_dim=2, head_v_dim=3)
     with pytest.raises(error, match=match):
         layer(torch.randn(2, 4, 8), padding_mask=mask)
+
+
+def _kimi_layer() -> tuple[Any, Any]:
+    from transformers import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention
+
+    config = KimiLinearConfig(
+        hidden_size=24, linear_num_heads=2, linear_head_dim=6, linear_conv_kernel_dim=3,
+        num_hidden_layers=1, layer_types=["linear_attention"], vocab_size=10,
+        num_attention_heads=2, num_key_value_heads=2, intermediate_size=8,
+        moe_intermediate_size=8, num_local_experts=2,
+    )  # fmt: skip
+    layer = KimiLinearDeltaAttention(config, layer_idx=0)
+    with torch.no_grad():  # created empty or as ones: give them values
+        layer.forget_gate.A_log.uniform_(-1.0, 1.0)
+        layer.forget_gate.dt_bias.uniform_(-1.0, 1.0)
+        layer.o_norm.weight.uniform_(0.5, 1.5)
+    return layer, config
+
+
+def test_kimi_delta_attention_from_hf_outputs_gradients_and_decode() -> None:
+    # KimiLinearDeltaAttention is GatedDeltaNet with a decay per key channel and low-rank
+    # gates (DeltaGates); its kernels here are transformers' PyTorch ones (no FLA).
+    hf, config = _kimi_layer()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=3)  # 7 tokens: chunks of 3, 3, 1
+    assert ours.gates == DeltaGates(decay="channel", rank=6, activation="sigmoid")
+    x = torch.randn(2, 7, 24, requires_grad=True)
+    x_ours = x.detach().clone().requires_grad_()
+    expected, got = hf(x), ours(x_ours)
+    assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    upstream = torch.randn_like(expected)
+    (expected * upstream).sum().backward()
+    (got * upstream).sum().backward()
+    assert x.grad is not None
+    assert x_ours.grad is not None
+    assert_close(x_ours.grad, x.grad, atol=1e-5, rtol=1e-5)
+    gate = hf.forget_gate
+    pairs = {
+        "a_proj.1.weight": gate.f_b_proj.weight,
+        "dt_bias": gate.dt_bias,
+        "A_log": gate.A_log,
+        "z_proj.0.weight": hf.g_a_proj.weight,
+        "conv_weight": hf.conv1d.weight,
+    }
+    params = dict(ours.named_parameters())
+    for name, theirs in pairs.items():
+        mine, their_grad = params[name].grad, theirs.grad
+        assert mine is not None
+        assert their_grad is not None
+        assert_close(mine, their_grad.reshape(mine.shape), atol=1e-5, rtol=1e-5)
+    # Prefill 5 tokens, then decode 2 one at a time: the state carries what the cache does.
+    cache, state = DynamicCache(config=config), ours.new_state(2)
+    with torch.no_grad():
+        assert_close(ours(x[:, :5], state), hf(x[:, :5], cache=cache), atol=1e-5, rtol=1e-5)
+        for i in (5, 6):
+            step = ours(x[:, i : i + 1], state)
+            assert_close(step, hf(x[:, i : i + 1], cache=cache), atol=1e-5, rtol=1e-5)
+    assert state.seen == 7

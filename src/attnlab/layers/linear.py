@@ -7,13 +7,15 @@ attention of a [`TinyTransformer`][attnlab.models.tiny.TinyTransformer] block.
 (Qwen Team, 2025) around [`delta_rule`][attnlab.functional.linear.delta_rule]:
 projections, a short causal convolution, the gates, a gated RMSNorm, with a
 [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState] carried from prefill to
-decode; `from_hf` ports `transformers`' `Qwen3NextGatedDeltaNet`.
+decode; `from_hf` ports `transformers`' `Qwen3NextGatedDeltaNet`. With
+[`DeltaGates`][attnlab.layers.linear.DeltaGates] for a decay per key channel and low-rank
+gates, the same layer is Kimi Linear's Kimi Delta Attention (`KimiLinearDeltaAttention`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +41,7 @@ from attnlab.rules._validation import (
 )
 
 __all__ = [
+    "DeltaGates",
     "GatedDeltaNet",
     "GatedDeltaNetState",
     "LinearSelfAttention",
@@ -162,6 +165,54 @@ class GatedDeltaNetState(LayerCache):
         self.seen = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class DeltaGates:
+    r"""How a [`GatedDeltaNet`][attnlab.layers.linear.GatedDeltaNet] computes its decay and its
+    output gate.
+
+    The default is Qwen3-Next's: one decay per value head and token, from `a_proj`
+    (`d_model` to `num_v_heads`), and an output gate `z_proj` of full rank through a
+    SiLU. Kimi Linear's Kimi Delta Attention is
+    `DeltaGates(decay="channel", rank=head_dim, activation="sigmoid")`: a decay per key
+    channel (`a_proj` gives `num_v_heads * head_k_dim` numbers), and both `a_proj` and
+    `z_proj` low-rank, two linear maps through `rank` features.
+
+    Attributes:
+        decay: `"head"`, one decay per head, or `"channel"`, one per key channel.
+        rank: The inner width of low-rank `a_proj` and `z_proj`, or None for one linear
+            map each.
+        activation: The output gate's, `"silu"` or `"sigmoid"`.
+
+    Examples:
+        >>> kda = DeltaGates(decay="channel", rank=8, activation="sigmoid")
+        >>> layer = GatedDeltaNet(16, num_k_heads=2, num_v_heads=2, head_k_dim=8,
+        ...                       head_v_dim=8, gates=kda)
+        >>> layer.a_proj
+        Sequential(
+          (0): Linear(in_features=16, out_features=8, bias=False)
+          (1): Linear(in_features=8, out_features=16, bias=False)
+        )
+    """
+
+    decay: Literal["head", "channel"] = "head"
+    rank: int | None = None
+    activation: Literal["silu", "sigmoid"] = "silu"
+
+    def __post_init__(self) -> None:
+        check_choice("decay", self.decay, ("head", "channel"))
+        if self.rank is not None:
+            check_positive_int("rank", self.rank)
+        check_choice("activation", self.activation, ("silu", "sigmoid"))
+
+    def projection(self, d_in: int, d_out: int) -> nn.Module:
+        """`a_proj` or `z_proj`: one linear map, or two through `rank` features."""
+        if self.rank is None:
+            return nn.Linear(d_in, d_out, bias=False)
+        return nn.Sequential(
+            nn.Linear(d_in, self.rank, bias=False), nn.Linear(self.rank, d_out, bias=False)
+        )
+
+
 class GatedDeltaNet(nn.Module):
     r"""Gated DeltaNet layer as in Qwen3-Next (Hugging Face's `Qwen3NextGatedDeltaNet`).
 
@@ -191,6 +242,9 @@ class GatedDeltaNet(nn.Module):
             `"recurrent"` or `"naive"`; an attribute, may be changed later.
         chunk_size: Tokens per chunk in `"chunk"` mode (Hugging Face: 64).
         norm_eps: Epsilon of the gated RMSNorm.
+        gates: How the decay and the output gate are computed
+            ([`DeltaGates`][attnlab.layers.linear.DeltaGates]: Qwen3-Next's by default, a decay
+            per key channel and low-rank gates for Kimi Delta Attention).
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -222,8 +276,12 @@ class GatedDeltaNet(nn.Module):
         mode: str = "chunk",
         chunk_size: int = 64,
         norm_eps: float = 1e-6,
+        gates: DeltaGates = DeltaGates(),  # frozen: one shared default is safe
     ) -> None:
         super().__init__()
+        if not isinstance(gates, DeltaGates):
+            raise TypeError(f"gates must be a DeltaGates, got {type(gates).__name__}")
+        self.gates = gates
         self.d_model = check_positive_int("d_model", d_model)
         self.num_k_heads = check_positive_int("num_k_heads", num_k_heads)
         self.num_v_heads = check_positive_int("num_v_heads", num_v_heads)
@@ -238,12 +296,13 @@ class GatedDeltaNet(nn.Module):
         self.q_proj = nn.Linear(d_model, key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, key_dim, bias=False)
         self.v_proj = nn.Linear(d_model, value_dim, bias=False)
-        self.z_proj = nn.Linear(d_model, value_dim, bias=False)
+        decay_dim = num_v_heads * (head_k_dim if gates.decay == "channel" else 1)
+        self.z_proj = gates.projection(d_model, value_dim)
         self.b_proj = nn.Linear(d_model, num_v_heads, bias=False)
-        self.a_proj = nn.Linear(d_model, num_v_heads, bias=False)
+        self.a_proj = gates.projection(d_model, decay_dim)
         conv = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size, groups=self.conv_dim)
         self.conv_weight = nn.Parameter(conv.weight.detach().squeeze(1))  # (conv_dim, kernel)
-        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.dt_bias = nn.Parameter(torch.ones(decay_dim))
         self.A_log = nn.Parameter(torch.empty(num_v_heads).uniform_(0.01, 16).log())
         self.norm_weight = nn.Parameter(torch.ones(head_v_dim))
         self.out_proj = nn.Linear(value_dim, d_model, bias=False)
@@ -268,6 +327,7 @@ class GatedDeltaNet(nn.Module):
             f"num_v_heads={self.num_v_heads}, head_k_dim={self.head_k_dim}, "
             f"head_v_dim={self.head_v_dim}, kernel_size={self.kernel_size}, "
             f"mode={self.mode!r}, chunk_size={self.chunk_size}"
+            + ("" if self.gates == DeltaGates() else f", gates={self.gates}")
         )
 
     def new_state(self, batch_size: int) -> GatedDeltaNetState:
@@ -349,8 +409,10 @@ class GatedDeltaNet(nn.Module):
         )
         v = split_heads(v, self.num_v_heads).to(wide)  # (b, num_v_heads, t, head_v_dim)
         beta = self.b_proj(x).to(wide).sigmoid().transpose(1, 2)  # (b, num_v_heads, t)
-        dt = F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (b, t, h)
-        g = (-self.A_log.to(wide).exp() * dt).transpose(1, 2)  # (b, num_v_heads, t)
+        dt = F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (b, t, h [* d_k])
+        dt = dt.view(b, t, self.num_v_heads, -1)  # (b, t, h, 1 or head_k_dim)
+        g = (-self.A_log.to(wide).exp()[:, None] * dt).transpose(1, 2)  # (b, h, t, 1 or d_k)
+        g = g.squeeze(-1) if self.gates.decay == "head" else g
         mode = "recurrent" if t == 1 and self.mode == "chunk" else self.mode
         out, recurrent = delta_rule(
             q * self.head_k_dim**-0.5, k, v, beta, g, mode=mode, chunk_size=self.chunk_size,
@@ -376,11 +438,12 @@ class GatedDeltaNet(nn.Module):
         return out, padded[..., padded.shape[-1] - (self.kernel_size - 1) :]
 
     def _gated_norm(self, x: Tensor, z: Tensor) -> Tensor:
-        """RMSNorm of each head's output (in float32 or wider), times SiLU of the gate."""
+        """RMSNorm of each head's output (in float32 or wider), times the activated gate."""
         # Rounded to x's dtype before the weight, as Hugging Face's gated norm does (unlike
         # RMSNorm, which applies its weight in float32): the core is shared, not the order.
         normed = self.norm_weight * rms_normalize(x, self.norm_eps).to(x.dtype)
-        return (normed * F.silu(z.to(normed.dtype))).to(x.dtype)
+        act = F.silu if self.gates.activation == "silu" else torch.sigmoid
+        return (normed * act(z.to(normed.dtype))).to(x.dtype)
 
     def check_state(self, state: object, batch_size: int, *, name: str = "state") -> None:
         """Check that `state` can carry this layer's recurrence for `batch_size` rows.
@@ -424,7 +487,9 @@ class GatedDeltaNet(nn.Module):
 
     @classmethod
     def from_hf(cls, layer: Any, *, mode: str = "chunk", chunk_size: int = 64) -> GatedDeltaNet:
-        """Copy Hugging Face's `Qwen3NextGatedDeltaNet` or `Qwen3_5GatedDeltaNet`.
+        """Copy Hugging Face's `Qwen3NextGatedDeltaNet`, `Qwen3_5GatedDeltaNet` or Kimi
+        Linear's `KimiLinearDeltaAttention` (Kimi Delta Attention: the copy gets
+        `DeltaGates(decay="channel", rank=head_dim, activation="sigmoid")`).
 
         Qwen3-Next's fused projections are split by rows: `in_proj_qkvz` holds, per key
         head, `head_k_dim` query rows, `head_k_dim` key rows, then the value and the `z`
@@ -434,8 +499,9 @@ class GatedDeltaNet(nn.Module):
         rows) and separate `in_proj_z`, `in_proj_b`, `in_proj_a`.
 
         Args:
-            layer: A `Qwen3NextGatedDeltaNet` or `Qwen3_5GatedDeltaNet` (transformers
-                5), or a layer with the same attributes.
+            layer: A `Qwen3NextGatedDeltaNet`, `Qwen3_5GatedDeltaNet` or
+                `KimiLinearDeltaAttention` (transformers 5), or a layer with the same
+                attributes.
             mode: The new layer's `mode`.
             chunk_size: The new layer's `chunk_size`.
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnlab.functional.backends import Backend, backend_for
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
-from attnlab.layers.linear import GatedDeltaNet
+from attnlab.layers.linear import DeltaGates, GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention, latent_sizes
 from attnlab.layers.mlp import MoEConfig
 from attnlab.layers.multihead import MultiHeadAttention
@@ -501,22 +501,56 @@ _DELTANET_SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 def gated_deltanet_from_hf(cls: type[N], layer: Any, *, mode: str, chunk_size: int) -> N:
     """The body of [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf]."""
     _check_deltanet(layer)
-    new = cls(
-        layer.hidden_size, num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
-        head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim,
-        kernel_size=layer.conv_kernel_size, mode=mode, chunk_size=chunk_size,
-        norm_eps=layer.norm.variance_epsilon,
-    )  # fmt: skip
-    weight = layer.out_proj.weight
+    if _is_kimi(layer):  # one set of heads for keys and values, a decay per key channel
+        d, heads, eps = layer.head_dim, layer.num_heads, layer.o_norm.variance_epsilon
+        new = cls(
+            layer.hidden_size, num_k_heads=heads, num_v_heads=heads, head_k_dim=d,
+            head_v_dim=d, kernel_size=layer.conv_kernel_size, mode=mode,
+            chunk_size=chunk_size, norm_eps=eps,
+            gates=DeltaGates(decay="channel", rank=d, activation="sigmoid"),
+        )  # fmt: skip
+    else:
+        new = cls(
+            layer.hidden_size, num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
+            head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim,
+            kernel_size=layer.conv_kernel_size, mode=mode, chunk_size=chunk_size,
+            norm_eps=layer.norm.variance_epsilon,
+        )  # fmt: skip
+    weight = layer.o_proj.weight if _is_kimi(layer) else layer.out_proj.weight
     new.to(device=weight.device, dtype=weight.dtype)
     new.load_state_dict(gated_deltanet_state_dict(layer))
     return new
+
+
+def _is_kimi(layer: Any) -> bool:
+    """Whether `layer` is Kimi Linear's `KimiLinearDeltaAttention` (its gates in a
+    `forget_gate` module and low-rank `g_a_proj`, `g_b_proj`)."""
+    return hasattr(layer, "forget_gate")
+
+
+def _kimi_state_dict(layer: Any) -> dict[str, Tensor]:
+    """`KimiLinearDeltaAttention`'s weights under `GatedDeltaNet`'s names."""
+    gate = layer.forget_gate
+    return {
+        **{f"{n}_proj.weight": getattr(layer, f"{n}_proj").weight for n in "qkvb"},
+        "conv_weight": layer.conv1d.weight.squeeze(1),
+        "a_proj.0.weight": gate.f_a_proj.weight,
+        "a_proj.1.weight": gate.f_b_proj.weight,
+        "dt_bias": gate.dt_bias,
+        "A_log": gate.A_log.reshape(-1),  # (1, 1, heads, 1) there
+        "z_proj.0.weight": layer.g_a_proj.weight,
+        "z_proj.1.weight": layer.g_b_proj.weight,
+        "norm_weight": layer.o_norm.weight,
+        "out_proj.weight": layer.o_proj.weight,
+    }
 
 
 def gated_deltanet_state_dict(layer: Any) -> dict[str, Tensor]:
     """The body of
     [`GatedDeltaNet.state_dict_from_hf`][attnlab.layers.linear.GatedDeltaNet.state_dict_from_hf]."""
     _check_deltanet(layer)
+    if _is_kimi(layer):
+        return _kimi_state_dict(layer)
     d_k, key_dim = layer.head_k_dim, layer.num_k_heads * layer.head_k_dim
     if not all(hasattr(layer, name) for name in _DELTANET_SPLIT):  # Qwen3-Next's fused rows
         group_v = layer.num_v_heads // layer.num_k_heads * layer.head_v_dim
@@ -542,11 +576,14 @@ def _check_deltanet(layer: Any) -> None:
     fused = not all(hasattr(layer, name) for name in _DELTANET_SPLIT)  # Qwen3-Next, not 3.5
     needed: tuple[str, ...] = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
     needed += ("in_proj_qkvz", "in_proj_ba") if fused else _DELTANET_SPLIT
+    if _is_kimi(layer):
+        needed = ("q_proj", "k_proj", "v_proj", "b_proj", "conv1d", "g_a_proj", "g_b_proj")
+        needed += ("o_norm", "o_proj")
     missing = [name for name in needed if not hasattr(layer, name)]
     if missing:
         raise ValueError(
-            "layer must be a Qwen3NextGatedDeltaNet or Qwen3_5GatedDeltaNet; "
-            f"{type(layer).__name__} has no {', '.join(missing)}"
+            "layer must be a Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or "
+            f"KimiLinearDeltaAttention; {type(layer).__name__} has no {', '.join(missing)}"
         )
     if layer.conv1d.bias is not None or getattr(layer, "activation", "silu") != "silu":
         raise ValueError(
