@@ -410,7 +410,7 @@ class GatedDeltaNet(nn.Module):
         v = split_heads(v, self.num_v_heads).to(wide)  # (b, num_v_heads, t, head_v_dim)
         beta = self.b_proj(x).to(wide).sigmoid().transpose(1, 2)  # (b, num_v_heads, t)
         dt = F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (b, t, h [* d_k])
-        dt = dt.view(b, t, self.num_v_heads, -1)  # (b, t, h, 1 or head_k_dim)
+        dt = dt.view(b, t, self.num_v_heads, dt.shape[-1] // self.num_v_heads)  # 1 or d_k
         g = (-self.A_log.to(wide).exp()[:, None] * dt).transpose(1, 2)  # (b, h, t, 1 or d_k)
         g = g.squeeze(-1) if self.gates.decay == "head" else g
         mode = "recurrent" if t == 1 and self.mode == "chunk" else self.mode
