@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.linear import LinearSelfAttention
 from attnlab.models.tiny import (
     ModelConfig,
@@ -33,6 +34,7 @@ from attnlab.tools.train import (
 
 RUN = Path(__file__).resolve().parents[1] / "docs" / "assets" / "model"
 LINEAR_RUN = RUN / "linear"  # the same run with linear attention in every block
+GATED_RUN = RUN / "gated"  # the same run with an output gate on every block's heads
 SMALL = ModelConfig(vocab_size=11, max_len=10, d_model=12, num_heads=3, num_layers=2)
 
 
@@ -382,3 +384,39 @@ def test_cli_writes_a_linear_run_that_load_run_rebuilds(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="attention must be one of 'softmax', 'linear'"):
         build_model(SMALL, "flash")
+
+
+# -- the committed gated run (Qiu et al.'s output gate on the same model) -------------------
+
+
+def test_committed_gated_weights_reproduce_their_record() -> None:
+    model, record = load_run(GATED_RUN)
+    _, softmax = _committed()
+    assert record["attention"] == "gated"
+    assert record["config"] == softmax["config"]  # the same seed, steps and schedule
+    for block in model.blocks:
+        assert isinstance(block.attn, GroupedQueryAttention)
+        assert block.attn.gate_proj is not None
+    # One gate projection (weight and bias) per layer more than the softmax model.
+    d = record["config"]["model"]["d_model"]
+    assert record["parameters"] == softmax["parameters"] + 2 * (d * d + d) == 53_248
+    assert "circuit" not in record  # the circuit's readings take MultiHeadAttention
+    half = record["config"]["half"]
+    first, second = evaluate(model, half)
+    assert first == pytest.approx(record["loss_curve"]["first_half"][-1], abs=1e-3)
+    assert second == pytest.approx(record["loss_curve"]["second_half"][-1], abs=1e-3)
+    scores = probe_scores(model, half)
+    for key in ("previous_token", "induction", "first_token"):
+        expected = torch.tensor(record["head_scores"][key])
+        assert_close(getattr(scores, key), expected, atol=2e-3, rtol=0, msg=key)
+
+
+def test_cli_writes_a_gated_run_with_head_scores(tmp_path: Path) -> None:
+    argv = ["--steps", "2", "--attention", "gated", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    model, record = load_run(tmp_path)
+    assert record["attention"] == "gated"
+    assert record["head_score_curve"]["step"] == [0, 2]
+    assert isinstance(model.blocks[0].attn, GroupedQueryAttention)
+    induction = probe_scores(model, record["config"]["half"]).induction
+    assert_close(induction, torch.tensor(record["head_scores"]["induction"]), atol=2e-3, rtol=0)

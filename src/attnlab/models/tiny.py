@@ -19,10 +19,12 @@ attention weights; the chapter "Watching heads learn" trains the model
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.rules._validation import (
     check_bool,
@@ -195,9 +197,20 @@ class TinyTransformer(nn.Module):
         maps = []
         for block in self.blocks:
             assert isinstance(block, Block)
-            maps.append(block.attn.attention_weights(block.norm_attn(x), is_causal=True))
+            maps.append(_attention_weights(block.attn, block.norm_attn(x)))
             x = block(x)
         return maps
+
+
+def _attention_weights(attn: nn.Module, x: Tensor) -> Tensor:
+    """A block's causal attention weights `(b, num_heads, t, t)`: its
+    `MultiHeadAttention`'s, or those a `GroupedQueryAttention` returns with its output
+    (the gated blocks of `attnlab.tools.train`)."""
+    if isinstance(attn, GroupedQueryAttention):
+        _, weights = attn(x, need_weights=True)
+        return cast(Tensor, weights)
+    assert isinstance(attn, MultiHeadAttention)
+    return attn.attention_weights(x, is_causal=True)
 
 
 def repeated_tokens(

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import LinearSelfAttention
 from attnlab.models.tiny import (
     HeadScores,
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-ATTENTION_KINDS = ("softmax", "linear")
+ATTENTION_KINDS = ("softmax", "linear", "gated")
 """The attention a run's blocks use: `--attention` of `python -m attnlab.tools.train`."""
 
 
@@ -63,9 +64,13 @@ def build_model(config: ModelConfig, attention: str = "softmax") -> TinyTransfor
     """A fresh [`TinyTransformer`][attnlab.models.tiny.TinyTransformer] with that attention.
 
     `"softmax"` is the model as it comes; `"linear"` swaps every block's attention for
-    a [`LinearSelfAttention`][attnlab.layers.linear.LinearSelfAttention] of the same sizes
-    (built after the whole model, so the softmax model's other weights are those of
-    the same seed). [`load_run`][attnlab.tools.train.load_run] rebuilds a record's model
+    a [`LinearSelfAttention`][attnlab.layers.linear.LinearSelfAttention] of the same sizes,
+    and `"gated"` for the same softmax attention with an output gate (a
+    [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention] with one key/value
+    head per query head, biases as `MultiHeadAttention` has them, no RoPE, and
+    `HeadGates(output_gate=True)`: Qiu et al.'s G1, as in Qwen3-Next). The new attention
+    is built after the whole model, so the other weights are those of the same seed.
+    [`load_run`][attnlab.tools.train.load_run] rebuilds a record's model
     with it.
 
     Raises:
@@ -73,9 +78,15 @@ def build_model(config: ModelConfig, attention: str = "softmax") -> TinyTransfor
     """
     check_choice("attention", attention, ATTENTION_KINDS)
     model = TinyTransformer(config)
-    if attention == "linear":
-        for block in model.blocks:
-            block.attn = LinearSelfAttention(config.d_model, config.num_heads)
+    d, heads = config.d_model, config.num_heads
+    for block in model.blocks if attention != "softmax" else ():
+        block.attn = (
+            LinearSelfAttention(d, heads)
+            if attention == "linear"
+            else GroupedQueryAttention(
+                d, heads, heads, bias=True, rope=None, gates=HeadGates(output_gate=True)
+            )
+        )
     return model
 
 
@@ -380,8 +391,9 @@ def _record(
     attention: str = "softmax",
 ) -> dict[str, Any]:
     model = result.model
-    # A linear-attention model has no attention weights: no head scores, no circuit.
-    softmax = attention == "softmax"
+    # A linear-attention model has no attention weights: no head scores, no circuit; the
+    # circuit's readings (copying scores, composition) take MultiHeadAttention's weights.
+    softmax, scored = attention == "softmax", attention != "linear"
     summary = circuit_summary(model, config, result) if softmax else None  # before the clock
     record = {
         # The record is the provenance of the weights: its keys at the top level.
@@ -400,11 +412,10 @@ def _record(
         },
         "chance_loss": round(math.log(config.model.vocab_size), 4),
     }
-    if not softmax:
+    if not scored:
         return record
     tables = [_scores(s) for s in result.head_scores]  # once per evaluation
-    return {
-        **record,
+    record |= {
         "head_scores": _scores(probe_scores(model, config.half)),
         "head_score_curve": {
             "step": result.steps[: len(result.head_scores)],
@@ -413,8 +424,8 @@ def _record(
                 for key in ("previous_token", "induction", "first_token")
             },
         },
-        "circuit": summary,
     }
+    return record if summary is None else record | {"circuit": summary}
 
 
 def load_run(directory: str | Path) -> tuple[TinyTransformer, dict[str, Any]]:
@@ -455,7 +466,8 @@ def _parser() -> argparse.ArgumentParser:
         "--attention",
         choices=ATTENTION_KINDS,
         default="softmax",
-        help="the blocks' attention (linear: no head scores or circuit in the record)",
+        help="the blocks' attention (linear: no head scores or circuit in the record; "
+        "gated: an output gate, head scores but no circuit)",
     )
     parser.add_argument("--out", type=Path, help="write induction.pt and induction.json here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -473,7 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:  # built after the global seed, as train builds its own model
         torch.manual_seed(config.seed)
         model = build_model(config.model, args.attention)
-        result = train(config, progress=not args.no_progress, model=model, score_heads=False)
+        scored = args.attention != "linear"
+        result = train(config, progress=not args.no_progress, model=model, score_heads=scored)
     record = _record(config, result, argv, begun, args.attention)
     print(
         f"trained {record['parameters']:,} parameters for {config.steps} steps in "
