@@ -281,6 +281,11 @@ def test_gated_delta_net_unbatched_and_modes_agree() -> None:
         (lambda q: delta_rule(q, q, q, q[..., :1, 0]), ValueError, "beta"),
         (lambda q: delta_rule(q, q, q, q[..., 0], q[..., 0].int()), TypeError, "log_decay"),
         (
+            lambda q: delta_rule(q, q, q, q[..., 0], q[..., 0].double()),
+            TypeError,
+            "log_decay must have query's dtype torch.float32, got torch.float64",
+        ),
+        (
             lambda q: delta_rule(q, q, q, q[..., 0], q[..., :2]),
             ValueError,
             r"log_decay must be \(b, h, t\) = \(2, 3, 5\) or \(b, h, t, d_k\) = \(2, 3, 5, 4\)",
@@ -432,3 +437,20 @@ def test_kimi_delta_attention_from_hf_outputs_gradients_and_decode() -> None:
             step = ours(x[:, i : i + 1], state)
             assert_close(step, hf(x[:, i : i + 1], cache=cache), atol=1e-5, rtol=1e-5)
     assert state.seen == 7
+
+
+def test_kimi_delta_attention_port_keeps_the_decay_in_float32() -> None:
+    # transformers keeps dt_bias (and A_log) in float32 in a bfloat16 model; rounding
+    # them to bfloat16 would shift every channel's decay at every token.
+    hf, _ = _kimi_layer()
+    hf = hf.to(torch.bfloat16)
+    for name in ("dt_bias", "A_log"):
+        part = getattr(hf.forget_gate, name)
+        part.data = part.data.float()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=3)
+    assert ours.dt_bias.dtype == ours.A_log.dtype == torch.float32
+    assert ours.q_proj.weight.dtype == torch.bfloat16
+    assert torch.equal(ours.dt_bias, hf.forget_gate.dt_bias)
+    x = torch.randn(2, 7, 24, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert_close(ours(x), hf(x), atol=3e-2, rtol=3e-2)

@@ -559,6 +559,8 @@ def test_config_checks() -> None:
         DecoderConfig(10, 8, 2, 2, 1, 4, 16, rope_layers=(True, False, True))
     with pytest.raises(TypeError, match=r"rope_layers\[1\] must be a bool, got 0 \(int\)"):
         DecoderConfig(10, 8, 2, 2, 1, 4, 16, rope_layers=(True, 0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"rope_layers must be a tuple of bools .* got int"):
+        DecoderConfig(10, 8, 2, 2, 1, 4, 16, rope_layers=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_kv_heads"):
         Decoder(DecoderConfig(10, 8, 2, 3, 2, 4, 16))
 

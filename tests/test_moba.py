@@ -23,7 +23,12 @@ from attnlab.functional.sparse import moba_attention, moba_blocks
 
 
 def reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int, topk: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block: int,
+    topk: int,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence `(t, H, E)` each: the output `(t, H, E)` and the chosen blocks `(H, t, n)`."""
     t, d = q.shape[0], q.shape[-1]
@@ -40,7 +45,7 @@ def reference(
     chosen &= gate > -math.inf
     keys = chosen.repeat_interleave(block, dim=-1)[..., :t]
     keys &= torch.ones(t, t, dtype=torch.bool).tril()
-    scores = torch.einsum("xhd,yhd->hxy", q, k) * d**-0.5
+    scores = torch.einsum("xhd,yhd->hxy", q, k) * (d**-0.5 if scale is None else scale)
     p = scores.masked_fill(~keys, -math.inf).softmax(-1)
     return torch.einsum("hxy,yhd->xhd", p, v), chosen
 
@@ -68,6 +73,23 @@ def test_equals_the_authors_reference(t: int, block: int, topk: int) -> None:
     q32, k32, v32 = (x.float() for x in (q, k, v))
     ours32 = moba_attention(q32, k32, v32, block_size=block, top_k=topk)
     torch.testing.assert_close(ours32, ours.float(), atol=2e-6, rtol=0)
+    # A scale of the caller's, in place of 1 / sqrt(E):
+    scaled = moba_attention(q, k, v, block_size=block, top_k=topk, scale=0.9)
+    expand = [x[0].repeat_interleave(2, dim=0).transpose(0, 1) for x in (k, v)]
+    out = reference(q[0].transpose(0, 1), *expand, block, topk, scale=0.9)[0]
+    torch.testing.assert_close(scaled[0], out.transpose(0, 1), atol=1e-12, rtol=0)
+
+
+def test_half_precision_chooses_as_float32() -> None:
+    # Block means are summed in float32: 64 keys of about 2,000 sum past float16's
+    # largest number (65,504), which would make a block's score inf and win every choice.
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(1, 1, 256, 2, generator=g) + torch.tensor([2000.0, 0.0])
+    k[:, :, 64:128] = torch.randn(64, 2, generator=g) + torch.tensor([0.0, 1500.0])
+    q = torch.randn(1, 1, 256, 2, generator=g).abs()
+    half = moba_blocks(q.half(), k.half(), 64, 2)
+    assert torch.equal(half, moba_blocks(q, k, 64, 2))
+    assert half[0, 0, 192:, 1].any()  # the block of smaller sums is chosen somewhere
 
 
 def test_the_choice_is_causal_and_keeps_the_own_block() -> None:

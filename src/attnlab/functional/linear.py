@@ -391,6 +391,8 @@ def _check_delta_inputs(
             )
         if y.device != q.device:
             raise ValueError(f"{name} is on {y.device} but query is on {q.device}")
+        if y.dtype != q.dtype:
+            raise TypeError(f"{name} must have query's dtype {q.dtype}, got {y.dtype}")
     if initial_state is not None:
         s = check_tensor("initial_state", initial_state)
         expected = (*q.shape[:2], q.shape[-1], v.shape[-1])

@@ -239,7 +239,7 @@ def moba_blocks(query: Tensor, key: Tensor, block_size: int, top_k: int) -> Tens
 
     The `s` keys are cut into $n = \lceil s / B \rceil$ blocks of `block_size` $B$ (the
     last may be shorter), and block $j$ is scored for query $q_i$ by its mean key,
-    $g_{ij} = q_i \cdot \bar k_j$ (computed in float32 at least, as the authors do). Each
+    $g_{ij} = q_i \cdot \bar k_j$ (means and scores in float32 at least). Each
     query takes the block that holds its own position, always, plus the `top_k - 1`
     best-scoring blocks that lie wholly before that one; a block that starts after the
     query is never chosen, and inside its own block the query sees only the keys up to
@@ -278,14 +278,16 @@ def moba_blocks(query: Tensor, key: Tensor, block_size: int, top_k: int) -> Tens
     b, hq, t, _ = query.shape
     h_kv, s = key.shape[1], key.shape[2]
     n = math.ceil(s / block_size)
-    # The mean key of each block; padding the last block with zeros changes its sum only.
-    padded = F.pad(key, (0, 0, 0, n * block_size - s))  # (b, Hkv, n B, E)
+    # The mean key of each block, summed in float32 at least (a half-precision sum of
+    # thousands of keys can overflow); padding the last block with zeros changes its sum
+    # only.
+    work = torch.promote_types(query.dtype, torch.float32)
+    padded = F.pad(key.to(work), (0, 0, 0, n * block_size - s))  # (b, Hkv, n B, E)
     sums = padded.view(b, h_kv, n, block_size, key.shape[-1]).sum(3)  # (b, Hkv, n, E)
     starts = torch.arange(n, device=key.device) * block_size
     counts = (s - starts).clamp(max=block_size)  # (n,) keys in each block
     means = (sums / counts[:, None]).repeat_interleave(hq // h_kv, dim=1)  # (b, Hq, n, E)
-    work = torch.promote_types(query.dtype, torch.float32)
-    gate = query.to(work) @ means.to(work).transpose(-1, -2)  # (b, Hq, t, n)
+    gate = query.to(work) @ means.transpose(-1, -2)  # (b, Hq, t, n)
     own = (torch.arange(t, device=query.device) + s - t) // block_size  # (t,) block of query i
     blocks = torch.arange(n, device=query.device)
     behind = blocks < own[:, None]  # (t, n) blocks wholly before the query's own

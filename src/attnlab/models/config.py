@@ -275,6 +275,11 @@ class DecoderConfig:
             flags = getattr(self, name)
             if flags is None:
                 continue
+            if not isinstance(flags, tuple):
+                raise TypeError(
+                    f"{name} must be a tuple of bools (one per layer) or None, "
+                    f"got {type(flags).__name__}"
+                )
             if len(flags) != self.num_layers:
                 raise ValueError(
                     f"{name} must give one entry per layer, got {len(flags)} "

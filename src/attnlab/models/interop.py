@@ -518,6 +518,10 @@ def gated_deltanet_from_hf(cls: type[N], layer: Any, *, mode: str, chunk_size: i
         )  # fmt: skip
     weight = layer.o_proj.weight if _is_kimi(layer) else layer.out_proj.weight
     new.to(device=weight.device, dtype=weight.dtype)
+    if _is_kimi(layer):  # transformers keeps the decay's parameters in float32 (fp32-strict)
+        for name in ("dt_bias", "A_log"):
+            param = getattr(new, name)
+            param.data = param.data.to(getattr(layer.forget_gate, name).dtype)
     new.load_state_dict(gated_deltanet_state_dict(layer))
     return new
 
@@ -578,8 +582,10 @@ def _check_deltanet(layer: Any) -> None:
     needed += ("in_proj_qkvz", "in_proj_ba") if fused else _DELTANET_SPLIT
     if _is_kimi(layer):
         needed = ("q_proj", "k_proj", "v_proj", "b_proj", "conv1d", "g_a_proj", "g_b_proj")
-        needed += ("o_norm", "o_proj")
-    missing = [name for name in needed if not hasattr(layer, name)]
+        needed += ("o_norm", "o_proj", "head_dim", "num_heads", "conv_kernel_size")
+        gate = ("f_a_proj", "f_b_proj", "dt_bias", "A_log")
+        needed += tuple(f"forget_gate.{n}" for n in gate if not hasattr(layer.forget_gate, n))
+    missing = [name for name in needed if "." in name or not hasattr(layer, name)]
     if missing:
         raise ValueError(
             "layer must be a Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or "
