@@ -408,3 +408,27 @@ def test_modules_build_masks_without_checking_them_again(monkeypatch: pytest.Mon
     torch.testing.assert_close(steps, expected[0])
     got = mha(x, key_padding_mask=padding, is_causal=True)
     torch.testing.assert_close(got, expected[1])
+
+
+@pytest.mark.parametrize(("t_q", "t_k", "chunk"), [(11, 11, 4), (1, 11, 4), (3, 9, 3), (6, 6, 8)])
+def test_chunked_equals_transformers_chunked_causal_mask(t_q: int, t_k: int, chunk: int) -> None:
+    # transformers' mask function for Llama 4's chunked layers, at absolute positions:
+    # the queries are the last t_q of the t_k (a decode step when t_q = 1).
+    from transformers.masking_utils import chunked_causal_mask_function
+
+    rule = chunked_causal_mask_function(chunk, torch.zeros(1, dtype=torch.long))
+    q_idx = torch.arange(t_k - t_q, t_k)[:, None]
+    expected = rule(0, 0, q_idx, torch.arange(t_k)[None, :])
+    got = masks.chunked(t_q, t_k, chunk_size=chunk, align="bottom-right")
+    assert torch.equal(got, expected)
+    if t_q == t_k:  # the same queries counted from the top-left
+        assert torch.equal(masks.chunked(t_q, chunk_size=chunk), expected)
+    if chunk >= t_k:
+        assert torch.equal(got, masks.causal(t_q, t_k, align="bottom-right"))
+
+
+def test_chunked_names_a_bad_chunk_size() -> None:
+    with pytest.raises(ValueError, match="chunk_size must be a positive int, got 0"):
+        masks.chunked(4, chunk_size=0)
+    with pytest.raises(TypeError, match=r"chunk_size must be a positive int, got 2\.0"):
+        masks.chunked(4, chunk_size=2.0)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.functional.sparse import moba_attention, moba_blocks
+from attnlab.rules import masks
 
 
 def reference(
@@ -109,8 +110,7 @@ def test_all_blocks_is_causal_attention_and_one_block_is_chunked() -> None:
     full = moba_attention(q, k, v, block_size=4, top_k=5)
     torch.testing.assert_close(full, causal, atol=1e-6, rtol=0)
     own_only = moba_attention(q, k, v, block_size=4, top_k=1)
-    pos = torch.arange(18)
-    chunked = (pos[:, None] // 4 == pos // 4) & (pos[:, None] >= pos)
+    chunked = masks.chunked(18, chunk_size=4)  # Llama 4's chunked attention
     dense = F.scaled_dot_product_attention(q, k, v, attn_mask=chunked, enable_gqa=True)
     torch.testing.assert_close(own_only, dense, atol=1e-6, rtol=0)
 

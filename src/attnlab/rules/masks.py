@@ -51,6 +51,7 @@ __all__ = [
     "check_causal_mask",
     "check_causal_window",
     "check_window",
+    "chunked",
     "combine",
     "decode_mask",
     "is_causal_window",
@@ -248,6 +249,54 @@ def sliding_window(
     t_q, t_k = _check_sizes(t_q, t_k, align, device)
     check_positive_int("window", window)
     return band(t_q, t_k, align, window, device)
+
+
+def chunked(
+    t_q: int,
+    t_k: int | None = None,
+    *,
+    chunk_size: int,
+    align: Alignment = "top-left",
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""Causal mask within fixed chunks: a query sees the keys of its own chunk up to itself.
+
+    Positions are cut into chunks of `chunk_size`, and the query at position $i$ attends
+    to keys $j \le i$ with $\lfloor j / C \rfloor = \lfloor i / C \rfloor$ (Llama 4's
+    "chunked attention" on its RoPE layers, `attention_chunk_size`). Unlike a sliding
+    window it resets at each chunk's start: the first token of a chunk sees only itself,
+    the last one the whole chunk. With `chunk_size >= t_k` it equals
+    [`causal`][attnlab.rules.masks.causal].
+
+    Args:
+        t_q: Number of queries.
+        t_k: Number of keys; defaults to `t_q`.
+        chunk_size: Positions per chunk.
+        align: `"top-left"` or `"bottom-right"`, as for `causal` (a decode step's
+            queries are the last positions).
+        device: Where to create the mask.
+
+    Returns:
+        An allowed-convention bool mask `(t_q, t_k)`.
+
+    Raises:
+        TypeError: If a size is not an int.
+        ValueError: If a length is negative, `chunk_size` is not positive, `align` is
+            unknown or `device` names no device.
+
+    Examples:
+        >>> chunked(5, chunk_size=2).long()
+        tensor([[1, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0],
+                [0, 0, 1, 0, 0],
+                [0, 0, 1, 1, 0],
+                [0, 0, 0, 0, 1]])
+    """
+    t_q, t_k = _check_sizes(t_q, t_k, align, device)
+    check_positive_int("chunk_size", chunk_size)
+    i = torch.arange(t_q, device=device)[:, None] + alignment_offset(t_q, t_k, align)
+    j = torch.arange(t_k, device=device)
+    return visible(i, j) & (i // chunk_size == j // chunk_size)  # (t_q, t_k)
 
 
 def sink_window(
