@@ -87,6 +87,8 @@ def test_band_mods_equal_dense_masks(t_q: int, t_k: int, align: Any) -> None:
         mod = flex.sink_window_mod(t_q, t_k, window=window, num_sink_tokens=2, align=align)
         want = masks.sink_window(t_q, t_k, window=window, num_sink_tokens=2, align=align)
         assert torch.equal(dense(mod), want)
+        mod = flex.chunked_mod(t_q, t_k, chunk_size=window, align=align)
+        assert torch.equal(dense(mod), masks.chunked(t_q, t_k, chunk_size=window, align=align))
 
 
 def test_to_dense_equals_torch_create_mask() -> None:

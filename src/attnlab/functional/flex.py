@@ -92,6 +92,7 @@ __all__ = [
     "block_map",
     "block_mask",
     "causal_mod",
+    "chunked_mod",
     "document_ids",
     "document_mod",
     "padding_mod",
@@ -246,6 +247,50 @@ def sliding_window_mod(
         return visible(q_idx + offset, kv_idx, w)  # at the query's position among the keys
 
     return sliding_window
+
+
+def chunked_mod(
+    t_q: int | None = None,
+    t_k: int | None = None,
+    *,
+    chunk_size: int,
+    align: Alignment = "top-left",
+) -> MaskMod:
+    r"""The chunks of [`masks.chunked`][attnlab.rules.masks.chunked] (Llama 4's local layers).
+
+    Query $i$, at key position $p = i + o$ as in
+    [`causal_mod`][attnlab.functional.flex.causal_mod], sees the keys $j \le p$ with
+    $\lfloor j / C \rfloor = \lfloor p / C \rfloor$.
+
+    Args:
+        t_q: Number of queries; needed for `align="bottom-right"` only.
+        t_k: Number of keys; needed for `align="bottom-right"` only.
+        chunk_size: Positions per chunk $C$, a positive int.
+        align: As for [`causal_mod`][attnlab.functional.flex.causal_mod].
+
+    Returns:
+        `mask_mod(b, h, q_idx, kv_idx)`.
+
+    Raises:
+        TypeError: If `chunk_size` or a length is not an int.
+        ValueError: If `chunk_size` is not positive, `align` is unknown, or bottom-right
+            lacks a length.
+
+    Examples:
+        >>> to_dense(chunked_mod(chunk_size=2), 4)[0, 0].int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 0, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    size = check_positive_int("chunk_size", chunk_size)
+    offset = _offset(t_q, t_k, align)
+
+    def chunked(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        p = q_idx + offset  # the query's position among the keys
+        return visible(p, kv_idx) & (p // size == kv_idx // size)
+
+    return chunked
 
 
 def sink_window_mod(

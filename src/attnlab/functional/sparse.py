@@ -318,8 +318,9 @@ def moba_attention(
     up to itself and the `top_k - 1` past blocks whose mean key scores highest. With
     `top_k` at least the number of blocks, every past block is chosen and this is causal
     attention; with `top_k=1` it is attention within fixed chunks
-    ([`masks.chunked`][attnlab.rules.masks.chunked]). This function builds the mask and runs PyTorch's SDPA with it, so its
-    cost is a dense attention's: it shows what MoBA computes. A MoBA kernel reads only
+    ([`masks.chunked`][attnlab.rules.masks.chunked]). This function builds the mask and
+    runs PyTorch's SDPA with it, so its cost is a dense attention's: it shows what MoBA
+    computes. A MoBA kernel reads only
     the chosen blocks, `top_k * block_size` keys per query, plus one mean key per block.
 
     Args:
