@@ -184,19 +184,25 @@ def _hf_layer(**overrides: Any) -> tuple[Qwen3NextGatedDeltaNet, Qwen3NextConfig
     return layer, config
 
 
-def test_gated_delta_net_from_hf_outputs_and_gradients() -> None:
-    hf, _ = _hf_layer()
-    ours = GatedDeltaNet.from_hf(hf, chunk_size=3)  # 7 tokens: chunks of 3, 3, 1
-    x = torch.randn(2, 7, 24, requires_grad=True)
-    x_ours = x.detach().clone().requires_grad_()
-    expected, got = hf(x), ours(x_ours)
+def _assert_same_outputs_and_gradients(hf: Any, ours: GatedDeltaNet, x: Tensor) -> None:
+    """Both layers on copies of `x`: equal outputs, then one upstream gradient through
+    each, equal gradients of the input (the parameters' are left in `.grad`)."""
+    x_hf, x_ours = (x.detach().clone().requires_grad_() for _ in range(2))
+    expected, got = hf(x_hf), ours(x_ours)
     assert_close(got, expected, atol=1e-5, rtol=1e-5)
     upstream = torch.randn_like(expected)
     (expected * upstream).sum().backward()
     (got * upstream).sum().backward()
-    assert x.grad is not None
+    assert x_hf.grad is not None
     assert x_ours.grad is not None
-    assert_close(x_ours.grad, x.grad, atol=1e-5, rtol=1e-5)
+    assert_close(x_ours.grad, x_hf.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_gated_delta_net_from_hf_outputs_and_gradients() -> None:
+    hf, _ = _hf_layer()
+    ours = GatedDeltaNet.from_hf(hf, chunk_size=3)  # 7 tokens: chunks of 3, 3, 1
+    x = torch.randn(2, 7, 24)
+    _assert_same_outputs_and_gradients(hf, ours, x)
 
     def grad(p: torch.nn.Parameter) -> Tensor:
         assert p.grad is not None
@@ -405,16 +411,8 @@ def test_kimi_delta_attention_from_hf_outputs_gradients_and_decode() -> None:
     hf, config = _kimi_layer()
     ours = GatedDeltaNet.from_hf(hf, chunk_size=3)  # 7 tokens: chunks of 3, 3, 1
     assert ours.gates == DeltaGates(decay="channel", rank=6, activation="sigmoid")
-    x = torch.randn(2, 7, 24, requires_grad=True)
-    x_ours = x.detach().clone().requires_grad_()
-    expected, got = hf(x), ours(x_ours)
-    assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    upstream = torch.randn_like(expected)
-    (expected * upstream).sum().backward()
-    (got * upstream).sum().backward()
-    assert x.grad is not None
-    assert x_ours.grad is not None
-    assert_close(x_ours.grad, x.grad, atol=1e-5, rtol=1e-5)
+    x = torch.randn(2, 7, 24)
+    _assert_same_outputs_and_gradients(hf, ours, x)
     gate = hf.forget_gate
     pairs = {
         "a_proj.1.weight": gate.f_b_proj.weight,

@@ -154,6 +154,7 @@ BAD = [
     ),
     ("rank", {"q": (2, 8, 4)}, ValueError, r"query must have 4 dimensions \(b, Hq, t, E\), got 3"),
     ("value", {"v": (1, 1, 8, 4)}, ValueError, "value must have the batch and heads of key"),
+    ("batch", {"q": (2, 2, 8, 4)}, ValueError, r"query must have the batch of key, got key"),
 ]
 
 

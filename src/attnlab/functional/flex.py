@@ -260,21 +260,10 @@ def chunked_mod(
 
     Query $i$, at key position $p = i + o$ as in
     [`causal_mod`][attnlab.functional.flex.causal_mod], sees the keys $j \le p$ with
-    $\lfloor j / C \rfloor = \lfloor p / C \rfloor$.
-
-    Args:
-        t_q: Number of queries; needed for `align="bottom-right"` only.
-        t_k: Number of keys; needed for `align="bottom-right"` only.
-        chunk_size: Positions per chunk $C$, a positive int.
-        align: As for [`causal_mod`][attnlab.functional.flex.causal_mod].
-
-    Returns:
-        `mask_mod(b, h, q_idx, kv_idx)`.
-
-    Raises:
-        TypeError: If `chunk_size` or a length is not an int.
-        ValueError: If `chunk_size` is not positive, `align` is unknown, or bottom-right
-            lacks a length.
+    $\lfloor j / C \rfloor = \lfloor p / C \rfloor$. It takes the arguments of
+    [`sliding_window_mod`][attnlab.functional.flex.sliding_window_mod], with `chunk_size` $C$
+    (a positive int) in place of `window`, raises as it does, and returns a
+    `mask_mod(b, h, q_idx, kv_idx)`.
 
     Examples:
         >>> to_dense(chunked_mod(chunk_size=2), 4)[0, 0].int()

@@ -368,16 +368,13 @@ def _check_moba(
     check_rank("key", k, (4,), "(b, Hkv, s, E)")
     if v is not None:
         check_rank("value", v, (4,), "(b, Hkv, s, Ev)")
-        if v.shape[:2] != k.shape[:2]:
+    for name, x, what in (("value", v, "batch and heads"), ("query", q, "batch")):
+        dims = 2 if name == "value" else 1
+        if x is not None and x.shape[:dims] != k.shape[:dims]:
             raise ValueError(
-                f"value must have the batch and heads of key, got key.shape={tuple(k.shape)} "
-                f"and value.shape={tuple(v.shape)}"
+                f"{name} must have the {what} of key, got key.shape={tuple(k.shape)} "
+                f"and {name}.shape={tuple(x.shape)}"
             )
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(
-            f"query and key must have the same batch, got query.shape={tuple(q.shape)} "
-            f"and key.shape={tuple(k.shape)}"
-        )
     check_multiple("query.shape[1]", q.shape[1], "key.shape[1]", k.shape[1])
     if k.shape[2] == 0:
         raise ValueError(f"key must have at least one position, got key.shape={tuple(k.shape)}")

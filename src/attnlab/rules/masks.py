@@ -266,23 +266,10 @@ def chunked(
     "chunked attention" on its RoPE layers, `attention_chunk_size`). Unlike a sliding
     window it resets at each chunk's start: the first token of a chunk sees only itself,
     the last one the whole chunk. With `chunk_size >= t_k` it equals
-    [`causal`][attnlab.rules.masks.causal].
-
-    Args:
-        t_q: Number of queries.
-        t_k: Number of keys; defaults to `t_q`.
-        chunk_size: Positions per chunk.
-        align: `"top-left"` or `"bottom-right"`, as for `causal` (a decode step's
-            queries are the last positions).
-        device: Where to create the mask.
-
-    Returns:
-        An allowed-convention bool mask `(t_q, t_k)`.
-
-    Raises:
-        TypeError: If a size is not an int.
-        ValueError: If a length is negative, `chunk_size` is not positive, `align` is
-            unknown or `device` names no device.
+    [`causal`][attnlab.rules.masks.causal]. It takes the arguments of
+    [`sliding_window`][attnlab.rules.masks.sliding_window], with `chunk_size` (positions per
+    chunk, a positive int) in place of `window`, raises as it does, and returns an
+    allowed-convention bool mask `(t_q, t_k)`.
 
     Examples:
         >>> chunked(5, chunk_size=2).long()
