@@ -91,9 +91,11 @@ def test_bench_quick_run_measures_every_implementation(
             assert time_s["repeats"] == 2
             assert r["peak_extra_bytes"] > 0
             assert r["flops"] > 0
-            assert r["gflops"] == pytest.approx(r["flops"] / time_s["median"] / 1e9, rel=1e-3)
+            # The record keeps 4 significant digits (round_floats): each rounded number is
+            # off by up to 5e-4 of itself, and these ratios combine two or three of them.
+            assert r["gflops"] == pytest.approx(r["flops"] / time_s["median"] / 1e9, rel=2e-3)
             assert r["share_of_peak"] == pytest.approx(
-                r["gflops"] / data["matmul_peak"]["gflops"], rel=1e-3
+                r["gflops"] / data["matmul_peak"]["gflops"], rel=2e-3
             )
             if r["impl"] == content["baseline"]:
                 assert r["ratio_to_baseline"] == {"median": 1.0, "min": 1.0, "max": 1.0}
