@@ -225,7 +225,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.config.stash[_SITE_BUILD].start()
 
 
+class _PagesOnly:
+    """Keeps pytest-markdown-docs to the Markdown files.
+
+    With `--markdown-docs` it also imports every `.py` file a second time to look for
+    code fences in its docstrings, about 3 s of collection on each worker. This
+    project's docstrings hold doctests (run by `--doctest-modules`), not fences;
+    `tests/test_package.py::test_no_docstring_holds_a_code_fence` keeps it so.
+    """
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> Any:
+        from pytest_markdown_docs.plugin import MarkdownDocstringCodeModule
+
+        found = yield
+        return [c for c in found if not isinstance(c, MarkdownDocstringCodeModule)]
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_PagesOnly(), "attnlab-markdown-docs-pages-only")
     config.stash[_SITE_BUILD] = build = SiteBuild()
     config.add_cleanup(build.close)
     # Two workers on two cores: one intra-op thread each, not two threads fighting over

@@ -13,6 +13,7 @@ Only the rule modules may hand private (`_`-named) names or modules to another f
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -133,5 +134,35 @@ def test_no_docstring_loses_a_backslash_to_an_escape() -> None:
         str(path.relative_to(SRC)): lines
         for path in SRC.rglob("*.py")
         if (lines := _control_characters(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+
+
+def _docstring_fences(source: str) -> list[int]:
+    """Lines of docstrings that open a Markdown code fence (```), for pytest-markdown-docs."""
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        doc = ast.get_docstring(node) if isinstance(node, owners) else None  # dedented
+        # A fence opens with ``` indented by at most 3 spaces (CommonMark); deeper, the
+        # lines are an indented code block, which pytest-markdown-docs does not run.
+        if doc and any(re.match(r" {0,3}```", line) for line in doc.splitlines()):
+            first = node.body[0]  # type: ignore[union-attr]
+            lines.append(first.lineno)
+    return lines
+
+
+def test_no_docstring_holds_a_code_fence() -> None:
+    """conftest.py keeps pytest-markdown-docs to the Markdown pages, so a fenced example in
+    a docstring (shown on a reference page) would run nowhere: write it as a doctest."""
+    planted = 'def f():\n    """Use it:\n\n    ```python\n    f()\n    ```\n    """\n'
+    assert _docstring_fences(planted) == [2]
+    assert _docstring_fences('def f():\n    """>>> f()"""\n') == []
+    root = SRC.parent
+    files = [*SRC.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "docs").rglob("*.py")]
+    found = {
+        str(path.relative_to(root)): lines
+        for path in [*files, root / "conftest.py"]
+        if (lines := _docstring_fences(path.read_text(encoding="utf-8")))
     }
     assert found == {}
