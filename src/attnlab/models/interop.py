@@ -501,24 +501,22 @@ _DELTANET_SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 def gated_deltanet_from_hf(cls: type[N], layer: Any, *, mode: str, chunk_size: int) -> N:
     """The body of [`GatedDeltaNet.from_hf`][attnlab.layers.linear.GatedDeltaNet.from_hf]."""
     _check_deltanet(layer)
-    if _is_kimi(layer):  # one set of heads for keys and values, a decay per key channel
-        d, heads, eps = layer.head_dim, layer.num_heads, layer.o_norm.variance_epsilon
-        new = cls(
-            layer.hidden_size, num_k_heads=heads, num_v_heads=heads, head_k_dim=d,
-            head_v_dim=d, kernel_size=layer.conv_kernel_size, mode=mode,
-            chunk_size=chunk_size, norm_eps=eps,
-            gates=DeltaGates(decay="channel", rank=d, activation="sigmoid"),
-        )  # fmt: skip
+    kimi = _is_kimi(layer)
+    if kimi:  # one set of heads for keys and values, a decay per key channel
+        d, heads = layer.head_dim, layer.num_heads
+        sizes = {"num_k_heads": heads, "num_v_heads": heads, "head_k_dim": d, "head_v_dim": d}
+        gates = DeltaGates(decay="channel", rank=d, activation="sigmoid")
+        norm, weight = layer.o_norm, layer.o_proj.weight
     else:
-        new = cls(
-            layer.hidden_size, num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
-            head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim,
-            kernel_size=layer.conv_kernel_size, mode=mode, chunk_size=chunk_size,
-            norm_eps=layer.norm.variance_epsilon,
-        )  # fmt: skip
-    weight = layer.o_proj.weight if _is_kimi(layer) else layer.out_proj.weight
+        sizes = {n: getattr(layer, n) for n in ("num_k_heads", "num_v_heads")}
+        sizes |= {n: getattr(layer, n) for n in ("head_k_dim", "head_v_dim")}
+        gates, norm, weight = DeltaGates(), layer.norm, layer.out_proj.weight
+    new = cls(
+        layer.hidden_size, **sizes, kernel_size=layer.conv_kernel_size, mode=mode,
+        chunk_size=chunk_size, norm_eps=norm.variance_epsilon, gates=gates,
+    )  # fmt: skip
     new.to(device=weight.device, dtype=weight.dtype)
-    if _is_kimi(layer):  # transformers keeps the decay's parameters in float32 (fp32-strict)
+    if kimi:  # transformers keeps the decay's parameters in float32 (fp32-strict)
         for name in ("dt_bias", "A_log"):
             param = getattr(new, name)
             param.data = param.data.to(getattr(layer.forget_gate, name).dtype)

@@ -17,13 +17,13 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import LinearSelfAttention
@@ -79,14 +79,15 @@ def build_model(config: ModelConfig, attention: str = "softmax") -> TinyTransfor
     check_choice("attention", attention, ATTENTION_KINDS)
     model = TinyTransformer(config)
     d, heads = config.d_model, config.num_heads
-    for block in model.blocks if attention != "softmax" else ():
-        block.attn = (
-            LinearSelfAttention(d, heads)
-            if attention == "linear"
-            else GroupedQueryAttention(
-                d, heads, heads, bias=True, rope=None, gates=HeadGates(output_gate=True)
-            )
-        )
+    swaps: dict[str, Callable[[], nn.Module]] = {
+        "linear": lambda: LinearSelfAttention(d, heads),
+        "gated": lambda: GroupedQueryAttention(
+            d, heads, heads, bias=True, rope=None, gates=HeadGates(output_gate=True)
+        ),
+    }
+    if attention in swaps:
+        for block in model.blocks:
+            block.attn = swaps[attention]()
     return model
 
 
