@@ -548,7 +548,11 @@ def test_forward_rejects_overflowing_a_static_cache() -> None:
             ValueError,
             r"positions must be non-negative .*, got positions from -1 to -1",
         ),
-        (torch.tensor([4.0]), TypeError, "positions must have an integer dtype, got torch.float32"),
+        (
+            torch.tensor([4.0]),
+            TypeError,
+            r"positions must be an integer tensor \(t,\) or \(b, t\), got torch.float32",
+        ),
         (
             torch.tensor([[4], [4], [4]]),
             ValueError,
@@ -562,7 +566,7 @@ def test_forward_rejects_overflowing_a_static_cache() -> None:
             ValueError,
             re.escape("positions has 2 positions but x has 1 tokens"),
         ),
-        ([4], TypeError, "positions must be a torch.Tensor of ints, got list"),
+        ([4], TypeError, r"positions must be an integer tensor \(t,\) or \(b, t\), got list"),
     ],
 )
 def test_forward_rejects_bad_positions(

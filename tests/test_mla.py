@@ -609,7 +609,7 @@ BAD_CALLS: dict[str, tuple[type[Exception], str, Any]] = {
     ),
     "positions-float": (
         TypeError,
-        "positions must have an integer dtype, got torch.float32",
+        r"positions must be an integer tensor \(t,\) or \(b, t\), got torch.float32",
         lambda m: m(torch.randn(B, T, 24), positions=torch.arange(T).float()),
     ),
     "positions-shape": (

@@ -626,7 +626,7 @@ def _attention_args() -> dict[str, Tensor]:
         ({"block_tables": torch.zeros(2, 0, dtype=torch.long)}, ValueError, "one column"),
         ({"lengths": torch.tensor([5, 9])}, ValueError, "lengths must be in"),
         ({"lengths": torch.tensor([5, 0])}, ValueError, "t_q=1 queries"),
-        ({"lengths": [5, 8]}, TypeError, "lengths must be a torch.Tensor"),
+        ({"lengths": [5, 8]}, TypeError, "lengths must be an integer tensor (b,), got list"),
         ({"query_lengths": torch.tensor([1, 2])}, ValueError, "query_lengths must be in"),
         ({"query_lengths": torch.tensor([1])}, ValueError, "query_lengths has 1 rows"),
         ({"method": "paged"}, ValueError, "method"),

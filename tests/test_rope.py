@@ -173,7 +173,7 @@ def test_positions_past_the_bound_are_refused() -> None:
         (
             lambda: apply_rope(torch.randn(4, 6), torch.arange(4.0)),
             TypeError,
-            "positions must have an integer dtype, got torch.float32",
+            r"positions must be an integer tensor \(t,\) or \(b, t\), got torch.float32",
         ),
         (
             lambda: apply_rope(torch.randn(2, 3, 4, 6), torch.zeros(5, 4, dtype=torch.long)),

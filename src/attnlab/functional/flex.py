@@ -70,6 +70,7 @@ from attnlab.rules._validation import (
     check_bool,
     check_choice,
     check_device,
+    check_index_tensor,
     check_int_sequence,
     check_nonnegative_int,
     check_positive_int,
@@ -77,7 +78,6 @@ from attnlab.rules._validation import (
     check_scale,
     check_sinks,
     check_softcap,
-    is_integer_dtype,
 )
 from attnlab.rules.masks import Alignment, alignment_offset, visible
 
@@ -446,8 +446,8 @@ def document_mod(document_ids: Tensor, *, is_causal: bool = True) -> MaskMod:
         `mask_mod(b, h, q_idx, kv_idx)`.
 
     Raises:
-        TypeError: If `document_ids` is not an integer tensor of 1 or 2 dimensions, or
-            `is_causal` is not a bool.
+        TypeError: If `document_ids` is not an integer tensor or `is_causal` not a bool.
+        ValueError: If `document_ids` has neither 1 nor 2 dimensions.
 
     Examples:
         >>> to_dense(document_mod(document_ids([2, 2])), 4)[0, 0].int()
@@ -456,14 +456,7 @@ def document_mod(document_ids: Tensor, *, is_causal: bool = True) -> MaskMod:
                 [0, 0, 1, 0],
                 [0, 0, 1, 1]], dtype=torch.int32)
     """
-    ids = document_ids
-    if not isinstance(ids, Tensor) or ids.ndim not in (1, 2) or not is_integer_dtype(ids.dtype):
-        got = (
-            f"a {ids.dtype} tensor of shape {tuple(ids.shape)}"
-            if isinstance(ids, Tensor)
-            else (type(ids).__name__)
-        )
-        raise TypeError(f"document_ids must be an integer tensor (t,) or (b, t), got {got}")
+    ids = check_index_tensor("document_ids", document_ids, (1, 2), "(t,) or (b, t)")
     is_causal = check_bool("is_causal", is_causal)
     if ids.ndim == 1:
 

@@ -26,6 +26,7 @@ from attnlab.rules._precision import autocast_inputs, autocast_kernel, compute_d
 from attnlab.rules._validation import (
     check_choice,
     check_features,
+    check_index_tensor,
     check_positive_int,
     check_rank,
     check_same_dtype_device,
@@ -33,7 +34,6 @@ from attnlab.rules._validation import (
     check_tensor,
     checking,
     entry,
-    is_integer_dtype,
     value_checks_enabled,
 )
 from attnlab.rules.masks import visible
@@ -363,19 +363,6 @@ def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
     return weights @ values, lse  # (..., t_q, e_v), (..., t_q)
 
 
-def _check_index_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
-    if not is_integer_dtype(x.dtype):
-        raise TypeError(f"{name} must be an integer tensor {layout}, got {x.dtype}")
-    if x.ndim != ndim:
-        raise ValueError(
-            f"{name} must have {ndim} dimension{'s' * (ndim != 1)} {layout}, got "
-            f"{name}.shape={tuple(x.shape)}"
-        )
-    return x
-
-
 def check_paged(
     query: object,
     key_pool: object,
@@ -424,11 +411,11 @@ def check_paged(
             f"key_pool.shape={tuple(k.shape)})"
         )
     b = q.shape[0]
-    tables = _check_index_tensor("block_tables", block_tables, 2, "(b, max_blocks)")
-    n = _check_index_tensor("lengths", lengths, 1, "(b,)")
+    tables = check_index_tensor("block_tables", block_tables, (2,), "(b, max_blocks)")
+    n = check_index_tensor("lengths", lengths, (1,), "(b,)")
     given = {"block_tables": tables, "lengths": n}
     if query_lengths is not None:
-        given["query_lengths"] = _check_index_tensor("query_lengths", query_lengths, 1, "(b,)")
+        given["query_lengths"] = check_index_tensor("query_lengths", query_lengths, (1,), "(b,)")
     for name, x in given.items():
         if x.shape[0] != b:
             raise ValueError(

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.rules._validation import (
+    check_index_tensor,
     check_multiple,
     check_positive_int,
     check_qkv,
@@ -31,7 +32,6 @@ from attnlab.rules._validation import (
     check_tensor,
     checking,
     entry,
-    is_integer_dtype,
     value_checks_enabled,
 )
 from attnlab.rules.masks import band
@@ -143,9 +143,7 @@ def selection_mask(indices: Tensor, num_keys: int) -> Tensor:
 def _check_indices(indices: object, num_keys: object) -> None:
     check_positive_int("num_keys", num_keys)
     assert isinstance(num_keys, int)
-    if not isinstance(indices, Tensor) or not is_integer_dtype(indices.dtype):
-        raise TypeError(f"indices must be an integer tensor, got {indices!r:.60}")
-    check_rank("indices", indices, (2, 3), "(t, k) or (b, t, k)")
+    indices = check_index_tensor("indices", indices, (2, 3), "(t, k) or (b, t, k)")
     if (
         value_checks_enabled()
         and indices.numel()

@@ -76,6 +76,7 @@ from attnlab.models.generate import Sampler, StreamOptions, decode, pad_token
 from attnlab.rules._validation import (
     check_attn_mask,
     check_bool,
+    check_index_tensor,
     check_int_sequence,
     check_padding_mask,
     check_positive_int,
@@ -83,7 +84,6 @@ from attnlab.rules._validation import (
     check_token_ids,
     checking,
     entry,
-    is_integer_dtype,
 )
 from attnlab.rules.masks import combine, padding_attention_mask
 from attnlab.rules.rope import Rope, check_positions, default_positions, rope_cos_sin
@@ -676,9 +676,9 @@ def _check_call(
     if logits_at is None:
         return ids
     b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
-    if not isinstance(logits_at, Tensor) or not is_integer_dtype(logits_at.dtype):
-        raise TypeError(f"logits_at must be an integer tensor, got {logits_at!r}")
-    if tuple(logits_at.shape) != (b,):
+    check_index_tensor("logits_at", logits_at, (1,), "(b,)")
+    assert isinstance(logits_at, Tensor)
+    if logits_at.shape[0] != b:
         raise ValueError(
             f"logits_at must have shape (b,) = ({b},), one index per row, got "
             f"{tuple(logits_at.shape)}"

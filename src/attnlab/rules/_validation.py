@@ -52,6 +52,7 @@ __all__ = [
     "check_device",
     "check_features",
     "check_float_dtype",
+    "check_index_tensor",
     "check_int_sequence",
     "check_min_rank",
     "check_multiple",
@@ -538,6 +539,32 @@ def is_integer_dtype(dtype: torch.dtype) -> bool:
         (True, False)
     """
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def check_index_tensor(name: str, x: object, ranks: tuple[int, ...], layout: str) -> Tensor:
+    """Check an index tensor (ids, positions, lengths, block tables): integers, one of `ranks`.
+
+    The one rule behind every argument that holds indices. `layout` names the accepted
+    shapes in the messages. It reads no values: ranges are each caller's own rule.
+
+    Raises:
+        TypeError: If `x` is not a tensor of an integer dtype (bool does not count).
+        ValueError: If `x.ndim` is not one of `ranks`.
+
+    Examples:
+        >>> check_index_tensor("lengths", torch.tensor([3.0]), (1,), "(b,)")
+        Traceback (most recent call last):
+        ...
+        TypeError: lengths must be an integer tensor (b,), got torch.float32 (lengths.shape=(1,))
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be an integer tensor {layout}, got {type(x).__name__}")
+    if not is_integer_dtype(x.dtype):
+        raise TypeError(
+            f"{name} must be an integer tensor {layout}, got {x.dtype} ({name}.shape={_shape(x)})"
+        )
+    check_rank(name, x, ranks, layout)
+    return x
 
 
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:

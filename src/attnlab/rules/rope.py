@@ -52,17 +52,19 @@ from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
     check_choice,
     check_device,
+    check_index_tensor,
     check_positive_int,
     check_tensor,
     checking,
     entry,
-    is_integer_dtype,
     is_real,
     tracing,
 )
 
 if TYPE_CHECKING:
     from attnlab.rules.rope_scaling import RopeScaling
+
+_POSITIONS = "(t,) or (b, t)"  # the shapes positions may take
 
 __all__ = [
     "Rope",
@@ -282,7 +284,7 @@ def check_positions(
         >>> check_positions(torch.arange(3), torch.randn(2, 3, 8), low=0).tolist()
         [0, 1, 2]
     """
-    positions = _check_integer_tensor(positions)
+    positions = check_index_tensor("positions", positions, (1, 2), _POSITIONS)
     _check_token_axes("positions", tuple(positions.shape), x, x_name)
     if positions.device != x.device:
         raise ValueError(
@@ -292,23 +294,6 @@ def check_positions(
     bounded = low is not None or high is not None
     if bounded and positions.numel() and not tracing():
         _check_range(positions, low, high)
-    return positions
-
-
-def _check_integer_tensor(positions: object) -> Tensor:
-    """The dtype and rank rule of positions: an integer tensor `(t,)` or `(b, t)`."""
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be a torch.Tensor of ints, got {type(positions).__name__}")
-    if not is_integer_dtype(positions.dtype):
-        raise TypeError(
-            f"positions must have an integer dtype, got {positions.dtype} "
-            f"(positions.shape={tuple(positions.shape)})"
-        )
-    if positions.ndim not in (1, 2):
-        raise ValueError(
-            f"positions must have 1 dimension (t,) or 2 dimensions (b, t), got {positions.ndim} "
-            f"(positions.shape={tuple(positions.shape)})"
-        )
     return positions
 
 
@@ -473,7 +458,7 @@ def rope_angles(positions: Tensor, head_dim: int, *, base: float = 10000.0) -> T
                 [2.0000, 0.0200]])
     """
     if checking():
-        _check_integer_tensor(positions)
+        check_index_tensor("positions", positions, (1, 2), _POSITIONS)
         head_dim, base = check_head_dim(head_dim), check_base(base)
     return _angles(positions, _frequencies(head_dim, base, positions.device))
 
