@@ -31,7 +31,6 @@ from attnlab.rules._validation import (
     check_bool,
     check_choice,
     check_multiple,
-    check_padding_of,
     check_positive_float,
     check_positive_int,
     check_rank,
@@ -39,6 +38,7 @@ from attnlab.rules._validation import (
     checking,
     entry,
 )
+from attnlab.rules.masks import check_padding_of
 
 __all__ = [
     "DeltaGates",

@@ -42,7 +42,6 @@ from attnlab.rules._precision import compute_dtype
 from attnlab.rules._validation import (
     check_bool,
     check_features,
-    check_padding_of,
     check_positive_float,
     check_positive_int,
     check_rank,
@@ -51,7 +50,7 @@ from attnlab.rules._validation import (
     checking,
     entry,
 )
-from attnlab.rules.masks import padding_attention_mask
+from attnlab.rules.masks import check_padding_of, padding_attention_mask
 from attnlab.rules.rope import check_rope_dims, default_positions, rotate
 from attnlab.rules.scores import ScoreRule
 

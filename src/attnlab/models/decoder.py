@@ -78,14 +78,13 @@ from attnlab.rules._validation import (
     check_bool,
     check_index_tensor,
     check_int_sequence,
-    check_padding_mask,
     check_positive_int,
     check_token_id_set,
     check_token_ids,
     checking,
     entry,
 )
-from attnlab.rules.masks import combine, padding_attention_mask
+from attnlab.rules.masks import check_padding_mask, combine, padding_attention_mask
 from attnlab.rules.rope import Rope, check_positions, default_positions, rope_cos_sin
 from attnlab.rules.scores import ScoreRule
 

@@ -57,8 +57,6 @@ __all__ = [
     "check_min_rank",
     "check_multiple",
     "check_nonnegative_int",
-    "check_padding_mask",
-    "check_padding_of",
     "check_positive_float",
     "check_positive_int",
     "check_probability",
@@ -696,51 +694,6 @@ def check_attn_mask(
     return mask
 
 
-def check_padding_mask(
-    mask: object, batch: int, length: int, *, like: Tensor, what: str = "(b, t)"
-) -> Tensor:
-    """Check a padding mask, Hugging Face's `attention_mask`; return it as bool.
-
-    It must be a bool or integer tensor of shape `(batch, length)` (`what` names that
-    shape in the message), on the device of `like`, 1 (True) at real tokens and 0 at
-    padding, padding on the left, with a token at the end of every row. Reading the
-    values is a host sync, skipped while compiling or exporting.
-
-    Raises:
-        TypeError: If `mask` is not a bool or integer tensor.
-        ValueError: If its shape or device is wrong, it holds values other than 0 and 1,
-            pads on the right (or in the middle) or has a row without tokens.
-    """
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"padding_mask must be a tensor, 1 (or True) at real tokens and 0 at padding, "
-            f"got {type(mask).__name__}"
-        )
-    if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise TypeError(
-            f"padding_mask must be a bool or integer tensor (1 = token, 0 = padding), got "
-            f"dtype {mask.dtype}"
-        )
-    if tuple(mask.shape) != (batch, length):
-        raise ValueError(
-            f"padding_mask must have shape {what} = {(batch, length)}, got {_shape(mask)}"
-        )
-    if mask.device != like.device:
-        raise ValueError(f"padding_mask is on {mask.device} but the module on {like.device}")
-    if value_checks_enabled():  # reads the mask: a host sync, skipped while tracing
-        m = mask.long()
-        if not bool(((m == 0) | (m == 1)).all()):
-            raise ValueError("padding_mask must hold only 0 and 1 (or False and True)")
-        if not bool((m[:, 1:] >= m[:, :-1]).all()):
-            raise ValueError(
-                "padding_mask must pad on the left (zeros before the tokens of each row): "
-                "pass tokenizer(..., padding_side='left') output"
-            )
-        if length and not bool(m[:, -1].all()):
-            raise ValueError("padding_mask has a row without tokens")
-    return mask.bool()
-
-
 def check_int_sequence(
     name: str, value: object, *, low: int | None = 0, high: int | None = None, within: str = ""
 ) -> Tensor | list[int]:
@@ -889,22 +842,6 @@ def check_token_id_set(name: str, value: object, vocab_size: int) -> tuple[int, 
         raise TypeError(f"{name} must be an int, a sequence of ints or None, got {value!r}")
     ids = check_int_sequence(name, value, low=0, high=vocab_size, within="the vocabulary ")
     return tuple(int(i) for i in ids)
-
-
-def check_padding_of(mask: object, x: Tensor, length: int, *, what: str = "(b, t)") -> Tensor:
-    """[`check_padding_mask`][attnlab.rules._validation.check_padding_mask] for a layer's tokens.
-
-    The rule of every layer that takes a `padding_mask` next to its tokens `x` (checked
-    already): a padding mask has a batch axis, so `x` must have one too; the mask is then
-    `(b, length)` on the device of `x`.
-
-    Raises:
-        TypeError: As `check_padding_mask`.
-        ValueError: If `x` is unbatched `(t, d_model)`, or as `check_padding_mask`.
-    """
-    if x.ndim == 2:
-        raise ValueError("padding_mask needs batched x (b, t, d_model)")
-    return check_padding_mask(mask, x.shape[0], length, like=x, what=what)
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
