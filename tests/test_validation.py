@@ -10,6 +10,7 @@ unchanged, and the context manager restores the setting.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from attnlab import (
 from attnlab import functional as AF
 from attnlab.article import toy
 from attnlab.rules import masks
+from attnlab.rules.sizes import Sizes, size
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared registry, tests/entry_points.py
 from entry_points import ENTRIES, make_inputs, make_module, run
@@ -1278,3 +1280,43 @@ def test_a_failed_check_leaves_the_next_call_checked() -> None:
         with pytest.raises(ValueError, match="x has 3 features"):
             mha(torch.randn(2, 5, 3))
     assert attnlab.rules._validation.checking()
+
+
+# -- Sizes: settings whose rules are data --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run(Sizes):
+    lengths: tuple[int, ...] = size((32, 64), at_least=16, multiple_of="block")
+    layers: int = size(4, multiple_of=4, why=" (whole groups)")
+    heads: int = size(6, multiple_of="kv_heads")
+    kv_heads: int = 2
+    block: int = 16
+    plot: bool = True
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"lengths": (8, 64)}, ValueError, "lengths must be ints of at least 16, got (8, 64)"),
+        ({"lengths": (32, 40)}, ValueError, "lengths must be multiples of block=16, got (32, 40)"),
+        ({"lengths": ()}, TypeError, "lengths must be a non-empty tuple of ints, got ()"),
+        ({"lengths": (32, True)}, TypeError, "lengths must be a non-empty tuple of ints"),
+        ({"layers": 6}, ValueError, "layers must be a multiple of 4 (whole groups), got 6"),
+        ({"heads": 5}, ValueError, "heads must be a multiple of kv_heads, got heads=5"),
+        # a multiple names a field checked after it: that field's own error, no ZeroDivision
+        ({"kv_heads": 0}, ValueError, "kv_heads must be a positive int, got 0"),
+        ({"block": 2.0}, TypeError, "block must be a positive int, got 2.0"),
+        ({"plot": 1}, TypeError, "plot must be a bool, got 1"),
+    ],
+)
+def test_sizes_check_every_field_by_its_rule(
+    change: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        _Run(**change)
+
+
+def test_sizes_pass_good_settings_unchanged() -> None:
+    run = _Run(lengths=(16, 48), layers=8, heads=4, kv_heads=4, block=8, plot=False)
+    assert dataclasses.astuple(run) == ((16, 48), 8, 4, 4, 8, False)

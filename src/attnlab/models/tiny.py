@@ -27,13 +27,12 @@ from torch import Tensor, nn
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.rules._validation import (
-    check_bool,
-    check_multiple,
     check_positive_int,
     check_token_ids,
     checking,
     entry,
 )
+from attnlab.rules.sizes import Sizes, size
 
 __all__ = [
     "Block",
@@ -47,7 +46,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Sizes):
     """Sizes of a [`TinyTransformer`][attnlab.models.tiny.TinyTransformer].
 
     Attributes:
@@ -61,16 +60,10 @@ class ModelConfig:
 
     vocab_size: int = 64
     max_len: int = 48
-    d_model: int = 64
+    d_model: int = size(64, multiple_of="num_heads")
     num_heads: int = 4
     num_layers: int = 2
     mlp: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
-            check_positive_int(name, getattr(self, name))
-        check_bool("mlp", self.mlp)
-        check_multiple("d_model", self.d_model, "num_heads", self.num_heads)
 
     def to_dict(self) -> dict[str, int | bool]:
         """The sizes as a plain dict, e.g. for a JSON record."""

@@ -3,7 +3,7 @@
 Each takes `--json`, some of its settings (a frozen dataclass whose defaults are the
 options' defaults), `--threads` and `--seed`, and where it draws figures `--out-dir` and
 `--replot`; each writes its results, and redraws and writes its figures, the same way.
-Their settings are checked here too (`Settings`): every int a positive size or count.
+Their settings are [`Sizes`][attnlab.rules.sizes.Sizes], checked when they are made.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Bench:
 
     name: str  # the module under `attnlab.tools.bench`
     doc: str | None  # the module's docstring: its first line describes the command
-    settings: type[Any]  # a frozen dataclass; its defaults are the options' defaults
+    settings: type[Any]  # a `Sizes`; its defaults are the options' defaults
     options: tuple[str, ...]  # the settings the command line sets, in this order
     measure: Measure
     plots: Plots | None = None  # None: no figures, so no --out-dir and no --replot
@@ -112,32 +112,3 @@ def run(bench: Bench, argv: Sequence[str]) -> int:
         for path in paths:
             print(path)
     return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The base of every benchmark's settings (see `Bench.settings`), checked on creation.
-
-    Its fields are sizes and counts, switches and lists of lengths, told apart by their
-    defaults: an int must be a positive int (not a bool), a tuple a non-empty tuple of
-    positive ints, a bool is a switch. A benchmark with rules of its own (a multiple of
-    something, a least length) adds them in `check`, which runs after these.
-    """
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if type(field.default) is int and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
-            if type(field.default) is tuple and (
-                not isinstance(value, tuple)
-                or not value
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)
-            ):
-                raise ValueError(f"{field.name} must be positive ints, got {value!r}")
-        self.check()
-
-    def check(self) -> None:
-        """Raise a ValueError where the settings break the benchmark's own rules."""

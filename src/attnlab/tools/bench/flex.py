@@ -46,6 +46,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from attnlab.functional import flex
 from attnlab.functional.flash import flash_attention
 from attnlab.rules._provenance import begin
+from attnlab.rules.sizes import Sizes, size
 from attnlab.tools.bench import _command, measure
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 
@@ -69,7 +70,7 @@ MASKS = ("causal", "window", "documents")
 
 
 @dataclass(frozen=True)
-class FlexSettings(_command.Settings):
+class FlexSettings(Sizes):
     """What the run measures.
 
     Attributes:
@@ -82,18 +83,13 @@ class FlexSettings(_command.Settings):
         block_size: FlexAttention's tile, for its block masks.
     """
 
-    lengths: tuple[int, ...] = (1024, 2048, 4096)
+    lengths: tuple[int, ...] = size((1024, 2048, 4096), at_least=16)  # document_lengths' five
     window: int = 256
     batch: int = 1
     heads: int = 8
     head_dim: int = 64
     rounds: int = 5
     block_size: int = 128
-
-    def check(self) -> None:
-        """Raise a ValueError for a length under 16, too short for `document_lengths`' five."""
-        if min(self.lengths) < 16:
-            raise ValueError(f"lengths must be ints of at least 16, got {self.lengths!r}")
 
 
 def document_lengths(t: int) -> list[int]:

@@ -42,6 +42,7 @@ from attnlab.models.decoder import Decoder
 from attnlab.models.layout import cpu_decode_layout
 from attnlab.rules._provenance import begin
 from attnlab.rules._validation import validation
+from attnlab.rules.sizes import Sizes, size
 from attnlab.tools.bench import _command
 from attnlab.tools.bench.measure import CpuUse, interleaved, ratio_summary, round_floats, summary
 
@@ -60,7 +61,7 @@ _WARMUP = 3  # untimed rounds per context: the first calls of a shape allocate
 
 
 @dataclass(frozen=True)
-class LinearSettings(_command.Settings):
+class LinearSettings(Sizes):
     """What the run measures.
 
     Attributes:
@@ -79,7 +80,7 @@ class LinearSettings(_command.Settings):
     """
 
     contexts: tuple[int, ...] = (512, 2048, 8192)
-    num_layers: int = 4
+    num_layers: int = size(4, multiple_of=4, why=" (the 3 : 1 hybrid)")
     d_model: int = 512
     num_heads: int = 8
     num_kv_heads: int = 2
@@ -90,13 +91,6 @@ class LinearSettings(_command.Settings):
     hidden_dim: int = 1024
     vocab_size: int = 1024
     rounds: int = 20
-
-    def check(self) -> None:
-        """Raise a ValueError unless the layers make whole 3 : 1 groups."""
-        if self.num_layers % 4:
-            raise ValueError(
-                f"num_layers must be a multiple of 4 (the 3 : 1 hybrid), got {self.num_layers}"
-            )
 
 
 def decoder_config(model: str, settings: LinearSettings) -> DecoderConfig:

@@ -54,6 +54,7 @@ from torch import Tensor
 from attnlab.caches.kv import KVCache
 from attnlab.models.decoder import Decoder
 from attnlab.rules._provenance import begin
+from attnlab.rules.sizes import Sizes
 from attnlab.tools.bench import _command
 from attnlab.tools.bench.measure import (
     CpuUse,
@@ -89,7 +90,7 @@ PROMPT = "Life is short, eat dessert first"
 
 
 @dataclass(frozen=True)
-class LLMSettings(_command.Settings):
+class LLMSettings(Sizes):
     """What the run measures.
 
     Attributes:

@@ -61,6 +61,7 @@ from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._provenance import begin
 from attnlab.rules._validation import validation
 from attnlab.rules.scores import ScoreRule
+from attnlab.rules.sizes import Sizes, size
 from attnlab.serving.cache import PagedKVCache
 from attnlab.tools.bench import _command, measure
 from attnlab.tools.bench.config import SERVING_GOALS as GOALS
@@ -87,7 +88,7 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True)
-class ServingSettings(_command.Settings):
+class ServingSettings(Sizes):
     """What the run measures.
 
     Attributes:
@@ -104,9 +105,9 @@ class ServingSettings(_command.Settings):
         flex: Whether to run the FlexAttention part.
     """
 
-    contexts: tuple[int, ...] = (512, 2048, 8192)
+    contexts: tuple[int, ...] = size((512, 2048, 8192), multiple_of="block_size")
     batch: int = 4
-    num_heads: int = 9
+    num_heads: int = size(9, multiple_of="num_kv_heads")
     num_kv_heads: int = 3
     head_dim: int = 64
     num_layers: int = 30
@@ -115,18 +116,6 @@ class ServingSettings(_command.Settings):
     throughput_rounds: int = 3
     static_batch: int = 4
     flex: bool = True
-
-    def check(self) -> None:
-        """Raise a ValueError unless heads group evenly and contexts fill whole blocks."""
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if any(c % self.block_size for c in self.contexts):
-            raise ValueError(
-                f"contexts must be positive multiples of block_size={self.block_size}, "
-                f"got {self.contexts!r}"
-            )
 
 
 # -- the workload -------------------------------------------------------------------------
