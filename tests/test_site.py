@@ -199,16 +199,22 @@ ctx.self = ctx;
 vm.createContext(ctx);
 vm.runInContext(fs.readFileSync(dir + worker, "utf8"), ctx);
 (async () => {
-  const send = async m => {
+  // Send a message and wait for the worker's reply of type `want` (1 = index ready,
+  // 3 = results): the worker answers asynchronously, later on a busy machine.
+  const send = async (m, want) => {
+    replies.length = 0;
     await handler({ data: m });
-    await new Promise(r => setTimeout(r, 20));
+    for (let waited = 0; !replies.some(r => r.type === want); waited += 10) {
+      if (waited > 60000) throw new Error("no reply of type " + want + " to " + m.type);
+      await new Promise(r => setTimeout(r, 10));
+    }
+    return replies.find(r => r.type === want);
   };
-  await send({ type: 0, data: { ...index, options: { suggest: false } } });
+  await send({ type: 0, data: { ...index, options: { suggest: false } } }, 1);
   const ranked = {};
   for (const q of queries) {
-    replies.length = 0;
-    await send({ type: 2, data: q });
-    ranked[q] = replies.find(m => m.type === 3).data.items.map(group => group[0].location);
+    const reply = await send({ type: 2, data: q }, 3);
+    ranked[q] = reply.data.items.map(group => group[0].location);
   }
   console.log(JSON.stringify(ranked));
 })();
@@ -228,6 +234,9 @@ def test_search_ranks_chapters_first(site: tuple[Path, str]) -> None:
         "flash attention": "beyond/flash-attention/",
         "grouped query": "modern/gqa/",
         "rope": "modern/rope/",  # its title names the abbreviation
+        # lunr's wildcard search once failed on these ("Invalid query"), finding nothing
+        "cache": "modern/kv-cache/",
+        "mask": None,
     }
     proc = subprocess.run(
         [node, "-e", SEARCH_DRIVER, str(site_dir), *queries],
@@ -236,6 +245,7 @@ def test_search_ranks_chapters_first(site: tuple[Path, str]) -> None:
         check=True,
         timeout=120,
     )
+    assert "Invalid query" not in proc.stderr, proc.stderr[:500]
     ranked = json.loads(proc.stdout)
     for query, page in queries.items():
         first = ranked[query][0]
