@@ -451,10 +451,7 @@ def test_mla_from_hf_accepts_subclasses_and_structural_copies() -> None:
 
 
 def test_mla_from_hf_refuses_layers_with_parts_it_does_not_compute() -> None:
-    """Structural look-alikes that compute more (or no RoPE) are refused, not half-copied."""
-    from transformers import KimiLinearConfig
-    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
-
+    """Structural look-alikes that compute more are refused, not half-copied."""
     gated = _hf_layer(_config())
     gated.g_proj = nn.Linear(D_MODEL, HEADS)  # an output gate, as some copies add
     with pytest.raises(TypeError, match="parts MultiHeadLatentAttention does not compute: g_proj"):
@@ -474,13 +471,6 @@ def test_mla_from_hf_refuses_layers_with_parts_it_does_not_compute() -> None:
     sinks.sinks = nn.Parameter(torch.zeros(HEADS))
     with pytest.raises(TypeError, match="does not compute: sinks"):
         MultiHeadLatentAttention.from_hf(sinks)
-    config = KimiLinearConfig(
-        hidden_size=D_MODEL, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-        kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V,
-    )  # fmt: skip
-    kimi = KimiLinearAttention(config, layer_idx=0)
-    with pytest.raises(TypeError, match=r"no position_embeddings argument .* applies no RoPE"):
-        MultiHeadLatentAttention.from_hf(kimi)
 
 
 @pytest.mark.parametrize(("window", "folded"), [(None, True), (64, True), (6, True), (5, False)])
@@ -725,7 +715,6 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
             "got rope.dims=2",
         ),
         ({"rope": Rope(dims=10)}, ValueError, "rope.dims must be at most head_dim=8"),
-        ({"rope": None}, TypeError, r"rope must be a Rope \(MultiHeadLatentAttention rotates"),
         ({"rope": 10000.0}, TypeError, "rope must be a Rope .* got float"),
     ],
 )
@@ -761,3 +750,56 @@ def test_mla_flash_refusal_leaves_the_cache_as_it_was() -> None:
     with pytest.raises(ValueError, match="backend='flash'"):
         mla(x[:, 3:4], cache=cache, attn_mask=torch.ones(1, 4, dtype=torch.bool))
     assert cache.length == 3
+
+
+# -- Kimi Linear's MLA: no RoPE at all -------------------------------------------------
+
+
+def _kimi_layer() -> nn.Module:
+    from transformers import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
+
+    config = KimiLinearConfig(
+        hidden_size=D_MODEL, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V,
+        q_lora_rank=Q_LORA,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    layer = KimiLinearAttention(config, layer_idx=0)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+    return layer.eval()
+
+
+@pytest.mark.parametrize("absorb", [False, True], ids=["naive", "absorbed"])
+def test_kimi_linear_nope_mla_equals_hf(absorb: bool) -> None:
+    """Kimi Linear's MLA takes no position embeddings: its "RoPE" features are a shared key
+    part that nothing rotates. `from_hf` copies it with `rope=None`; outputs, input
+    gradients and a prefill-then-decode through the latent cache equal transformers'."""
+    hf = _kimi_layer()
+    ours = MultiHeadLatentAttention.from_hf(hf)
+    assert ours.rope is None
+    x = torch.randn(B, T, D_MODEL)
+    x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    expected, _ = hf(x_hf, _causal_additive(T, T))
+    got = ours(x_ours, is_causal=True, absorb=absorb)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    got.backward(grad_out)
+    assert x_ours.grad is not None
+    assert x_hf.grad is not None
+    torch.testing.assert_close(x_ours.grad, x_hf.grad, atol=ATOL, rtol=0)
+    # Positions change nothing without RoPE; tables handed in are refused by name.
+    with torch.no_grad():
+        shifted = ours(x, is_causal=True, positions=torch.arange(T) + 100)
+        torch.testing.assert_close(shifted, expected.detach(), atol=ATOL, rtol=0)
+        cos_sin = rope_cos_sin(torch.arange(T), ROPE)
+        with pytest.raises(ValueError, match="has rope=None: it rotates nothing"):
+            ours(x, position_embeddings=cos_sin)
+        cache = ours.new_cache(batch_size=B, max_length=T)
+        first = ours(x[:, : T - 1], cache=cache, is_causal=True, absorb=absorb)
+        step = ours(x[:, T - 1 :], cache=cache, is_causal=True, absorb=absorb)
+    torch.testing.assert_close(torch.cat([first, step], 1), expected.detach(), atol=ATOL, rtol=0)

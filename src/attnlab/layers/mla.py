@@ -53,7 +53,6 @@ from attnlab.rules._validation import (
 from attnlab.rules.masks import check_window, needs_mask
 from attnlab.rules.rope import (
     Rope,
-    RopeLayout,
     check_head_dim,
     check_rope,
     default_positions,
@@ -134,27 +133,35 @@ def mla_softmax_scale(
     return scale * m * m
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: RopeLayout) -> Tensor:
-    """RoPE on MLA's rotated features `x` `(..., t, qk_rope_head_dim)`, as Hugging Face does.
+def _rotate(x: Tensor, cos: Tensor | None, sin: Tensor | None, rope: Rope | None) -> Tensor:
+    """RoPE on MLA's rotated features `x` `(..., t, qk_rope_head_dim)`, as Hugging Face does
+    (`x` itself where `rope` is None: Kimi Linear's MLA rotates nothing).
 
     RoPE on interleaved pairs `(x0, x1), (x2, x3), ...` is RoPE in the half-split layout
     on the features reordered `(x0, x2, ..., x1, x3, ...)`: DeepSeek's checkpoints (and
     Hugging Face's `apply_rotary_pos_emb_interleave`) rotate them that way, so the cached
     RoPE keys are exactly Hugging Face's, and the scores the same as in place.
     """
-    if layout == "interleaved":
+    if rope is None:
+        return x
+    assert cos is not None  # rope_tables made both
+    assert sin is not None
+    if rope.layout == "interleaved":
         x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)  # (..., t, d_rope)
     return rotate(x, cos, sin, layout="half")
 
 
-def _check_mla_rope(rope: object, qk_rope_head_dim: object) -> Rope:
-    """`rope` if it is a [`Rope`][attnlab.rules.rope.Rope] that rotates the whole RoPE part
-    of `qk_rope_head_dim` features (a positive even int)."""
+def _check_mla_rope(rope: object, qk_rope_head_dim: object) -> Rope | None:
+    """`rope` if it is None or a [`Rope`][attnlab.rules.rope.Rope] that rotates the whole
+    RoPE part of `qk_rope_head_dim` features (a positive even int)."""
     qk_rope_head_dim = check_head_dim(qk_rope_head_dim, "qk_rope_head_dim")
-    if not isinstance(rope, Rope):  # not even None: MLA always rotates its RoPE part
+    if rope is None:
+        return None
+    if not isinstance(rope, Rope):
         raise TypeError(
-            f"rope must be a Rope (MultiHeadLatentAttention rotates its qk_rope_head_dim="
-            f"{qk_rope_head_dim} RoPE features), got {type(rope).__name__}"
+            f"rope must be a Rope or None (MultiHeadLatentAttention rotates its "
+            f"qk_rope_head_dim={qk_rope_head_dim} RoPE features, or none), got "
+            f"{type(rope).__name__}"
         )
     dims = check_rope(rope, qk_rope_head_dim)
     if dims != qk_rope_head_dim:
@@ -186,6 +193,22 @@ def _check_latent_inputs(
     )
 
 
+def _check_latent_cache(
+    mla: MultiHeadLatentAttention, cache: object, name: str, optional: bool
+) -> KVCache | None:
+    """The body of [`check_cache`][attnlab.layers.mla.MultiHeadLatentAttention.check_cache]."""
+    needs = (1, mla.kv_lora_rank, mla.qk_rope_head_dim)  # (heads, head_dim, v_head_dim)
+    return KVCache.check(
+        cache,
+        needs=f"{type(mla).__name__}'s latent cache from new_cache (one head of "
+        f"kv_lora_rank={needs[1]} latent and qk_rope_head_dim={needs[2]} RoPE "
+        "features per token)",
+        name=name,
+        fits=lambda c: c.layout is None or c.layout[1:4] == needs,
+        optional=optional,
+    )
+
+
 def _check_call(
     mla: MultiHeadLatentAttention,
     x: object,
@@ -200,15 +223,13 @@ def _check_call(
     The cache must be a latent cache of `mla`'s sizes (one message for any other kind);
     the rest are the rules of `check_attention_inputs`, and the cache checks its append.
     """
-    needs = (1, mla.kv_lora_rank, mla.qk_rope_head_dim)  # (heads, head_dim, v_head_dim)
-    checked = KVCache.check(
-        cache,
-        needs=f"{type(mla).__name__}'s latent cache from new_cache (one head of "
-        f"kv_lora_rank={needs[1]} latent and qk_rope_head_dim={needs[2]} RoPE "
-        "features per token)",
-        fits=lambda c: c.layout is None or c.layout[1:4] == needs,
-    )
+    checked = mla.check_cache(cache)
     positions, position_embeddings = rope_inputs
+    if mla.rope is None and position_embeddings is not None:
+        raise ValueError(
+            f"position_embeddings were given, but this {type(mla).__name__} has rope=None: "
+            "it rotates nothing (leave them out)"
+        )
     _check_latent_inputs(
         mla,
         type(mla).__name__,
@@ -245,6 +266,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope: How the RoPE part turns ([`Rope`][attnlab.rules.rope.Rope]: base, layout,
             `scaling` such as DeepSeek-V3's YaRN); by default DeepSeek's `"interleaved"`
             layout. It rotates all `qk_rope_head_dim` features (`rope.dims` None or that).
+            None rotates nothing (NoPE, Kimi Linear's MLA: the part stays a shared key).
         softmax_scale: Factor on the scores; default `qk_head_dim ** -0.5`
             (see [`mla_softmax_scale`][attnlab.layers.mla.mla_softmax_scale] for YaRN).
         bias: Whether `q_down`, `kv_down` and `out_proj` have a bias.
@@ -259,7 +281,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     Raises:
         TypeError: If a size is not an int, a number is not a number, a flag not a bool
-            or `rope` not a `Rope`.
+            or `rope` not a `Rope` or None.
         ValueError: If a size is not positive, `qk_rope_head_dim` is odd, `rope` does
             not fit ([`check_rope`][attnlab.rules.rope.check_rope]) or rotates fewer
             features, `dropout` is not in [0, 1) or a number is not finite, or `backend`
@@ -295,7 +317,7 @@ class MultiHeadLatentAttention(nn.Module):
         qk_nope_head_dim: int,
         qk_rope_head_dim: int,
         v_head_dim: int,
-        rope: Rope = Rope(layout="interleaved"),
+        rope: Rope | None = Rope(layout="interleaved"),
         softmax_scale: float | None = None,
         bias: bool = False,
         norm_eps: float = 1e-6,
@@ -373,15 +395,24 @@ class MultiHeadLatentAttention(nn.Module):
             device=weight.device if device is None else device,
         )
 
+    def check_cache(
+        self, cache: object, *, name: str = "cache", owner: str = "", optional: bool = True
+    ) -> KVCache | None:
+        """Return `cache` (or None, when `optional`) if it is this module's latent cache;
+        raise TypeError naming what it needs otherwise (`owner` is unused: one message)."""
+        return _check_latent_cache(self, cache, name, optional)
+
     # -- computation ---------------------------------------------------------------------
 
     def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """RoPE's `(cos, sin)` for integer `positions` (not checked), `(..., t,
         qk_rope_head_dim / 2)` each: built once per forward, for the queries and the keys."""
         rope, dims = self.rope, self.qk_rope_head_dim
+        if rope is None:
+            raise ValueError("this MultiHeadLatentAttention has rope=None: no tables to build")
         return rope_cos_sin(positions, dims, base=rope.base, scaling=rope.scaling)
 
-    def queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    def queries(self, x: Tensor, cos: Tensor | None, sin: Tensor | None) -> tuple[Tensor, Tensor]:
         """The queries of tokens `x` `(b, t, d_model)`, rotated by the tables of
         [`rope_tables`][attnlab.layers.mla.MultiHeadLatentAttention.rope_tables] (nothing
         checked): the part without RoPE `(b, h, t, qk_nope_head_dim)` and the rotated part
@@ -395,19 +426,15 @@ class MultiHeadLatentAttention(nn.Module):
             q = self.q_up(self.q_norm(self.q_down(x)))  # (b, t, h * qk_head_dim)
         q = split_heads(q, self.num_heads)  # (b, h, t, qk_head_dim)
         q_nope, q_rope = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], -1)
-        return q_nope, _rotate(
-            q_rope, cos, sin, self.rope.layout
-        )  # (b, h, t, d_nope), (b, h, t, d_rope)
+        return q_nope, _rotate(q_rope, cos, sin, self.rope)  # (b,h,t,d_nope), (b,h,t,d_rope)
 
-    def latents(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    def latents(self, x: Tensor, cos: Tensor | None, sin: Tensor | None) -> tuple[Tensor, Tensor]:
         """What MLA's cache keeps of `x`, as `queries` takes it: the normed latent
         `(b, 1, t, kv_lora_rank)` and the rotated key `(b, 1, t, qk_rope_head_dim)` that
         every head shares."""
         latent = self.kv_down(x).unsqueeze(1)  # (b, 1, t, r + d_rope)
         c_kv, k_rope = torch.split(latent, [self.kv_lora_rank, self.qk_rope_head_dim], -1)
-        return self.kv_norm(c_kv), _rotate(
-            k_rope, cos, sin, self.rope.layout
-        )  # (b,1,t,r), (b,1,t,d_rope)
+        return self.kv_norm(c_kv), _rotate(k_rope, cos, sin, self.rope)  # (b,1,t,r), (b,1,t,d_r)
 
     def up_weights(self) -> tuple[Tensor, Tensor]:
         """`kv_up`'s weight split per head, as views: W_UK `(h, d_nope, r)` and W_UV
@@ -531,13 +558,14 @@ class MultiHeadLatentAttention(nn.Module):
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(0)  # (1, t, d_model)
-        if position_embeddings is None:
+        if position_embeddings is None and self.rope is not None:
             if positions is None:
                 past = 0 if cache is None else cache.seen
                 positions = default_positions(past, x.shape[1], x.device)  # (t,)
             position_embeddings = self.rope_tables(positions)
-        q = self.queries(x, *position_embeddings)  # (b, h, t, d_nope), (b, h, t, d_rope)
-        kv = self.latents(x, *position_embeddings)  # (b, 1, t, r), (b, 1, t, d_rope)
+        cos, sin = (None, None) if position_embeddings is None else position_embeddings
+        q = self.queries(x, cos, sin)  # (b, h, t, d_nope), (b, h, t, d_rope)
+        kv = self.latents(x, cos, sin)  # (b, 1, t, r), (b, 1, t, d_rope)
         if cache is not None:
             kv = cache.update(*kv)  # (b, 1, s, r), (b, 1, s, d_rope)
         attend_heads = self._attend_absorbed if absorb else self._attend_naive
@@ -547,27 +575,18 @@ class MultiHeadLatentAttention(nn.Module):
 
     @classmethod
     def from_hf(cls, layer: nn.Module, *, ignore: Sequence[str] = ()) -> MultiHeadLatentAttention:
-        """A `MultiHeadLatentAttention` with the weights of a Hugging Face MLA layer.
-
-        Accepts any layer with the structure of `transformers`' `DeepseekV3Attention`
-        (DeepSeek-V2/V3, GLM-4 MoE Lite, subclasses); what it copies and refuses is listed
-        on the reference page.
-
-        Args:
-            layer: The Hugging Face attention layer.
-            ignore: Names of the layer's extra submodules or parameters that the caller
-                ports itself, e.g. `("indexer",)` for
-                [`DeepSeekSparseAttention.from_hf`][attnlab.layers.sparse.DeepSeekSparseAttention.from_hf].
-
-        Returns:
-            A new module on the layer's device and dtype, sharing no storage with it.
+        """A `MultiHeadLatentAttention` with the weights of a Hugging Face MLA layer: any
+        with the structure of `DeepseekV3Attention` (DeepSeek-V2/V3, GLM-4 MoE Lite,
+        Kimi Linear's, which takes no position embeddings: copied with `rope=None`). What
+        it copies and refuses is tabled on the reference page; `ignore` names extra parts
+        the caller ports itself (`("indexer",)` for
+        [`DeepSeekSparseAttention.from_hf`][attnlab.layers.sparse.DeepSeekSparseAttention.from_hf]).
 
         Raises:
             TypeError: If `layer` does not have that structure (the message says how it
                 differs), or `ignore` is not a sequence of names.
-            ValueError: If its RoPE frequencies change with the sequence length
-                (`rope_type` `"dynamic"` or `"longrope"`), or `ignore` names a part the
-                layer does not have (or one this copy needs).
+            ValueError: If its RoPE frequencies change with the sequence length, or
+                `ignore` names a part the layer does not have (or one this copy needs).
         """
         from attnlab.models import interop  # a folder above this one: imported when called
 
