@@ -277,5 +277,5 @@ def test_hybrid_decoder_names_bad_caches() -> None:
         model(ids, cache=[caches[3], *caches[1:]])
     with pytest.raises(ValueError, match=r"state.conv must be \(2, 44, 2\).*batch of 2"):
         model(ids, cache=[*model.make_cache(1, 16)[:1], *caches[1:]])
-    with pytest.raises(ValueError, match="linear-attention layers has no attention maps"):
+    with pytest.raises(ValueError, match="linear-attention or MLA layers has no attention maps"):
         model.attention_maps(ids)

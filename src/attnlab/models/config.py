@@ -8,10 +8,11 @@ One frozen dataclass holds every size and every variant of the decoders attnlab 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from attnlab.layers.linear import DeltaGates
 from attnlab.layers.mlp import Activation, MoEConfig
 from attnlab.layers.norms import QK_NORMS, QKNorm
 from attnlab.rules._validation import (
@@ -24,7 +25,14 @@ from attnlab.rules._validation import (
 from attnlab.rules.rope import check_base, check_rope_dims
 from attnlab.rules.rope_scaling import RopeScaling
 
-__all__ = ["FAMILIES", "LAYER_KINDS", "DecoderConfig", "Family", "LinearAttentionConfig"]
+__all__ = [
+    "FAMILIES",
+    "LAYER_KINDS",
+    "DecoderConfig",
+    "Family",
+    "LatentAttentionConfig",
+    "LinearAttentionConfig",
+]
 
 CacheKind = Literal["static", "dynamic"]
 FamilyName = Literal["llama", "gemma", "qwen3_next"]
@@ -89,6 +97,9 @@ class LinearAttentionConfig:
         head_v_dim: Features per value head (`linear_value_head_dim`).
         kernel_size: Taps of the short causal convolution (`linear_conv_kernel_dim`).
         chunk_size: Tokens per chunk of the delta rule in prefill.
+        gates: How the layers compute their decay and output gate
+            ([`DeltaGates`][attnlab.layers.linear.DeltaGates]): Qwen3-Next's by default,
+            Kimi Delta Attention's per-channel decay for Kimi Linear.
     """
 
     num_k_heads: int
@@ -97,6 +108,7 @@ class LinearAttentionConfig:
     head_v_dim: int
     kernel_size: int = 4
     chunk_size: int = 64
+    gates: DeltaGates = field(default_factory=DeltaGates)
 
     def __post_init__(self) -> None:
         for name in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"):
@@ -104,6 +116,36 @@ class LinearAttentionConfig:
         check_positive_int("kernel_size", self.kernel_size)
         check_positive_int("chunk_size", self.chunk_size)
         check_multiple("num_v_heads", self.num_v_heads, "num_k_heads", self.num_k_heads)
+        if not isinstance(self.gates, DeltaGates):
+            raise TypeError(f"gates must be a DeltaGates, got {type(self.gates).__name__}")
+
+
+@dataclass(frozen=True)
+class LatentAttentionConfig:
+    """Sizes of the [`MultiHeadLatentAttention`][attnlab.layers.mla.MultiHeadLatentAttention]
+    that replaces grouped-query attention in every attention block of a
+    [`Decoder`][attnlab.models.decoder.Decoder] (Kimi Linear's full layers).
+
+    Attributes:
+        kv_lora_rank: Features of the cached latent.
+        qk_nope_head_dim: Query/key features per head taken from the latent.
+        qk_rope_head_dim: Features of the key part every head shares (DeepSeek rotates
+            it; Kimi Linear, the one model ported with it, does not).
+        v_head_dim: Features per value head.
+        q_lora_rank: Rank of a low-rank query projection; None for a full one.
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            check_positive_int(name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            check_positive_int("q_lora_rank", self.q_lora_rank)
 
 
 @dataclass(frozen=True)
@@ -166,6 +208,10 @@ class DecoderConfig:
         rope_layers: Per layer, whether its attention rotates queries and keys by RoPE;
             False makes it a NoPE layer, which sees positions only through the causal
             mask (SmolLM3's `no_rope_layers`: every fourth layer). None: every layer.
+        latent: The sizes of latent attention (MLA) in every attention block instead of
+            grouped-query attention; None for none. Only without RoPE (every entry of
+            `rope_layers` False: Kimi Linear's MLA), and without QK-norm, softcap or
+            output gate.
     """
 
     vocab_size: int
@@ -198,6 +244,7 @@ class DecoderConfig:
     moe: MoEConfig | None = None
     moe_layers: tuple[bool, ...] | None = None
     rope_layers: tuple[bool, ...] | None = None
+    latent: LatentAttentionConfig | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -287,6 +334,30 @@ class DecoderConfig:
                 )
             for i, flag in enumerate(flags):
                 check_bool(f"{name}[{i}]", flag)
+        self._check_latent()
+
+    def _check_latent(self) -> None:
+        """Latent attention: its sizes, and none of what MLA does not do here."""
+        latent = self.latent
+        if latent is None:
+            return
+        if not isinstance(latent, LatentAttentionConfig):
+            raise TypeError(
+                f"latent must be a LatentAttentionConfig or None, got {type(latent).__name__}"
+            )
+        if self.rope_layers is None or any(self.rope_layers):
+            raise ValueError(
+                "latent attention in a Decoder rotates nothing (Kimi Linear's MLA): give "
+                "rope_layers=(False,) * num_layers"
+            )
+        unsupported = {
+            "qk_norm": self.qk_norm,
+            "attn_softcap": self.attn_softcap,
+            "attn_output_gate": self.attn_output_gate or None,
+        }
+        given = [f"{k}={v!r}" for k, v in unsupported.items() if v is not None]
+        if given:
+            raise ValueError(f"latent attention has no {', '.join(given)}")
 
     def kind(self, layer: int) -> LayerKind:
         """What block `layer` mixes tokens with: `"full"`, `"sliding"` or `"linear"`."""
@@ -329,9 +400,11 @@ class DecoderConfig:
     @classmethod
     def from_hf(cls, config: Any) -> DecoderConfig:
         """The settings of a Hugging Face Llama, Mistral, Qwen2, SmolLM3, Gemma 2,
-        Gemma 3 or Qwen3-Next config.
+        Gemma 3, Qwen3-Next or Kimi Linear config.
 
-        SmolLM3's `no_rope_layers` gives `rope_layers` (its NoPE layers).
+        SmolLM3's `no_rope_layers` gives `rope_layers` (its NoPE layers). Kimi Linear
+        gives `latent` (its MLA layers, which rotate nothing: `rope_layers` all False)
+        and Kimi Delta Attention's gates in `linear`; its mixture of experts is refused.
 
         Gemma 3's `rope_parameters` hold one entry per layer type: `"full_attention"`
         gives `rope_base` and `rope_scaling`, `"sliding_attention"` `local_rope_base`

@@ -57,7 +57,7 @@ replaces the MLP by a mixture of experts with a shared expert
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import fields
 from functools import partial
 from typing import Any, Unpack, cast
 
@@ -69,6 +69,7 @@ from attnlab.caches.kv import AttentionCache, DynamicKVCache, RollingKVCache, St
 from attnlab.functional.backends import backend_for
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
+from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.mlp import SparseMoE, SwiGLU
 from attnlab.layers.norms import QKNormSpec, RMSNorm
 from attnlab.models.config import CacheKind, DecoderConfig
@@ -115,13 +116,22 @@ class DecoderBlock(nn.Module):
         traits = config.traits
         self.kind = config.kind(layer)
         self.input_layernorm = _norm(config)
-        self.self_attn: GroupedQueryAttention | None = None
+        self.self_attn: GroupedQueryAttention | MultiHeadLatentAttention | None = None
         self.linear_attn: GatedDeltaNet | None = None
         if self.kind == "linear":
             assert config.linear is not None  # checked by the config
             # The config's fields are the layer's arguments, by name.
             self.linear_attn = GatedDeltaNet(
-                config.d_model, **asdict(config.linear), norm_eps=float(config.norm_eps)
+                config.d_model, **_fields(config.linear), norm_eps=float(config.norm_eps)
+            )
+        elif config.latent is not None:  # without RoPE (checked by the config)
+            self.self_attn = MultiHeadLatentAttention(
+                config.d_model,
+                config.num_heads,
+                **_fields(config.latent),
+                rope=None,
+                bias=config.qkv_bias,
+                window=config.window(layer),
             )
         else:
             spec = config.rope(layer)  # None: a NoPE layer
@@ -406,8 +416,8 @@ class Decoder(nn.Module):
         c = self.config
         if checking():
             ids = _check_ids(ids, c, self.embed_tokens.weight)
-        if "linear" in map(c.kind, range(c.num_layers)):
-            raise ValueError("a model with linear-attention layers has no attention maps")
+        if c.latent is not None or "linear" in map(c.kind, range(c.num_layers)):
+            raise ValueError("a model with linear-attention or MLA layers has no attention maps")
         unbatched = ids.ndim == 1
         ids2 = ids[None] if unbatched else ids  # (b, t)
         maps = []
@@ -554,7 +564,8 @@ class Decoder(nn.Module):
 
         Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
         `Qwen2ForCausalLM`, `SmolLM3ForCausalLM`, `Gemma2ForCausalLM`,
-        `Gemma3ForCausalLM` (text only) and `Qwen3NextForCausalLM` (and subclasses):
+        `Gemma3ForCausalLM` (text only), `Qwen3NextForCausalLM` and
+        `KimiLinearForCausalLM` with dense MLPs (and subclasses):
         the state dict maps key for key, less the `model.` prefix, as
         [`interop.decoder_from_hf`][attnlab.models.interop.decoder_from_hf] describes.
 
@@ -571,6 +582,12 @@ class Decoder(nn.Module):
         from attnlab.models import interop  # it imports every layer, needed only here
 
         return interop.decoder_from_hf(cls, model)
+
+
+def _fields(sizes: Any) -> dict[str, Any]:
+    """A config dataclass's fields by name (not `asdict`, which would turn nested
+    dataclasses such as `DeltaGates` into dicts): a layer's keyword arguments."""
+    return {f.name: getattr(sizes, f.name) for f in fields(sizes)}
 
 
 def _norm(config: DecoderConfig) -> nn.Module:
@@ -609,6 +626,8 @@ def _make_caches(
             return RollingKVCache(window)
         if kind == "dynamic":
             return DynamicKVCache()
+        if isinstance(block.self_attn, MultiHeadLatentAttention):  # a cache of latents
+            return block.self_attn.new_cache(batch_size, length, dtype=like.dtype)
         return StaticKVCache(
             batch_size,
             length,

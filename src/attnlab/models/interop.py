@@ -25,7 +25,12 @@ from attnlab.layers.mlp import MoEConfig
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norms import QKNormSpec
 from attnlab.layers.sparse import DeepSeekSparseAttention, LightningIndexer
-from attnlab.models.config import DecoderConfig, LayerKind, LinearAttentionConfig
+from attnlab.models.config import (
+    DecoderConfig,
+    LatentAttentionConfig,
+    LayerKind,
+    LinearAttentionConfig,
+)
 from attnlab.rules.rope import Rope
 from attnlab.rules.rope_scaling import _ROPE_TYPES, RopeScaling
 from attnlab.rules.scores import ScoreRule
@@ -390,10 +395,27 @@ def _mla_structure_problems(layer: nn.Module, ignore: Sequence[str] = ()) -> lis
     extra = [n for n in extra if n not in ignore]
     if extra:
         problems.append(f"parts MultiHeadLatentAttention does not compute: {', '.join(extra)}")
-    # A layer that takes no position embeddings applies no RoPE (e.g. Kimi Linear's MLA).
-    if "position_embeddings" not in inspect.signature(type(layer).forward).parameters:
-        problems.append("no position_embeddings argument in forward (it applies no RoPE)")
     return problems
+
+
+def _applies_rope(layer: nn.Module) -> bool:
+    """Whether an MLA layer rotates: one that takes no position embeddings applies no RoPE
+    (Kimi Linear's MLA), and is copied with `rope=None`."""
+    return "position_embeddings" in inspect.signature(type(layer).forward).parameters
+
+
+def _mla_rope(config: Any) -> Rope:
+    """The RoPE of a Hugging Face MLA layer's config; refuses one that changes with length."""
+    rope_base, scaling = hf_rope(config)
+    rope_type = "default" if scaling is None else scaling.rope_type
+    if rope_type not in _STATIC_ROPE_TYPES:
+        static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
+        raise ValueError(
+            f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
+            f"the sequence length; MultiHeadLatentAttention supports {static}"
+        )
+    interleave = getattr(config, "rope_interleave", True)
+    return Rope(rope_base, "interleaved" if interleave else "half", None, scaling)
 
 
 def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -> L:
@@ -416,23 +438,13 @@ def mla_from_hf(cls: type[L], layer: nn.Module, *, ignore: Sequence[str] = ()) -
             f"DeepseekV3Attention, but {type(layer).__name__} has {'; '.join(problems)}"
         )
     hf: Any = layer
-    config = hf.config
-    rope_base, scaling = hf_rope(config)
-    rope_type = "default" if scaling is None else scaling.rope_type
-    if rope_type not in _STATIC_ROPE_TYPES:
-        static = ", ".join(repr(t) for t in _STATIC_ROPE_TYPES)
-        raise ValueError(
-            f"layer's config has rope_type={rope_type!r}, whose frequencies change with "
-            f"the sequence length; MultiHeadLatentAttention supports {static}"
-        )
-    interleave = getattr(config, "rope_interleave", True)
     weight = hf.kv_b_proj.weight
     mla = cls(
         hf.hidden_size,
         hf.num_heads,
         **latent_sizes(hf),
         q_lora_rank=hf.q_lora_rank,
-        rope=Rope(rope_base, "interleaved" if interleave else "half", None, scaling),
+        rope=_mla_rope(hf.config) if _applies_rope(layer) else None,
         softmax_scale=float(hf.scaling),
         bias=hf.kv_a_proj_with_mqa.bias is not None,
         norm_eps=float(hf.kv_a_layernorm.variance_epsilon),
@@ -652,6 +664,8 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         return _gemma_config(cls, config)
     if model_type == "qwen3_next":
         return _qwen3_next_config(cls, config)
+    if model_type == "kimi_linear":
+        return _kimi_linear_config(cls, config)
     common = _hf_common(config)
     scaling = common["rope_scaling"]
     if scaling is not None and scaling.is_dynamic:
@@ -753,6 +767,43 @@ def _qwen3_next_config(cls: type[C], config: Any) -> C:
     )
 
 
+def _kimi_linear_config(cls: type[C], config: Any) -> C:
+    """Kimi Linear: Kimi Delta Attention layers and MLA layers without RoPE, 3 : 1 in the
+    released model; Llama's block otherwise. Its mixture of experts is not ported."""
+    if "sparse" in config.mlp_layer_types:
+        raise ValueError(
+            f"config.mlp_layer_types has 'sparse' layers ({config.mlp_layer_types}): Kimi "
+            "Linear's mixture of experts (DeepSeek-V3's grouped sigmoid router) is not "
+            "ported; a config whose layers are all 'dense' is"
+        )
+    if config.hidden_act != "silu":
+        raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+    d = config.linear_head_dim
+    names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
+    # KimiLinearForCausalLM ties no weights (`_tied_weights_keys = {}`) whatever
+    # tie_word_embeddings says: its lm_head is its own.
+    return cls(
+        **(_hf_common(config) | {"tie_embeddings": False}),
+        layer_kinds=_layer_kinds(config, names),
+        linear=LinearAttentionConfig(
+            num_k_heads=config.linear_num_heads,
+            num_v_heads=config.linear_num_heads,
+            head_k_dim=d,
+            head_v_dim=d,
+            kernel_size=config.linear_conv_kernel_dim,
+            gates=DeltaGates(decay="channel", rank=d, activation="sigmoid"),
+        ),
+        rope_layers=(False,) * config.num_hidden_layers,
+        latent=LatentAttentionConfig(
+            kv_lora_rank=config.kv_lora_rank,
+            qk_nope_head_dim=config.qk_nope_head_dim,
+            qk_rope_head_dim=config.qk_rope_head_dim,
+            v_head_dim=config.v_head_dim,
+            q_lora_rank=config.q_lora_rank,
+        ),
+    )
+
+
 HF_DECODER_CLASSES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -761,6 +812,7 @@ HF_DECODER_CLASSES = (
     "Gemma3ForCausalLM",
     "Qwen3NextForCausalLM",
     "SmolLM3ForCausalLM",
+    "KimiLinearForCausalLM",
 )
 """The `transformers` causal LMs (and their subclasses) that a `Decoder` ports."""
 
@@ -789,17 +841,24 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
     new = new.to_empty(device=weight.device).to(weight.dtype)
     if config.tie_embeddings:
         new.lm_head.weight = new.embed_tokens.weight
+    latent = config.latent is not None  # Kimi Linear: both kinds of layer are `self_attn`
     state = {
         _from_hf_names(key.removeprefix("model.")): value
         for key, value in hf.state_dict().items()
-        if "rotary_emb" not in key and ".linear_attn." not in key
+        if "rotary_emb" not in key
+        and ".linear_attn." not in key
+        and not (latent and ".self_attn." in key)
     }
     if config.attn_output_gate:
         state = _split_output_gates(state, config)
     for i, layer in enumerate(hf.model.layers):
+        mixer = getattr(layer, "linear_attn", None) or layer.self_attn
         if config.kind(i) == "linear":
-            ported = gated_deltanet_state_dict(layer.linear_attn)
+            ported = gated_deltanet_state_dict(mixer)
             state |= {f"layers.{i}.linear_attn.{k}": v for k, v in ported.items()}
+        elif latent:  # the weights MultiHeadLatentAttention.from_hf copies
+            ported = mla_from_hf(MultiHeadLatentAttention, mixer).state_dict()
+            state |= {f"layers.{i}.self_attn.{k}": v for k, v in ported.items()}
     new.load_state_dict(state, strict=True)
     return new.train(model.training)
 

@@ -232,6 +232,12 @@ class Engine:
                     "only, not a linear layer's state; serve this model with "
                     "Decoder.generate"
                 )
+        if c.latent is not None:
+            raise ValueError(
+                "decoder's attention is latent (MLA, config.latent): the engine's paged "
+                "cache holds grouped-query keys and values, not latents; serve this model "
+                "with Decoder.generate"
+            )
         for name, module in decoder.named_modules():
             if isinstance(module, GroupedQueryAttention) and module.alibi_slopes is not None:
                 raise ValueError(
