@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.functional.backends import Backend, backend_for
+from attnlab.layers.compressed import CompressedAttention, CompressedConfig, Kind
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import DeltaGates, GatedDeltaNet
 from attnlab.layers.mla import MultiHeadLatentAttention, latent_sizes
@@ -32,7 +33,7 @@ from attnlab.models.config import (
     LinearAttentionConfig,
 )
 from attnlab.rules.rope import Rope
-from attnlab.rules.rope_scaling import _ROPE_TYPES, RopeScaling
+from attnlab.rules.rope_scaling import RopeScaling
 from attnlab.rules.scores import ScoreRule
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HF_ATTENTION_CLASSES",
     "HF_DECODER_CLASSES",
+    "compressed_from_hf",
     "config_from_hf",
     "decoder_from_hf",
     "dsa_from_hf",
@@ -51,7 +53,6 @@ __all__ = [
     "mha_from_torch",
     "mha_to_torch",
     "mla_from_hf",
-    "rope_scaling_from_hf",
     "split_deltanet_projections",
 ]
 
@@ -61,67 +62,12 @@ L = TypeVar("L", bound=MultiHeadLatentAttention)
 S = TypeVar("S", bound=DeepSeekSparseAttention)
 N = TypeVar("N", bound=GatedDeltaNet)
 C = TypeVar("C", bound=DecoderConfig)
-R = TypeVar("R", bound=RopeScaling)
 D = TypeVar("D", bound="Decoder")
+V = TypeVar("V", bound=CompressedAttention)
 K = TypeVar("K")
 
 
 # -- RoPE ---------------------------------------------------------------------------------
-
-
-def rope_scaling_from_hf(cls: type[R], config: Any) -> R:
-    """The body of [`RopeScaling.from_hf`][attnlab.rules.rope_scaling.RopeScaling.from_hf]."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    params = dict(params or {})
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in _ROPE_TYPES:
-        allowed = ", ".join(repr(t) for t in _ROPE_TYPES)
-        raise ValueError(
-            f"rope_type must be one of {allowed}, got {kind!r} (config.rope_parameters)"
-        )
-    if kind == "default":
-        return cls()
-
-    def need(key: str) -> Any:
-        if params.get(key) is None:
-            raise ValueError(
-                f"config.rope_parameters with rope_type={kind!r} needs {key!r}, "
-                f"got keys {sorted(params)}"
-            )
-        return params[key]
-
-    if kind == "dynamic":
-        return cls("dynamic", float(need("factor")), int(config.max_position_embeddings))
-    if kind == "linear":
-        return cls("linear", float(need("factor")))
-    original = int(need("original_max_position_embeddings"))
-    if kind == "llama3":
-        return cls(
-            "llama3",
-            float(need("factor")),
-            original,
-            low_freq_factor=float(need("low_freq_factor")),
-            high_freq_factor=float(need("high_freq_factor")),
-        )
-    factor = params.get("factor")
-    if factor is None:
-        factor = config.max_position_embeddings / original
-
-    def optional(key: str) -> float | None:
-        value = params.get(key)
-        return None if value is None else float(value)
-
-    return cls(
-        "yarn",
-        float(factor),
-        original,
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        mscale=optional("mscale"),
-        mscale_all_dim=optional("mscale_all_dim"),
-        attention_factor=optional("attention_factor"),
-        truncate=bool(params.get("truncate", True)),
-    )
 
 
 def hf_rope(config: Any, layer_type: str | None = None) -> tuple[float, RopeScaling | None]:
@@ -502,6 +448,48 @@ def dsa_from_hf(cls: type[S], layer: nn.Module) -> S:
     for ours, theirs in pairs:
         ours.load_state_dict(theirs.state_dict())
     return cls(mla, indexer, topk=int(hi.index_topk)).train(hf.training)
+
+
+_V4_KINDS: dict[str, Kind] = {"sliding_attention": "window", "compressed_sparse_attention": "csa"}
+_V4_KINDS |= {"heavily_compressed_attention": "hca"}
+
+
+def compressed_from_hf(cls: type[V], layer: Any) -> V:
+    """The body of
+    [`CompressedAttention.from_hf`][attnlab.layers.compressed.CompressedAttention.from_hf]."""
+    if not {"compressor", "o_a_proj", "sinks"} <= set(dir(layer)):
+        raise TypeError(
+            f"layer must be a transformers DeepseekV4Attention, got {type(layer).__name__}"
+        )
+    c, kind = layer.config, _V4_KINDS[layer.layer_type]
+    ropes = {name: c.rope_parameters[name] for name in ("main", "compress")}
+    if any(r["rope_type"] != "default" for r in ropes.values()):
+        raise ValueError("layer's config scales its RoPE (rope_type not 'default'): not ported")
+    ratio = c.compress_rates.get(layer.layer_type, 1)
+    config = CompressedConfig(
+        kind, c.num_attention_heads, c.head_dim, c.q_lora_rank, c.sliding_window,
+        int(c.head_dim * ropes["compress"]["partial_rotary_factor"]), ratio, c.o_groups,
+        c.o_lora_rank, ropes["main"]["rope_theta"], ropes["compress"]["rope_theta"],
+        c.index_n_heads, c.index_head_dim, c.index_topk, c.rms_norm_eps,
+    )  # fmt: skip
+    names = {"q_down": "q_a_proj", "q_norm": "q_a_norm", "q_up": "q_b_proj", "out_up": "o_b_proj"}
+    names |= {"kv_proj": "kv_proj", "kv_norm": "kv_norm", "sink_logits": "sinks"}
+    if kind == "csa":
+        names |= {
+            "index_compressor": "compressor.indexer",
+            "index_q_up": "compressor.indexer.q_b_proj",
+        }
+        names |= {"index_weights": "compressor.indexer.scorer.weights_proj"}
+    weight = layer.kv_proj.weight
+    new = cls(c.hidden_size, config).to(device=weight.device, dtype=weight.dtype)
+    state = {"out_down": layer.o_a_proj.weight.view(c.o_groups, c.o_lora_rank, -1)}
+    for key in new.state_dict():
+        ours, _, rest = key.partition(".")
+        if key != "out_down":
+            theirs = names.get(ours, ours)  # "compressor" is "compressor"
+            state[key] = layer.get_parameter(f"{theirs}.{rest}" if rest else theirs)
+    new.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return new.train(layer.training)
 
 
 # -- linear attention ---------------------------------------------------------------------

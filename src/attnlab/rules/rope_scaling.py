@@ -188,9 +188,57 @@ class RopeScaling:
             >>> RopeScaling.from_hf(config)
             RopeScaling(rope_type='linear', factor=4.0)
         """
-        from attnlab.models import interop  # a folder above this one: imported when called
+        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+        params = dict(params or {})
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in _ROPE_TYPES:
+            allowed = ", ".join(repr(t) for t in _ROPE_TYPES)
+            raise ValueError(
+                f"rope_type must be one of {allowed}, got {kind!r} (config.rope_parameters)"
+            )
+        if kind == "default":
+            return cls()
 
-        return interop.rope_scaling_from_hf(cls, config)
+        def need(key: str) -> Any:
+            if params.get(key) is None:
+                raise ValueError(
+                    f"config.rope_parameters with rope_type={kind!r} needs {key!r}, "
+                    f"got keys {sorted(params)}"
+                )
+            return params[key]
+
+        if kind == "dynamic":
+            return cls("dynamic", float(need("factor")), int(config.max_position_embeddings))
+        if kind == "linear":
+            return cls("linear", float(need("factor")))
+        original = int(need("original_max_position_embeddings"))
+        if kind == "llama3":
+            return cls(
+                "llama3",
+                float(need("factor")),
+                original,
+                low_freq_factor=float(need("low_freq_factor")),
+                high_freq_factor=float(need("high_freq_factor")),
+            )
+        factor = params.get("factor")
+        if factor is None:
+            factor = config.max_position_embeddings / original
+
+        def optional(key: str) -> float | None:
+            value = params.get(key)
+            return None if value is None else float(value)
+
+        return cls(
+            "yarn",
+            float(factor),
+            original,
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            mscale=optional("mscale"),
+            mscale_all_dim=optional("mscale_all_dim"),
+            attention_factor=optional("attention_factor"),
+            truncate=bool(params.get("truncate", True)),
+        )
 
     def __repr__(self) -> str:
         shown = [f"rope_type={self.rope_type!r}"]
