@@ -31,6 +31,10 @@ import pytest
 from hooks import blocks, outputs  # docs/hooks/, via pythonpath in pyproject.toml
 
 ROOT = Path(__file__).resolve().parent
+# No test and no page fetches a compute kernel from the Hugging Face Hub: transformers
+# then runs its own PyTorch code, the reference every port is held to (and the build
+# runs offline). tests/test_compressed.py checks that this holds.
+os.environ["USE_HUB_KERNELS"] = "NO"
 _sessions: dict[Path, outputs.PageSession] = {}  # one per page, for the whole test run
 
 

@@ -71,6 +71,10 @@ except ImportError:  # as an MkDocs hook or a script: this folder is on sys.path
 
 NUMBER = re.compile(r"-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
+# The pages run transformers' own PyTorch code, never a compute kernel fetched from the
+# Hugging Face Hub (the build works offline, and the pages compare against that code).
+os.environ["USE_HUB_KERNELS"] = "NO"
+
 log = logging.getLogger("mkdocs.hooks.outputs")
 
 # The fence parser is shared with pytest-markdown-docs, the notebooks and the width test.
