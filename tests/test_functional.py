@@ -622,3 +622,30 @@ def test_sdpa_softcap_and_sinks_in_half_precision_compute_in_float32(dtype: torc
     )
     assert out.dtype == dtype
     torch.testing.assert_close(out, wide.to(dtype), rtol=0, atol=0)
+
+
+def test_temperature_tuning_scales_each_query_by_its_position_on_every_backend() -> None:
+    """Llama 4's rule, once in `attend`: query i at position p (the last L of S keys)
+    times 1 + a * log(1 + floor((p + 1) / f)), whatever the backend."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    tuned = ScoreRule(is_causal=True, align="bottom-right", temperature=(4.0, 0.5))
+    positions = torch.tensor([6.0, 7.0, 8.0])  # the last 3 of 9
+    factor = 1 + 0.5 * torch.log1p(torch.floor((positions + 1) / 4))  # 1.55, 1.69, 1.69
+    plain = ScoreRule(is_causal=True, align="bottom-right")
+    expected = _backends.attend("scratch", q * factor[:, None], k, v, plain)
+    assert not torch.allclose(expected, _backends.attend("scratch", q, k, v, plain))
+    for backend in _backends.BACKEND_NAMES:
+        got = _backends.attend(backend, q, k, v, tuned)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0, msg=backend)
+    weights = _backends.attention_weights(q, k, tuned)
+    torch.testing.assert_close(weights, _backends.attention_weights(q * factor[:, None], k, plain))
+
+
+def test_a_layer_refuses_temperature_it_cannot_place() -> None:
+    from attnlab.layers.gqa import GroupedQueryAttention
+
+    with pytest.raises(ValueError, match=r"scores\.temperature needs a layer without a window"):
+        GroupedQueryAttention(16, 2, scores=ScoreRule(window=4, temperature=(4.0, 0.1)))
+    with pytest.raises(ValueError, match=r"scores.temperature\[1\] \(attn_scale\) must be"):
+        GroupedQueryAttention(16, 2, scores=ScoreRule(temperature=(4.0, -1.0)))

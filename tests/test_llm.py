@@ -206,6 +206,13 @@ def _random_hf(kind: str, attn: str = "sdpa") -> Any:
     elif kind == "smollm3":  # its second layer a NoPE layer
         config = transformers.SmolLM3Config(**common, no_rope_layers=[1, 0, 1])
         model = transformers.SmolLM3ForCausalLM(config)
+    elif kind == "llama4":  # iRoPE: layer 2 NoPE with temperature tuning, chunks of 4
+        config = transformers.Llama4TextConfig(
+            **common, intermediate_size_mlp=48, moe_layers=[], no_rope_layers=[1, 0, 1],
+            attention_chunk_size=4, floor_scale=3, attn_scale=2.0, use_qk_norm=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        )  # fmt: skip
+        model = transformers.Llama4ForCausalLM(config)
     elif kind == "mistral":
         config = transformers.MistralConfig(**common, sliding_window=5)
         model = transformers.MistralForCausalLM(config)
@@ -227,7 +234,7 @@ def tiny() -> tuple[Any, Decoder]:
     return hf, Decoder.from_hf(hf)
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-bias", "mistral", "qwen2", "smollm3"])
+@pytest.mark.parametrize("kind", ["llama", "llama-bias", "mistral", "qwen2", "smollm3", "llama4"])
 def test_from_hf_equals_transformers(kind: str) -> None:
     hf = _random_hf(kind)
     decoder = Decoder.from_hf(hf)
@@ -238,9 +245,26 @@ def test_from_hf_equals_transformers(kind: str) -> None:
     assert torch.equal(decoder.generate(ids, 9), theirs)
     windows = {"mistral": (5, 5, 5), "qwen2": (None, 4, 4)}
     assert decoder.config.windows == windows.get(kind)
-    assert decoder.config.rope_layers == ((True, False, True) if kind == "smollm3" else None)
+    nope = kind in ("smollm3", "llama4")
+    assert decoder.config.rope_layers == ((True, False, True) if nope else None)
+    if kind == "llama4":
+        c = decoder.config
+        assert (c.chunks, c.temperature, c.qk_norm, c.rope_layout) == (
+            (4, None, 4), (3.0, 2.0), "rotated", "interleaved"
+        )  # fmt: skip
     assert decoder.config.qkv_bias == (kind in ("llama-bias", "qwen2"))
     assert decoder.config.out_bias == (kind == "llama-bias")
+
+
+def test_what_llama4_does_not_port_is_refused_by_name() -> None:
+    from attnlab.serving.engine import Engine
+
+    config = transformers.Llama4TextConfig(**SIZES, moe_layers=[1])
+    with pytest.raises(ValueError, match=r"moe_layers=\[1\]: Llama 4's mixture of experts"):
+        Decoder.from_hf(transformers.Llama4ForCausalLM(config))
+    chunked = Decoder.from_hf(_random_hf("llama4"))
+    with pytest.raises(ValueError, match=r"chunked-attention layers \(chunks=\(4, None, 4\)\)"):
+        Engine(chunked, num_blocks=8, block_size=4)
 
 
 def test_from_hf_refuses_other_models_and_unknown_rope_scaling() -> None:

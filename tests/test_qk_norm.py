@@ -73,7 +73,7 @@ def test_qk_norm_makes_attention_blind_to_the_size_of_q_and_k(qk_norm: str) -> N
         (
             {"qk_norm": QKNormSpec("layer")},  # type: ignore[arg-type]
             ValueError,
-            r"qk_norm\.over must be one of 'head', 'projection', got 'layer'",
+            r"qk_norm\.over must be one of 'head', 'projection', 'rotated', got 'layer'",
         ),
         ({"qk_norm": "head"}, TypeError, "qk_norm must be a QKNormSpec or None, got str"),
         (

@@ -82,6 +82,7 @@ causal or window mask and `attn_mask` are combined
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Literal, NamedTuple, TypedDict, Unpack, overload
 
@@ -433,7 +434,21 @@ def attend(
         >>> all(torch.allclose(o, outs[0], atol=1e-6) for o in outs)
         True
     """
+    query, rule = _tuned(query, key, rule)
     return BACKENDS[backend](AttentionCall(query, key, value, rule, **options))
+
+
+def _tuned(query: Tensor, key: Tensor, rule: ScoreRule) -> tuple[Tensor, ScoreRule]:
+    """The queries multiplied by `rule.temperature`'s factor, and the rule without it: the
+    one place temperature tuning happens, so every backend has it."""
+    if rule.temperature is None:
+        return query, rule
+    floor_scale, attn_scale = rule.temperature
+    t, s = query.shape[-2], key.shape[-2]
+    first = s - t if rule.align == "bottom-right" else 0
+    p = torch.arange(first, first + t, device=query.device, dtype=torch.float32)
+    factor = torch.log1p(torch.floor((p + 1.0) / floor_scale)) * attn_scale + 1.0
+    return (query * factor[:, None]).to(query.dtype), replace(rule, temperature=None)
 
 
 _WEIGHTS = _with_positional_mask(F.attention_weights)
@@ -449,4 +464,5 @@ def attention_weights(
     come from attnlab's from-scratch
     [`attention_weights`][attnlab.functional.sdpa.attention_weights].
     """
+    query, rule = _tuned(query, key, rule)
     return _WEIGHTS(AttentionCall(query, key, None, rule, **options))

@@ -46,11 +46,12 @@ from attnlab.functional.backends import (
     check_backend_call,
 )
 from attnlab.layers.heads import merge_heads, split_heads
-from attnlab.layers.norms import QKNorm, QKNormSpec, RMSNorm
+from attnlab.layers.norms import QKNorm, QKNormSpec, RMSNorm, rms_normalize
 from attnlab.rules._validation import (
     check_attn_mask,
     check_bool,
     check_multiple,
+    check_positive_float,
     check_positive_int,
     check_probability,
     check_scale,
@@ -157,9 +158,9 @@ def check_attention_inputs(
 
 def _check_scores(
     scores: object, num_heads: int
-) -> tuple[int | None, float | None, float | None, Tensor | None]:
-    """A layer's `scores` rule as its `(window, scale, softcap, alibi_slopes)`; raise
-    naming `scores`.
+) -> tuple[int | None, float | None, float | None, Tensor | None, tuple[float, float] | None]:
+    """A layer's `scores` rule as its `(window, scale, softcap, alibi_slopes, temperature)`;
+    raise naming `scores`.
 
     Causality and learned sinks are the layer's per call and its own parameter, so a
     rule that sets them is refused rather than silently overridden.
@@ -175,7 +176,17 @@ def _check_scores(
     scale = check_scale("scores.scale", scores.scale)
     softcap = check_softcap("scores.softcap", scores.softcap)
     slopes = check_alibi_slopes("scores.alibi_slopes", scores.alibi_slopes, num_heads)
-    return window, scale, softcap, slopes
+    temperature = scores.temperature
+    if temperature is not None:
+        if not isinstance(temperature, tuple) or len(temperature) != 2:
+            raise TypeError(
+                f"scores.temperature must be (floor_scale, attn_scale), got {temperature!r}"
+            )
+        check_positive_float("scores.temperature[0] (floor_scale)", temperature[0])
+        check_positive_float("scores.temperature[1] (attn_scale)", temperature[1])
+        if window is not None:  # it reads positions from the first key, which a window drops
+            raise ValueError("scores.temperature needs a layer without a window")
+    return window, scale, softcap, slopes, temperature
 
 
 def _check_spec(name: str, spec: object, cls: type[_Spec]) -> _Spec | None:
@@ -189,7 +200,7 @@ def _qk_norms(
     spec: QKNormSpec | None, head_dim: int, q_features: int, kv_features: int
 ) -> tuple[RMSNorm | None, RMSNorm | None]:
     """The `q_norm` and `k_norm` of `spec`: over `head_dim` features, or over the projections."""
-    if spec is None:
+    if spec is None or spec.over == "rotated":  # Llama 4's: no weight to learn
         return None, None
     q_dim, k_dim = (head_dim, head_dim) if spec.over == "head" else (q_features, kv_features)
     return (
@@ -304,7 +315,8 @@ class GroupedQueryAttention(nn.Module):
         self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
         self.rope_dims = check_rope(rope, self.head_dim) or self.head_dim
         self.rope = rope
-        self.window, self.scale, self.softcap, slopes = _check_scores(scores, self.num_heads)
+        checked = _check_scores(scores, self.num_heads)
+        self.window, self.scale, self.softcap, slopes, self.temperature = checked
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # moves with .to()
         self.alibi_slopes: Tensor | None
         qk_norm = _check_spec("qk_norm", qk_norm, QKNormSpec)
@@ -367,41 +379,6 @@ class GroupedQueryAttention(nn.Module):
             checked.check_window(self.window, name=name, owner=owner or type(self).__name__)
         return checked
 
-    def _check_inputs(
-        self,
-        x: object,
-        positions: object,
-        position_embeddings: object,
-        cache: object,
-        attn_mask: object,
-        is_causal: object,
-    ) -> None:
-        """Raise if the arguments of `forward` do not fit this module (see `Raises:` there)."""
-        if position_embeddings is not None and self.rope is None:
-            raise ValueError(
-                "position_embeddings needs a module built with rope (a Rope, not None)"
-            )
-        check_attention_inputs(
-            x,
-            d_model=self.d_model,
-            owner=type(self).__name__,
-            like=self.q_proj.weight,
-            rope_dims=self.rope_dims,
-            positions=positions,
-            position_embeddings=position_embeddings,
-            cache=self.check_cache(cache),
-            attn_mask=attn_mask,
-            num_heads=self.num_heads,
-            is_causal=is_causal,
-            window=self.window,
-        )
-        logits = self.sink_logits
-        if logits is not None and tuple(logits.shape) != (self.num_heads,):
-            raise ValueError(  # a user may have assigned another tensor to module.sink_logits
-                f"sink_logits must hold one logit per query head, shape ({self.num_heads},), "
-                f"got sink_logits.shape={tuple(logits.shape)}"
-            )
-
     @overload
     def forward(
         self, x: Tensor, *, need_weights: Literal[False] = False, **options: Unpack[_ForwardOptions]
@@ -458,7 +435,7 @@ class GroupedQueryAttention(nn.Module):
                 replaced by one of another shape; or the backend cannot run the call.
         """
         if checking():
-            self._check_inputs(x, positions, position_embeddings, cache, attn_mask, is_causal)
+            _check_call(self, x, positions, position_embeddings, cache, attn_mask, is_causal)
             check_bool("need_weights", need_weights)
         # Before the projections and the cache's append: a call flash cannot serve leaves
         # the cache as it was.
@@ -473,6 +450,7 @@ class GroupedQueryAttention(nn.Module):
             softcap=self.softcap,
             sink_logits=self.sink_logits,
             alibi_slopes=self.alibi_slopes,
+            temperature=self.temperature,
         )
         check_backend_call(self.backend, rule, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
@@ -488,12 +466,15 @@ class GroupedQueryAttention(nn.Module):
                 position_embeddings = _rope_tables(self.rope, self.rope_dims, positions, past, x)
             q = _rotate(q, position_embeddings, self.rope, self.rope_dims)  # (b, h, t, head_dim)
             k = _rotate(k, position_embeddings, self.rope, self.rope_dims)
-        scores = (self.window, self.scale, self.softcap, self.sink_logits, self.alibi_slopes)
+            q, k = self._qk_normed(q, k, "rotated")  # Llama 4: after RoPE, no weight
+        scores = (self.window, self.scale, self.softcap, self.sink_logits, self.alibi_slopes,
+                  self.temperature)  # fmt: skip
         unserved = dropout_p or need_weights or any(r is not None for r in (attn_mask, *scores))
         if cache is not None and cache.ragged and unserved:
             raise ValueError(
                 f"{type(cache).__name__} attends by its own rule: it takes no attn_mask, "
-                "window, dropout, need_weights, scale, softcap, sink_logits or alibi_slopes"
+                "window, dropout, need_weights, scale, softcap, sink_logits, alibi_slopes or "
+                "temperature"
             )
         attended: list[tuple[Tensor, Tensor | None]] = []  # keys and mask, for need_weights
 
@@ -525,8 +506,10 @@ class GroupedQueryAttention(nn.Module):
     def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:
         """QK-norm of `q` and `k` if this module normalises at `where`; else them unchanged."""
         spec, q_norm, k_norm = self.qk_norm, self.q_norm, self.k_norm
-        if spec is None or spec.over != where or q_norm is None or k_norm is None:
+        if spec is None or spec.over != where:
             return q, k
+        if q_norm is None or k_norm is None:  # "rotated": no weight
+            return rms_normalize(q, spec.eps).to(q.dtype), rms_normalize(k, spec.eps).to(k.dtype)
         return q_norm(q), k_norm(k)
 
     # -- interoperability with Hugging Face transformers ---------------------------------
@@ -567,3 +550,37 @@ class GroupedQueryAttention(nn.Module):
         from attnlab.models import interop  # a folder above this one: imported when called
 
         return interop.gqa_from_hf(cls, module, backend=backend)
+
+
+def _check_call(
+    gqa: GroupedQueryAttention,
+    x: object,
+    positions: object,
+    position_embeddings: object,
+    cache: object,
+    attn_mask: object,
+    is_causal: object,
+) -> None:
+    """Raise if the arguments of `gqa.forward` do not fit `gqa` (see `Raises:` there)."""
+    if position_embeddings is not None and gqa.rope is None:
+        raise ValueError("position_embeddings needs a module built with rope (a Rope, not None)")
+    check_attention_inputs(
+        x,
+        d_model=gqa.d_model,
+        owner=type(gqa).__name__,
+        like=gqa.q_proj.weight,
+        rope_dims=gqa.rope_dims,
+        positions=positions,
+        position_embeddings=position_embeddings,
+        cache=gqa.check_cache(cache),
+        attn_mask=attn_mask,
+        num_heads=gqa.num_heads,
+        is_causal=is_causal,
+        window=gqa.window,
+    )
+    logits = gqa.sink_logits
+    if logits is not None and tuple(logits.shape) != (gqa.num_heads,):
+        raise ValueError(  # a user may have assigned another tensor to module.sink_logits
+            f"sink_logits must hold one logit per query head, shape ({gqa.num_heads},), "
+            f"got sink_logits.shape={tuple(logits.shape)}"
+        )

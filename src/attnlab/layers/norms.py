@@ -24,11 +24,13 @@ from attnlab.rules._validation import (
 
 __all__ = ["QK_NORMS", "QKNorm", "QKNormSpec", "RMSNorm", "rms_normalize"]
 
-QKNorm = Literal["head", "projection"]
+QKNorm = Literal["head", "projection", "rotated"]
 """Where QK-norm normalises: `"head"`, each head's `head_dim` features (Qwen3, Gemma 3);
-`"projection"`, the whole query or key projection before the split into heads (OLMo 2)."""
+`"projection"`, the whole query or key projection before the split into heads (OLMo 2);
+`"rotated"`, each head after RoPE, with no learned weight, in the layers that rotate
+(Llama 4's L2 norm)."""
 
-QK_NORMS: tuple[QKNorm, ...] = ("head", "projection")
+QK_NORMS: tuple[QKNorm, ...] = ("head", "projection", "rotated")
 
 
 @dataclass(frozen=True)

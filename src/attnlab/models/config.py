@@ -17,12 +17,13 @@ from attnlab.layers.mlp import Activation, MoEConfig
 from attnlab.layers.norms import QK_NORMS, QKNorm
 from attnlab.rules._validation import (
     check_bool,
+    check_choice,
     check_multiple,
     check_positive_float,
     check_positive_int,
     check_softcap,
 )
-from attnlab.rules.rope import check_base, check_rope_dims
+from attnlab.rules.rope import RopeLayout, check_base, check_rope_dims
 from attnlab.rules.rope_scaling import RopeScaling
 
 __all__ = [
@@ -208,6 +209,13 @@ class DecoderConfig:
         rope_layers: Per layer, whether its attention rotates queries and keys by RoPE;
             False makes it a NoPE layer, which sees positions only through the causal
             mask (SmolLM3's `no_rope_layers`: every fourth layer). None: every layer.
+        rope_layout: How RoPE pairs a head's features, `"half"` (Llama, most models) or
+            `"interleaved"` (Llama 4's complex-number rotation).
+        chunks: Per layer, the size of its attention chunks (Llama 4's
+            `attention_chunk_size` on its RoPE layers: a query sees the keys of its own
+            chunk up to itself, [`masks.chunked`][attnlab.rules.masks.chunked]) or None.
+        temperature: Llama 4's attention temperature tuning `(floor_scale, attn_scale)` in
+            the layers that do not rotate (ScoreRule's `temperature`); None for none.
         latent: The sizes of latent attention (MLA) in every attention block instead of
             grouped-query attention; None for none. Only without RoPE (every entry of
             `rope_layers` False: Kimi Linear's MLA), and without QK-norm, softcap or
@@ -244,6 +252,9 @@ class DecoderConfig:
     moe: MoEConfig | None = None
     moe_layers: tuple[bool, ...] | None = None
     rope_layers: tuple[bool, ...] | None = None
+    rope_layout: RopeLayout = "half"
+    chunks: tuple[int | None, ...] | None = None
+    temperature: tuple[float, float] | None = None
     latent: LatentAttentionConfig | None = None
 
     def __post_init__(self) -> None:
@@ -335,6 +346,31 @@ class DecoderConfig:
             for i, flag in enumerate(flags):
                 check_bool(f"{name}[{i}]", flag)
         self._check_latent()
+        self._check_llama4()
+
+    def _check_llama4(self) -> None:
+        """RoPE's layout, chunked layers and temperature tuning."""
+        check_choice("rope_layout", self.rope_layout, ("half", "interleaved"))
+        if self.chunks is not None:
+            if len(self.chunks) != self.num_layers:
+                raise ValueError(
+                    f"chunks must give one entry per layer, got {len(self.chunks)} for "
+                    f"num_layers={self.num_layers}"
+                )
+            for i, chunk in enumerate(self.chunks):
+                if chunk is not None:
+                    check_positive_int(f"chunks[{i}]", chunk)
+        if self.temperature is not None:
+            if not isinstance(self.temperature, tuple) or len(self.temperature) != 2:
+                raise TypeError(
+                    f"temperature must be (floor_scale, attn_scale), got {self.temperature!r}"
+                )
+            for name, value in zip(("floor_scale", "attn_scale"), self.temperature, strict=True):
+                check_positive_float(f"temperature ({name})", value)
+
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk size of block `layer`, or None."""
+        return None if self.chunks is None else self.chunks[layer]
 
     def _check_latent(self) -> None:
         """Latent attention: its sizes, and none of what MLA does not do here."""

@@ -85,7 +85,7 @@ from attnlab.rules._validation import (
     checking,
     entry,
 )
-from attnlab.rules.masks import check_padding_mask, combine, padding_attention_mask
+from attnlab.rules.masks import check_padding_mask, chunked, combine, padding_attention_mask
 from attnlab.rules.rope import Rope, check_positions, default_positions, rope_cos_sin
 from attnlab.rules.scores import ScoreRule
 
@@ -144,9 +144,12 @@ class DecoderBlock(nn.Module):
                 out_bias=config.out_bias,
                 rope=None
                 if spec is None
-                else Rope(base=spec[0], dims=config.rope_dims, scaling=spec[1]),
+                else Rope(spec[0], config.rope_layout, config.rope_dims, spec[1]),
                 scores=ScoreRule(
-                    scale=config.scale, window=config.window(layer), softcap=config.attn_softcap
+                    scale=config.scale,
+                    window=config.window(layer),
+                    softcap=config.attn_softcap,
+                    temperature=config.temperature if spec is None else None,  # Llama 4
                 ),
                 qk_norm=None
                 if config.qk_norm is None
@@ -154,6 +157,7 @@ class DecoderBlock(nn.Module):
                 gates=HeadGates(output_gate=config.attn_output_gate),
                 backend=backend_for(config.attn_softcap),
             )
+        self.chunk = config.chunk(layer)  # Llama 4's chunked attention, or None
         self.post_attention_layernorm = _norm(config)
         self.pre_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
         self.post_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
@@ -196,6 +200,10 @@ class DecoderBlock(nn.Module):
             mixed = self.linear_attn(self.input_layernorm(x), state, padding_mask=padding)
             return self._residual(x, mixed)
         assert self.self_attn is not None
+        if self.chunk is not None:  # the model's mask, within each chunk only
+            t, past = x.shape[1], 0 if cache is None else cache.seen
+            own = chunked(t, past + t, chunk_size=self.chunk, align="bottom-right", device=x.device)
+            attn_mask = own if attn_mask is None else combine(attn_mask, own)
         # The model's mask covers every token seen; GQA keeps the columns of the keys it
         # attends to (the last ones, when a rolling cache forgot the oldest).
         attn = self.self_attn(

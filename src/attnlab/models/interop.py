@@ -654,6 +654,8 @@ def config_from_hf(cls: type[C], config: Any) -> C:
         return _qwen3_next_config(cls, config)
     if model_type == "kimi_linear":
         return _kimi_linear_config(cls, config)
+    if model_type == "llama4_text":
+        return _llama4_config(cls, config)
     common = _hf_common(config)
     scaling = common["rope_scaling"]
     if scaling is not None and scaling.is_dynamic:
@@ -792,6 +794,29 @@ def _kimi_linear_config(cls: type[C], config: Any) -> C:
     )
 
 
+def _llama4_config(cls: type[C], config: Any) -> C:
+    """Llama 4 (text): iRoPE (`no_rope_layers[i]` is 1 where layer i rotates), chunks on
+    the RoPE layers, weightless QK-norm after RoPE, temperature tuning on the others."""
+    if config.moe_layers:
+        raise ValueError(
+            f"config.moe_layers={config.moe_layers}: Llama 4's mixture of experts is not "
+            "ported; a config with moe_layers=[] (every MLP dense) is"
+        )
+    if config.hidden_act != "silu":
+        raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
+    rotates = tuple(bool(flag) for flag in config.no_rope_layers)
+    chunk = config.attention_chunk_size
+    tuning = config.attn_temperature_tuning
+    return cls(
+        **(_hf_common(config) | {"hidden_dim": config.intermediate_size_mlp}),
+        rope_layers=rotates,
+        rope_layout="interleaved",
+        chunks=None if chunk is None else tuple(chunk if r else None for r in rotates),
+        qk_norm="rotated" if config.use_qk_norm else None,
+        temperature=(float(config.floor_scale), float(config.attn_scale)) if tuning else None,
+    )
+
+
 HF_DECODER_CLASSES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -801,6 +826,7 @@ HF_DECODER_CLASSES = (
     "Qwen3NextForCausalLM",
     "SmolLM3ForCausalLM",
     "KimiLinearForCausalLM",
+    "Llama4ForCausalLM",
 )
 """The `transformers` causal LMs (and their subclasses) that a `Decoder` ports."""
 
@@ -831,7 +857,7 @@ def decoder_from_hf(decoder_class: type[D], model: nn.Module) -> D:
         new.lm_head.weight = new.embed_tokens.weight
     latent = config.latent is not None  # Kimi Linear: both kinds of layer are `self_attn`
     state = {
-        _from_hf_names(key.removeprefix("model.")): value
+        _from_hf_names(key.removeprefix("model.").replace(".feed_forward.", ".mlp.")): value
         for key, value in hf.state_dict().items()
         if "rotary_emb" not in key
         and ".linear_attn." not in key

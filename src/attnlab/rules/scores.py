@@ -69,6 +69,12 @@ class ScoreRule:
             shape `(Hq,)`, or None.
         alibi_slopes: ALiBi: one slope per query head, shape `(Hq,)` (e.g.
             [`alibi_slopes`][attnlab.functional.flex.alibi_slopes]`(Hq)`), or None.
+        temperature: Llama 4's attention temperature tuning, `(floor_scale, attn_scale)`:
+            query $i$, at position $p = i + o$ among the keys, is first multiplied by
+            $1 + \text{attn\_scale} \cdot \log(1 + \lfloor (p + 1) /
+            \text{floor\_scale} \rfloor)$, so that scores sharpen as the context grows
+            (its NoPE layers); None for none. Applied once, in
+            [`attend`][attnlab.functional.backends.attend], for every backend.
 
     Examples:
         >>> rule = ScoreRule(is_causal=True, align="bottom-right", window=4)
@@ -83,6 +89,7 @@ class ScoreRule:
     softcap: float | None = None
     sink_logits: Tensor | None = None
     alibi_slopes: Tensor | None = None
+    temperature: tuple[float, float] | None = None
 
 
 def alibi_bias(slopes: Tensor, queries: range, keys: range) -> Tensor:

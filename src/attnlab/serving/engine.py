@@ -232,6 +232,11 @@ class Engine:
                     "only, not a linear layer's state; serve this model with "
                     "Decoder.generate"
                 )
+        if c.chunks is not None and any(chunk is not None for chunk in c.chunks):
+            raise ValueError(
+                f"decoder has chunked-attention layers (chunks={c.chunks}); the engine's "
+                "paged attention is full causal attention"
+            )
         if c.latent is not None:
             raise ValueError(
                 "decoder's attention is latent (MLA, config.latent): the engine's paged "
