@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -768,7 +768,7 @@ def _kimi_linear_config(cls: type[C], config: Any) -> C:
         )
     if config.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu', got {config.hidden_act!r}")
-    d = config.linear_head_dim
+    h, d = config.linear_num_heads, config.linear_head_dim  # as many value heads as key heads
     names: dict[str, LayerKind] = {"full_attention": "full", "linear_attention": "linear"}
     # KimiLinearForCausalLM ties no weights (`_tied_weights_keys = {}`) whatever
     # tie_word_embeddings says: its lm_head is its own.
@@ -776,20 +776,12 @@ def _kimi_linear_config(cls: type[C], config: Any) -> C:
         **(_hf_common(config) | {"tie_embeddings": False}),
         layer_kinds=_layer_kinds(config, names),
         linear=LinearAttentionConfig(
-            num_k_heads=config.linear_num_heads,
-            num_v_heads=config.linear_num_heads,
-            head_k_dim=d,
-            head_v_dim=d,
-            kernel_size=config.linear_conv_kernel_dim,
-            gates=DeltaGates(decay="channel", rank=d, activation="sigmoid"),
+            h, h, d, d, config.linear_conv_kernel_dim, gates=DeltaGates("channel", d, "sigmoid")
         ),
         rope_layers=(False,) * config.num_hidden_layers,
+        # LatentAttentionConfig's fields carry transformers' names
         latent=LatentAttentionConfig(
-            kv_lora_rank=config.kv_lora_rank,
-            qk_nope_head_dim=config.qk_nope_head_dim,
-            qk_rope_head_dim=config.qk_rope_head_dim,
-            v_head_dim=config.v_head_dim,
-            q_lora_rank=config.q_lora_rank,
+            **{f.name: getattr(config, f.name) for f in fields(LatentAttentionConfig)}
         ),
     )
 
