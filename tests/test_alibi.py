@@ -311,7 +311,9 @@ def test_paged_serving_refuses_alibi_by_name() -> None:
     engine = Engine(decoder, num_blocks=8, block_size=4)
     attention.alibi_slopes = flex.alibi_slopes(4)  # after the engine's check: the layer's
     engine.submit([1, 2, 3], 2)
-    with pytest.raises(ValueError, match=r"_PagedLayer attends .* sink_logits or alibi_slopes"):
+    with pytest.raises(
+        ValueError, match=r"_PagedLayer attends .* sink_logits, alibi_slopes or temperature"
+    ):
         engine.run()
 
 

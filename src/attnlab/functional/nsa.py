@@ -86,7 +86,8 @@ def nsa_select(
         key_cmp: The compressed keys `(b, h_kv, n, D)` of
             [`compress_blocks`][attnlab.functional.nsa.compress_blocks].
         num_keys: Tokens `s` the queries may read (themselves the last `t`).
-        block, stride: The compressed blocks' size and stride.
+        block: Tokens per compressed block.
+        stride: Tokens between the starts of two compressed blocks.
         select_block: Tokens per selection block, $l'$.
         top_n: Blocks read per query (the forced ones included).
         scale: Factor on the scores; default `D ** -0.5`.
@@ -137,15 +138,17 @@ def nsa_attention(
 
     Args:
         query: `(b, h, t, D)`, the last `t` of the `s` tokens of `key`.
-        key, value: The tokens' keys and values `(b, h_kv, s, D)` and `(b, h_kv, s, Dv)`
-            (the selected and the window branch read them; NSA may give each branch
-            its own projections, which a caller passes as two calls' worth of keys).
-        key_cmp, value_cmp: The compressed blocks `(b, h_kv, n, D)`, `(b, h_kv, n, Dv)`.
+        key: The tokens' keys `(b, h_kv, s, D)`, which the selected and the window
+            branch read (NSA may give each branch projections of its own).
+        value: Their values `(b, h_kv, s, Dv)`.
+        key_cmp: The compressed blocks' keys `(b, h_kv, n, D)`.
+        value_cmp: Their values `(b, h_kv, n, Dv)`.
         chosen: The selected blocks `(b, h_kv, t, top_n)` of
             [`nsa_select`][attnlab.functional.nsa.nsa_select], -1 for none.
         gates: Each query head's gate per branch (compressed, selected, window),
             `(b, h, t, 3)`, e.g. a sigmoid of a linear map of the token.
-        block, stride: The compressed blocks' size and stride.
+        block: Tokens per compressed block.
+        stride: Tokens between the starts of two compressed blocks.
         select_block: Tokens per selection block.
         window: Tokens of the sliding window, the query's own included.
         scale: Factor on the scores; default `D ** -0.5`.
