@@ -647,5 +647,5 @@ def test_a_layer_refuses_temperature_it_cannot_place() -> None:
 
     with pytest.raises(ValueError, match=r"scores\.temperature needs a layer without a window"):
         GroupedQueryAttention(16, 2, scores=ScoreRule(window=4, temperature=(4.0, 0.1)))
-    with pytest.raises(ValueError, match=r"scores.temperature\[1\] \(attn_scale\) must be"):
+    with pytest.raises(ValueError, match=r"scores.temperature \(attn_scale\) must be"):
         GroupedQueryAttention(16, 2, scores=ScoreRule(temperature=(4.0, -1.0)))

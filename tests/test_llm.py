@@ -247,7 +247,12 @@ def test_from_hf_equals_transformers(kind: str) -> None:
     assert decoder.config.windows == windows.get(kind)
     nope = kind in ("smollm3", "llama4")
     assert decoder.config.rope_layers == ((True, False, True) if nope else None)
-    if kind == "llama4":
+    if kind == "llama4":  # the chunked layers' maps too (eager: transformers returns them)
+        eager = _random_hf(kind, "eager")
+        with torch.no_grad():
+            theirs_maps = eager(ids, output_attentions=True).attentions
+        for ours_map, their_map in zip(decoder.attention_maps(ids), theirs_maps, strict=True):
+            torch.testing.assert_close(ours_map, their_map, atol=1e-5, rtol=0)
         c = decoder.config
         assert (c.chunks, c.temperature, c.qk_norm, c.rope_layout) == (
             (4, None, 4), (3.0, 2.0), "rotated", "interleaved"

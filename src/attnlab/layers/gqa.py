@@ -51,7 +51,6 @@ from attnlab.rules._validation import (
     check_attn_mask,
     check_bool,
     check_multiple,
-    check_positive_float,
     check_positive_int,
     check_probability,
     check_scale,
@@ -69,7 +68,7 @@ from attnlab.rules.rope import (
     rope_cos_sin,
     rotate,
 )
-from attnlab.rules.scores import ScoreRule, check_alibi_slopes
+from attnlab.rules.scores import ScoreRule, check_alibi_slopes, check_temperature
 
 __all__ = ["GroupedQueryAttention", "HeadGates", "check_attention_inputs"]
 
@@ -176,16 +175,9 @@ def _check_scores(
     scale = check_scale("scores.scale", scores.scale)
     softcap = check_softcap("scores.softcap", scores.softcap)
     slopes = check_alibi_slopes("scores.alibi_slopes", scores.alibi_slopes, num_heads)
-    temperature = scores.temperature
-    if temperature is not None:
-        if not isinstance(temperature, tuple) or len(temperature) != 2:
-            raise TypeError(
-                f"scores.temperature must be (floor_scale, attn_scale), got {temperature!r}"
-            )
-        check_positive_float("scores.temperature[0] (floor_scale)", temperature[0])
-        check_positive_float("scores.temperature[1] (attn_scale)", temperature[1])
-        if window is not None:  # it reads positions from the first key, which a window drops
-            raise ValueError("scores.temperature needs a layer without a window")
+    temperature = check_temperature("scores.temperature", scores.temperature)
+    if temperature is not None and window is not None:  # a window drops the first keys
+        raise ValueError("scores.temperature needs a layer without a window")
     return window, scale, softcap, slopes, temperature
 
 

@@ -225,9 +225,11 @@ def _check_call(
     """
     checked = mla.check_cache(cache)
     positions, position_embeddings = rope_inputs
-    if mla.rope is None and position_embeddings is not None:
+    names = ("positions", "position_embeddings")
+    given = [n for n, v in zip(names, rope_inputs, strict=True) if v is not None]
+    if mla.rope is None and given:
         raise ValueError(
-            f"position_embeddings were given, but this {type(mla).__name__} has rope=None: "
+            f"{' and '.join(given)} given, but this {type(mla).__name__} has rope=None: "
             "it rotates nothing (leave them out)"
         )
     _check_latent_inputs(

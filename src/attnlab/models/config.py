@@ -25,6 +25,7 @@ from attnlab.rules._validation import (
 )
 from attnlab.rules.rope import RopeLayout, check_base, check_rope_dims
 from attnlab.rules.rope_scaling import RopeScaling
+from attnlab.rules.scores import check_temperature
 
 __all__ = [
     "FAMILIES",
@@ -360,13 +361,7 @@ class DecoderConfig:
             for i, chunk in enumerate(self.chunks):
                 if chunk is not None:
                     check_positive_int(f"chunks[{i}]", chunk)
-        if self.temperature is not None:
-            if not isinstance(self.temperature, tuple) or len(self.temperature) != 2:
-                raise TypeError(
-                    f"temperature must be (floor_scale, attn_scale), got {self.temperature!r}"
-                )
-            for name, value in zip(("floor_scale", "attn_scale"), self.temperature, strict=True):
-                check_positive_float(f"temperature ({name})", value)
+        check_temperature("temperature", self.temperature)
 
     def chunk(self, layer: int) -> int | None:
         """The attention chunk size of block `layer`, or None."""
@@ -390,6 +385,10 @@ class DecoderConfig:
             "qk_norm": self.qk_norm,
             "attn_softcap": self.attn_softcap,
             "attn_output_gate": self.attn_output_gate or None,
+            "temperature": self.temperature,
+            "query_pre_attn_scalar": self.query_pre_attn_scalar,
+            "rope_layout": None if self.rope_layout == "half" else self.rope_layout,
+            "out_bias": None if self.out_bias == self.qkv_bias else self.out_bias,
         }
         given = [f"{k}={v!r}" for k, v in unsupported.items() if v is not None]
         if given:

@@ -200,10 +200,7 @@ class DecoderBlock(nn.Module):
             mixed = self.linear_attn(self.input_layernorm(x), state, padding_mask=padding)
             return self._residual(x, mixed)
         assert self.self_attn is not None
-        if self.chunk is not None:  # the model's mask, within each chunk only
-            t, past = x.shape[1], 0 if cache is None else cache.seen
-            own = chunked(t, past + t, chunk_size=self.chunk, align="bottom-right", device=x.device)
-            attn_mask = own if attn_mask is None else combine(attn_mask, own)
+        attn_mask = self._within_chunks(x, attn_mask, 0 if cache is None else cache.seen)
         # The model's mask covers every token seen; GQA keeps the columns of the keys it
         # attends to (the last ones, when a rolling cache forgot the oldest).
         attn = self.self_attn(
@@ -223,6 +220,14 @@ class DecoderBlock(nn.Module):
         assert self.self_attn is not None
         self.self_attn.check_cache(cache, name=name, owner=owner, optional=False)
 
+    def _within_chunks(self, x: Tensor, attn_mask: Tensor | None, past: int) -> Tensor | None:
+        """The model's mask, within each chunk only (Llama 4's chunked layers)."""
+        if self.chunk is None:
+            return attn_mask
+        t = x.shape[1]
+        own = chunked(t, past + t, chunk_size=self.chunk, align="bottom-right", device=x.device)
+        return own if attn_mask is None else combine(attn_mask, own)
+
     def forward_with_weights(
         self,
         x: Tensor,
@@ -235,7 +240,7 @@ class DecoderBlock(nn.Module):
         attn, weights = self.self_attn(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
-            attn_mask=attn_mask,
+            attn_mask=self._within_chunks(x, attn_mask, 0),
             need_weights=True,
         )
         return self._residual(x, attn), weights

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnlab.rules._validation import check_tensor
+from attnlab.rules._validation import check_positive_float, check_tensor
 
 if TYPE_CHECKING:  # for annotations only: at run time it would lengthen the kernels' imports
     from attnlab.rules.masks import Alignment
 
-__all__ = ["ScoreRule", "alibi_bias", "check_alibi_slopes"]
+__all__ = ["ScoreRule", "alibi_bias", "check_alibi_slopes", "check_temperature"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,3 +151,20 @@ def check_alibi_slopes(
     if like is not None and s.device != like.device:
         raise ValueError(f"{name} is on {s.device} but query is on {like.device}")
     return s
+
+
+def check_temperature(name: str, value: object) -> tuple[float, float] | None:
+    """`value` if it is None or a `(floor_scale, attn_scale)` pair of positive numbers
+    (ScoreRule's `temperature`); raise naming `name` otherwise.
+
+    Examples:
+        >>> check_temperature("temperature", (8192.0, 0.1))
+        (8192.0, 0.1)
+    """
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise TypeError(f"{name} must be (floor_scale, attn_scale), got {value!r}")
+    for part, number in zip(("floor_scale", "attn_scale"), value, strict=True):
+        check_positive_float(f"{name} ({part})", number)
+    return value
