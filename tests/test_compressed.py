@@ -170,8 +170,17 @@ def test_bad_sizes_and_inputs_are_refused_by_name() -> None:
     layer = CompressedAttention(D, CompressedConfig(**good))
     with pytest.raises(ValueError, match="x must be batched"):
         layer(torch.randn(5, D))
-    with pytest.raises(TypeError, match="cache must be a CompressedKVCache"):
+    with pytest.raises(TypeError, match="cache must be this layer's CompressedKVCache"):
         layer(torch.randn(1, 5, D), cache=DynamicCache(config=CONFIG))  # type: ignore[arg-type]
+    state = layer.new_cache()
+    layer(torch.randn(2, 3, D), cache=state)
+    with pytest.raises(ValueError, match="cache holds 2 sequences but x has b=1"):
+        layer(torch.randn(1, 1, D), cache=state)
+    with pytest.raises(ValueError, match="at least one token"):
+        layer(torch.randn(1, 0, D))
+    hca = CompressedAttention(D, CompressedConfig(**(good | {"kind": "hca"})))
+    with pytest.raises(TypeError, match=r"this layer's CompressedKVCache .* \('csa', 4, 16\)"):
+        layer(torch.randn(2, 1, D), cache=hca.new_cache())
     with pytest.raises(TypeError, match="layer must be a transformers DeepseekV4Attention"):
         CompressedAttention.from_hf(torch.nn.Linear(2, 2))
     assert isinstance(layer.new_cache(), CompressedKVCache)

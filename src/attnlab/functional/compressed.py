@@ -117,8 +117,10 @@ def window_and_entries_attention(
             [`window_keys`][attnlab.functional.compressed.window_keys]).
         window_valid: `(t, w)`, True where a window slot holds a token.
         entries: The compressed entries `(b, n, D)`.
-        chosen: Per query, the indices of the entries it attends to, `(b, t, k)`; -1 for
-            none (a query with fewer than `k` visible entries).
+        chosen: Per query, the indices of the entries it attends to, `(b, t, k)`, -1 for
+            none (CSA: gathered, so a query reads `k` entries); or a bool mask `(t, n)`
+            of the entries every query of a row may see (HCA: all of them, read in
+            place, never copied per query).
         sink_logits: A logit per head `(h,)` in every softmax's denominator (gpt-oss).
         scale: The factor on the scores.
 
@@ -126,18 +128,25 @@ def window_and_entries_attention(
         `(b, h, t, D)`.
     """
     b, _, t, _ = query.shape
-    if entries.shape[1]:
-        rows = torch.arange(b, device=query.device)[:, None, None]
-        gathered = entries[rows, chosen.clamp(min=0)]  # (b, t, k, D); -1 masked below
-    else:
-        gathered = query.new_zeros(b, t, chosen.shape[-1], query.shape[-1])
     on_window = torch.einsum("bhtd,btwd->bhtw", query, windows) * scale  # (b, h, t, w)
-    on_entries = torch.einsum("bhtd,btkd->bhtk", query, gathered) * scale  # (b, h, t, k)
     on_window = on_window.masked_fill(~window_valid, float("-inf"))
-    on_entries = on_entries.masked_fill((chosen < 0)[:, None], float("-inf"))
+    if chosen.dtype == torch.bool:  # every visible entry, read in place
+        on_entries = torch.einsum("bhtd,bnd->bhtn", query, entries) * scale  # (b, h, t, n)
+        on_entries = on_entries.masked_fill(~chosen, float("-inf"))
+        read = entries[:, None]  # (b, 1, n, D): the same entries for every query
+    else:
+        if entries.shape[1]:
+            rows = torch.arange(b, device=query.device)[:, None, None]
+            read = entries[rows, chosen.clamp(min=0)]  # (b, t, k, D); -1 masked below
+        else:
+            read = query.new_zeros(b, t, chosen.shape[-1], query.shape[-1])
+        on_entries = torch.einsum("bhtd,btkd->bhtk", query, read) * scale  # (b, h, t, k)
+        on_entries = on_entries.masked_fill((chosen < 0)[:, None], float("-inf"))
     sinks = sink_logits.to(query.dtype)[None, :, None, None].expand(b, -1, t, 1)
     logits = torch.cat([on_window, on_entries, sinks], dim=-1)  # (b, h, t, w + k + 1)
     weights = torch.softmax(logits, dim=-1)
     w = windows.shape[2]
     out = torch.einsum("bhtw,btwd->bhtd", weights[..., :w], windows)
-    return out + torch.einsum("bhtk,btkd->bhtd", weights[..., w:-1], gathered)
+    if chosen.dtype == torch.bool:
+        return out + torch.einsum("bhtn,bnd->bhtd", weights[..., w:-1], entries)
+    return out + torch.einsum("bhtk,btkd->bhtd", weights[..., w:-1], read)

@@ -136,9 +136,12 @@ class CompressedKVCache(LayerCache):
 
     Args:
         window: The layer's window.
+        layer: What the layer that made it is (its config's `kind`, `ratio`, `head_dim`):
+            a layer refuses another layer's cache.
     """
 
     window: int
+    layer: tuple[str, int, int] = ("window", 1, 0)
     keys: Tensor | None = None  # (b, <= window - 1, D)
     series: dict[str, _Series] = field(
         default_factory=lambda: {"entries": _Series(), "index": _Series()}
@@ -293,7 +296,8 @@ class CompressedAttention(nn.Module):
 
     def new_cache(self) -> CompressedKVCache:
         """An empty [`CompressedKVCache`][attnlab.layers.compressed.CompressedKVCache]."""
-        return CompressedKVCache(self.config.window)
+        c = self.config
+        return CompressedKVCache(c.window, (c.kind, c.ratio, c.head_dim))
 
     def index_scores(
         self, x: Tensor, q_latent: Tensor, positions: Tensor, series: _Series | None = None
@@ -321,10 +325,8 @@ class CompressedAttention(nn.Module):
         complete one (HCA), or the `top_k` best by
         [`index_scores`][attnlab.layers.compressed.CompressedAttention.index_scores]
         among them (CSA), gathered by index."""
-        if self.index_compressor is None:  # HCA: all of them
-            visible = visible_entries(positions, entries, self.config.ratio)  # (t, n)
-            every = torch.arange(entries, device=x.device).expand(*visible.shape)
-            return torch.where(visible, every, -1).expand(x.shape[0], -1, -1)
+        if self.index_compressor is None:  # HCA: all of them, as a mask (read in place)
+            return visible_entries(positions, entries, self.config.ratio)  # (t, n)
         scores = self.index_scores(x, q_latent, positions, series)  # (b, t, n)
         top = scores.topk(min(self.config.top_k, entries), dim=-1)
         return torch.where(top.values > float("-inf"), top.indices, -1)  # (b, t, k)
@@ -341,7 +343,20 @@ class CompressedAttention(nn.Module):
             )  # fmt: skip
             if x.ndim != 3:
                 raise ValueError(f"x must be batched (b, t, d_model), got x.shape={tuple(x.shape)}")
-            CompressedKVCache.check(cache, needs="a CompressedKVCache from new_cache")
+            c_ = self.config
+            made = (c_.kind, c_.ratio, c_.head_dim)
+            needs = (
+                f"this layer's CompressedKVCache from new_cache (kind, ratio, head_dim) = {made}"
+            )
+            fits = lambda held: held.window == c_.window and held.layer == made  # noqa: E731
+            CompressedKVCache.check(cache, needs=needs, fits=fits)
+            if x.shape[1] == 0:
+                raise ValueError("x must hold at least one token (x.shape[1] == 0)")
+            if cache is not None and cache.keys is not None and cache.keys.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"cache holds {cache.keys.shape[0]} sequences but x has b={x.shape[0]} "
+                    f"(x.shape={tuple(x.shape)})"
+                )
         b, t, _ = x.shape
         past = 0 if cache is None else cache.seen
         positions = torch.arange(past, past + t, device=x.device)
