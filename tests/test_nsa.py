@@ -113,3 +113,15 @@ def test_a_gate_of_the_wrong_shape_or_a_bad_size_is_refused() -> None:
         nsa_attention(*args, x["gates"], window=0, **SIZES)
     with pytest.raises(ValueError, match="select_block must be a positive int"):
         nsa_attention(*args, x["gates"], window=5, **(SIZES | {"select_block": 0}))
+    with pytest.raises(ValueError, match="num_heads must be a multiple of num_kv_heads"):
+        nsa_select(x["q"][:, :3], x["kc"], S, top_n=2, **SIZES)
+    with pytest.raises(ValueError, match="stride must be a positive int"):
+        nsa_select(x["q"], x["kc"], S, top_n=2, **(SIZES | {"stride": 0}))
+    with pytest.raises(ValueError, match="t=4 tokens but num_keys=3"):
+        nsa_select(x["q"], x["kc"], 3, top_n=2, **SIZES)
+    with pytest.raises(TypeError, match="chosen must be an integer tensor"):
+        nsa_attention(*args[:-1], chosen.float(), x["gates"], window=5, **SIZES)
+    with pytest.raises(ValueError, match=r"gates has dtype torch.float32 but query torch.float64"):
+        nsa_attention(*args, x["gates"].float(), window=5, **SIZES)
+    with pytest.raises(ValueError, match="query must have 4 dimensions"):
+        nsa_attention(x["q"][0], *args[1:], x["gates"], window=5, **SIZES)

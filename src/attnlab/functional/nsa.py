@@ -28,7 +28,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.rules._validation import check_positive_int, check_tensor
+from attnlab.rules._validation import (
+    check_index_tensor,
+    check_multiple,
+    check_positive_int,
+    check_rank,
+    check_tensor,
+)
 
 __all__ = ["compress_blocks", "nsa_attention", "nsa_select"]
 
@@ -54,6 +60,23 @@ def compress_blocks(x: Tensor, block: int, stride: int, weight: Tensor | None = 
     if weight is None:
         return blocks.mean(-2)
     return blocks.flatten(-2) @ weight.T  # (b, h, n, D)
+
+
+def _check_sizes(query: object, keys: object, **sizes: int) -> tuple[Tensor, Tensor]:
+    """`query` `(b, h, t, D)` and `keys` `(b, h_kv, ., D)` checked, with every size a
+    positive int and the query heads in whole groups; raise naming the argument."""
+    for name, size in sizes.items():
+        check_positive_int(name, size)
+    q, k = check_tensor("query", query), check_tensor("keys", keys)
+    check_rank("query", q, (4,), "(b, h, t, D)")
+    check_rank("keys", k, (4,), "(b, h_kv, s, D)")
+    check_multiple("num_heads", q.shape[1], "num_kv_heads", k.shape[1])
+    if k.shape[0] != q.shape[0] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"query and keys must share b and D, got query.shape={tuple(q.shape)} and "
+            f"keys.shape={tuple(k.shape)}"
+        )
+    return q, k
 
 
 def _block_visible(positions: Tensor, n: int, block: int, stride: int) -> Tensor:
@@ -95,8 +118,19 @@ def nsa_select(
     Returns:
         Block indices, best first, -1 where fewer blocks exist; block `j` holds tokens
         `j * select_block` to `(j + 1) * select_block - 1`.
+
+    Raises:
+        TypeError: If `query` or `key_cmp` is not a tensor.
+        ValueError: If a size is not a positive int, the heads do not group evenly, the
+            shapes do not fit, or there are more queries than keys.
     """
+    sizes = {"block": block, "stride": stride, "select_block": select_block, "top_n": top_n}
+    _check_sizes(query, key_cmp, num_keys=num_keys, **sizes)
     b, h, t, d = query.shape
+    if t > num_keys:
+        raise ValueError(
+            f"query has t={t} tokens but num_keys={num_keys}: the queries are keys too"
+        )
     kv_heads, n = key_cmp.shape[1], key_cmp.shape[2]
     positions = torch.arange(num_keys - t, num_keys, device=query.device)
     q = query.view(b, kv_heads, h // kv_heads, t, d)
@@ -157,18 +191,28 @@ def nsa_attention(
         `(b, h, t, Dv)`.
 
     Raises:
-        ValueError: If `gates` is not `(b, h, t, 3)` or a size is not a positive int.
+        TypeError: If a tensor is not a tensor or `chosen` holds no integers.
+        ValueError: If a size is not a positive int, the shapes do not fit (ranks, whole
+            groups of heads, `chosen` `(b, h_kv, t, top_n)`, `gates` `(b, h, t, 3)`) or
+            `gates` has another dtype than `query`.
     """
-    for name, size in (("block", block), ("stride", stride), ("select_block", select_block)):
-        check_positive_int(name, size)
-    check_positive_int("window", window)
+    sizes = {"block": block, "stride": stride, "select_block": select_block, "window": window}
+    _check_sizes(query, key, **sizes)
     b, h, t, d = query.shape
+    chosen = check_index_tensor("chosen", chosen, (4,), "(b, h_kv, t, top_n)")
+    if chosen.shape[:3] != (b, key.shape[1], t):
+        raise ValueError(
+            f"chosen must be (b, h_kv, t, top_n) = {(b, key.shape[1], t)} + (top_n,), got "
+            f"chosen.shape={tuple(chosen.shape)}"
+        )
     gates = check_tensor("gates", gates)
     if tuple(gates.shape) != (b, h, t, 3):
         raise ValueError(
             f"gates must be (b, h, t, 3) = {(b, h, t, 3)}, one gate per head and branch, "
             f"got gates.shape={tuple(gates.shape)}"
         )
+    if gates.dtype != query.dtype:
+        raise ValueError(f"gates has dtype {gates.dtype} but query {query.dtype}")
     kv_heads, s = key.shape[1], key.shape[2]
     scale = scale or d**-0.5
     positions = torch.arange(s - t, s, device=query.device)
