@@ -200,7 +200,8 @@ class DecoderBlock(nn.Module):
             mixed = self.linear_attn(self.input_layernorm(x), state, padding_mask=padding)
             return self._residual(x, mixed)
         assert self.self_attn is not None
-        attn_mask = self._within_chunks(x, attn_mask, 0 if cache is None else cache.seen)
+        if self.chunk is not None:  # (a paged view has no one `seen`: never chunked)
+            attn_mask = self._within_chunks(x, attn_mask, 0 if cache is None else cache.seen)
         # The model's mask covers every token seen; GQA keeps the columns of the keys it
         # attends to (the last ones, when a rolling cache forgot the oldest).
         attn = self.self_attn(
