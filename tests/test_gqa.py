@@ -110,7 +110,7 @@ CONFIGS = {
         "rope": None,
         "bias": True,
     },
-    "qwen2-biases": {"num_kv_heads": 2, "bias": True, "out_bias": False, "rope": Rope(base=300.0)},
+    "qwen2-biases": {"num_kv_heads": 2, "bias": "qkv", "rope": Rope(base=300.0)},
     "gqa-gated-biases": {"num_kv_heads": 3, "bias": True, "gates": HeadGates(output_gate=True)},
 }
 

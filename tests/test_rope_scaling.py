@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotary
 from attnlab.caches.kv import DynamicKVCache
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.decoder import Decoder
-from attnlab.models.interop import hf_rope
+from attnlab.models.hf_config import hf_rope
 from attnlab.rules.rope import rope_cos_sin, rope_frequencies
 from attnlab.rules.rope_scaling import RopeScaling
 

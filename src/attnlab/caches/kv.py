@@ -20,6 +20,11 @@ one tensor each (every per-layer state speaks the
   keeps only the last `window - 1` tokens (all a query can still see next to itself),
   so its memory stops growing once the window is full, however long the context.
 
+Layers may also share one cache (Gemma 4's KV sharing): a
+[`SharedKVCache`][attnlab.caches.shared.SharedKVCache] wraps the cache of the layer that
+computes the keys and values and lends them, step by step, to the later layers that read
+them through its [`reader`][attnlab.caches.shared.SharedKVCache.reader]s, which hold nothing.
+
 The memory per token is pure arithmetic,
 [`kv_cache_bytes_per_token`][attnlab.caches.kv.kv_cache_bytes_per_token]: 2 tensors (keys
 and values) x layers x key/value heads x head size x bytes per element. Grouped-query

@@ -31,13 +31,14 @@ gradients and cached decoding agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypedDict, TypeVar, Unpack, overload
+from typing import Literal, TypedDict, TypeVar, Unpack, cast, overload
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
 from attnlab.caches.kv import AttentionCache
+from attnlab.caches.shared import KV_SOURCES, KVSource, SharedKVReader
 from attnlab.functional.backends import (
     Backend,
     BackendProperty,
@@ -50,6 +51,7 @@ from attnlab.layers.norms import QKNorm, QKNormSpec, RMSNorm, rms_normalize
 from attnlab.rules._validation import (
     check_attn_mask,
     check_bool,
+    check_choice,
     check_multiple,
     check_positive_int,
     check_probability,
@@ -236,8 +238,9 @@ class GroupedQueryAttention(nn.Module):
             (multi-head attention); 1 is multi-query attention.
         head_dim: Features per head; default `d_model // num_heads` (then `d_model` must
             be a multiple of `num_heads`). Even with a `rope` that rotates all of it.
-        bias: Whether `q_proj`, `k_proj` and `v_proj` (and `gate_proj`) have a bias.
-        out_bias: Whether `out_proj` has a bias; default `bias` (Qwen2: False, `bias=True`).
+        bias: Which projections have a bias: True, all (Llama's `attention_bias`,
+            gpt-oss); `"qkv"`, those of the queries, keys and values (and `gate_proj`) but
+            not `out_proj` (Qwen2); False, none.
         rope: RoPE's rule, a [`Rope`][attnlab.rules.rope.Rope]; None for a NoPE layer.
         scores: A [`ScoreRule`][attnlab.rules.scores.ScoreRule]: `window` (keys per query,
             itself included), `scale`, `softcap` (not on `backend="torch"`), `alibi_slopes`
@@ -248,6 +251,13 @@ class GroupedQueryAttention(nn.Module):
             [`HeadGates`][attnlab.layers.gqa.HeadGates]; None for neither.
         dropout: Probability of dropping an attention weight, in training mode only.
         backend: `"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs.
+        kv: Where the keys and values come from ([`KVSource`][attnlab.caches.shared.KVSource]):
+            `"projected"`, from `k_proj` and `v_proj`; `"keys"`, the values are the
+            keys' projection (before QK-norm and RoPE, normalised only by a value norm),
+            and there is no `v_proj` (Gemma 4's global layers, `attention_k_eq_v`);
+            `"shared"`, no `k_proj` or `v_proj`: the layer reads the keys and values of an
+            earlier layer through a [`SharedKVReader`][attnlab.caches.shared.SharedKVReader]
+            cache (Gemma 4's `num_kv_shared_layers`).
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -280,14 +290,14 @@ class GroupedQueryAttention(nn.Module):
         num_kv_heads: int | None = None,
         *,
         head_dim: int | None = None,
-        bias: bool = False,
-        out_bias: bool | None = None,
+        bias: bool | Literal["qkv"] = False,
         rope: Rope | None = Rope(),
         scores: ScoreRule = ScoreRule(),
         qk_norm: QKNormSpec | None = None,
         gates: HeadGates | None = None,
         dropout: float = 0.0,
         backend: Backend = "torch",
+        kv: KVSource = "projected",
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
@@ -303,8 +313,10 @@ class GroupedQueryAttention(nn.Module):
                 "d_model", d_model, "num_heads", num_heads, why=why, hint=hint
             )
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.bias = check_bool("bias", bias)
-        self.out_bias = bias if out_bias is None else check_bool("out_bias", out_bias)
+        if bias != "qkv":
+            check_bool("bias", bias)
+        self.bias, self.out_bias = bool(bias), bias is True  # (q, k, v), out_proj
+        self.kv = cast(KVSource, check_choice("kv", kv, KV_SOURCES))
         self.rope_dims = check_rope(rope, self.head_dim) or self.head_dim
         self.rope = rope
         checked = _check_scores(scores, self.num_heads)
@@ -323,14 +335,17 @@ class GroupedQueryAttention(nn.Module):
             self.sink_logits = nn.Parameter(torch.zeros(self.num_heads))
         q_features = self.num_heads * self.head_dim
         kv_features = self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, q_features, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_features, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_features, bias=bias)
+        self.q_proj = nn.Linear(d_model, q_features, bias=self.bias)
+        own_keys, own_values = self.kv != "shared", self.kv == "projected"
+        self.k_proj = nn.Linear(d_model, kv_features, bias=self.bias) if own_keys else None
+        self.v_proj = nn.Linear(d_model, kv_features, bias=self.bias) if own_values else None
         self.out_proj = nn.Linear(q_features, d_model, bias=self.out_bias)
         self.gate_proj: nn.Linear | None = None
         if self.gates.output_gate:
-            self.gate_proj = nn.Linear(d_model, q_features, bias=bias)
+            self.gate_proj = nn.Linear(d_model, q_features, bias=self.bias)
         self.q_norm, self.k_norm = _qk_norms(self.qk_norm, self.head_dim, q_features, kv_features)
+        if not own_keys:
+            self.k_norm = None  # the keys are normalised where they are computed
 
     backend = BackendProperty()
     """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
@@ -350,6 +365,7 @@ class GroupedQueryAttention(nn.Module):
             + ("" if self.softcap is None else f"softcap={self.softcap}, ")
             + ("" if self.gates == HeadGates() else f"gates={self.gates}, ")
             + ("" if self.alibi_slopes is None else "alibi=True, ")
+            + ("" if self.kv == "projected" else f"kv={self.kv!r}, ")
             + f"dropout={self.dropout}, backend={self.backend!r}"
         )
 
@@ -360,11 +376,18 @@ class GroupedQueryAttention(nn.Module):
         [`AttentionCache`][attnlab.caches.kv.AttentionCache] that keeps every key the
         window sees; raise TypeError (ValueError for a rolling cache narrower than the
         window) naming the `owner` and the cache's `name` otherwise."""
+        if self.kv == "shared":  # keys and values lent by an earlier layer, never none
+            needs = "a SharedKVReader (SharedKVCache.reader()) of the layer it reads keys from"
+            reader = SharedKVReader.check(cache, needs=needs, name=name, optional=False)
+            assert reader is not None
+            reader.check_window(self.window, name=name, owner=owner or type(self).__name__)
+            return reader
         checked = AttentionCache.check(
             cache,
             needs="an attnlab KVCache for GroupedQueryAttention's keys and values "
             "(DynamicKVCache, StaticKVCache or RollingKVCache)",
             name=name,
+            fits=lambda c: not isinstance(c, SharedKVReader),  # for a layer without keys
             optional=optional,
         )
         if checked is not None:
@@ -447,18 +470,14 @@ class GroupedQueryAttention(nn.Module):
         check_backend_call(self.backend, rule, attn_mask=attn_mask, dropout_p=dropout_p)
         unbatched = x.ndim == 2
         x = x.unsqueeze(0) if unbatched else x  # (b, t, d_model)
-        q, k = self._qk_normed(self.q_proj(x), self.k_proj(x), "projection")  # OLMo 2
-        q = split_heads(q, self.num_heads)  # (b, h, t, head_dim)
-        k = split_heads(k, self.num_kv_heads)  # (b, h_kv, t, head_dim)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)  # (b, h_kv, t, head_dim)
-        q, k = self._qk_normed(q, k, "head")  # Qwen3, Gemma 3: each head on its own
+        q, k, v = _project(self, x)  # (b, h, t, head_dim); keys, values (b, h_kv, t, ·) or None
         if self.rope is not None:
             if position_embeddings is None:  # one table for queries and keys
                 past = 0 if cache is None else cache.seen
                 position_embeddings = _rope_tables(self.rope, self.rope_dims, positions, past, x)
             q = _rotate(q, position_embeddings, self.rope, self.rope_dims)  # (b, h, t, head_dim)
-            k = _rotate(k, position_embeddings, self.rope, self.rope_dims)
-            q, k = self._qk_normed(q, k, "rotated")  # Llama 4: after RoPE, no weight
+            k = None if k is None else _rotate(k, position_embeddings, self.rope, self.rope_dims)
+            q, k = _qk_normed(self, q, k, "rotated")  # Llama 4: after RoPE, no weight
         scores = (self.window, self.scale, self.softcap, self.sink_logits, self.alibi_slopes,
                   self.temperature)  # fmt: skip
         unserved = dropout_p or need_weights or any(r is not None for r in (attn_mask, *scores))
@@ -482,8 +501,13 @@ class GroupedQueryAttention(nn.Module):
             )
 
         # The cache stores the new keys and values and runs the kernel over the ones the
-        # queries see (a paged view reads its blocks instead).
-        heads = kernel(q, k, v) if cache is None else cache.attend(q, k, v, kernel, window=window)
+        # queries see (a paged view reads its blocks instead; a reader, another layer's).
+        if k is None or v is None:  # kv="shared": the checks made sure of the reader
+            heads = cast(SharedKVReader, cache).attend(q, None, None, kernel, window=window)
+        elif cache is None:
+            heads = kernel(q, k, v)
+        else:
+            heads = cache.attend(q, k, v, kernel, window=window)
         concat = merge_heads(heads)  # (b, t, num_heads * head_dim)
         if self.gate_proj is not None:  # each feature of each head scaled by its own token
             concat = concat * torch.sigmoid(self.gate_proj(x))
@@ -494,15 +518,6 @@ class GroupedQueryAttention(nn.Module):
         k, mask = attended[0]
         weights = attention_weights(q, k, rule, attn_mask=mask, enable_gqa=True)  # (b, h, t, t_k)
         return out, weights[0] if unbatched else weights
-
-    def _qk_normed(self, q: Tensor, k: Tensor, where: QKNorm) -> tuple[Tensor, Tensor]:
-        """QK-norm of `q` and `k` if this module normalises at `where`; else them unchanged."""
-        spec, q_norm, k_norm = self.qk_norm, self.q_norm, self.k_norm
-        if spec is None or spec.over != where:
-            return q, k
-        if q_norm is None or k_norm is None:  # "rotated": no weight
-            return rms_normalize(q, spec.eps).to(q.dtype), rms_normalize(k, spec.eps).to(k.dtype)
-        return q_norm(q), k_norm(k)
 
     # -- interoperability with Hugging Face transformers ---------------------------------
 
@@ -554,6 +569,11 @@ def _check_call(
     is_causal: object,
 ) -> None:
     """Raise if the arguments of `gqa.forward` do not fit `gqa` (see `Raises:` there)."""
+    if gqa.kv == "shared" and cache is None:
+        raise ValueError(
+            "cache must be the SharedKVReader of the layer whose keys and values this layer "
+            "reads (kv='shared'), got None"
+        )
     if position_embeddings is not None and gqa.rope is None:
         raise ValueError("position_embeddings needs a module built with rope (a Rope, not None)")
     check_attention_inputs(
@@ -576,3 +596,32 @@ def _check_call(
             f"sink_logits must hold one logit per query head, shape ({gqa.num_heads},), "
             f"got sink_logits.shape={tuple(logits.shape)}"
         )
+
+
+def _project(gqa: GroupedQueryAttention, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The queries, keys and values of `x` `(b, t, d_model)`, split into heads and
+    QK-normed where the spec says before RoPE; no keys or values with `kv="shared"`."""
+    raw = None if gqa.k_proj is None else gqa.k_proj(x)  # (b, t, h_kv * head_dim)
+    q, k = _qk_normed(gqa, gqa.q_proj(x), raw, "projection")  # OLMo 2
+    k = None if k is None else split_heads(k, gqa.num_kv_heads)  # (b, h_kv, t, head_dim)
+    q, k = _qk_normed(gqa, split_heads(q, gqa.num_heads), k, "head")  # Qwen3, Gemma 3
+    if raw is None:
+        return q, None, None
+    # kv="keys" (Gemma 4): the values are the keys' projection, before norm and RoPE.
+    v = split_heads(raw if gqa.v_proj is None else gqa.v_proj(x), gqa.num_kv_heads)
+    if gqa.qk_norm is not None and gqa.qk_norm.values:  # Gemma 4: without weight
+        v = rms_normalize(v, gqa.qk_norm.eps).to(v.dtype)
+    return q, k, v
+
+
+def _qk_normed(
+    gqa: GroupedQueryAttention, q: Tensor, k: Tensor | None, where: QKNorm
+) -> tuple[Tensor, Tensor | None]:
+    """QK-norm of `q` and `k` if `gqa` normalises at `where`; else them unchanged."""
+    spec, q_norm, k_norm = gqa.qk_norm, gqa.q_norm, gqa.k_norm
+    if spec is None or spec.over != where:
+        return q, k
+    if q_norm is None:  # "rotated": no weight
+        plain = [None if y is None else rms_normalize(y, spec.eps).to(y.dtype) for y in (q, k)]
+        return cast(Tensor, plain[0]), plain[1]
+    return q_norm(q), None if k is None or k_norm is None else k_norm(k)

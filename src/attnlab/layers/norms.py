@@ -43,6 +43,8 @@ class QKNormSpec:
             `"projection"` (weights over the whole projection; OLMo 2).
         eps: The epsilon of the two norms (`rms_norm_eps` of a config).
         unit_offset: Scale by `1 + weight` (Gemma 3) instead of `weight`.
+        values: Normalise each value head too, by an RMSNorm without weight (Gemma 4's
+            `v_norm`); with `over="head"` only.
 
     Examples:
         >>> QKNormSpec("projection", eps=1e-5).unit_offset
@@ -52,12 +54,15 @@ class QKNormSpec:
     over: QKNorm = "head"
     eps: float = 1e-6
     unit_offset: bool = False
+    values: bool = False
 
     def check(self, name: str = "qk_norm") -> QKNormSpec:
         """Return this spec if its fields are valid; raise naming `name.field` otherwise."""
         check_choice(f"{name}.over", self.over, QK_NORMS)
         check_positive_float(f"{name}.eps", self.eps)
         check_bool(f"{name}.unit_offset", self.unit_offset)
+        if check_bool(f"{name}.values", self.values) and self.over != "head":
+            raise ValueError(f"{name}.values needs {name}.over='head', got {self.over!r}")
         return self
 
 

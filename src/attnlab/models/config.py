@@ -1,8 +1,8 @@
 r"""What a [`Decoder`][attnlab.models.decoder.Decoder] is made of: its configuration.
 
 One frozen dataclass holds every size and every variant of the decoders attnlab runs
-(Llama, Mistral, Qwen2, SmolLM2, Gemma 2 and 3, Qwen3-Next); `from_hf` reads it from a
-`transformers` config.
+(Llama, Mistral, Qwen2, SmolLM2 and SmolLM3, Gemma 2, 3 and 4, Qwen3-Next, Kimi Linear,
+Llama 4); `from_hf` reads it from a `transformers` config.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from attnlab.caches.shared import KVSource
 from attnlab.layers.linear import DeltaGates
 from attnlab.layers.mlp import Activation, MoEConfig
 from attnlab.layers.norms import QK_NORMS, QKNorm
@@ -32,12 +33,13 @@ __all__ = [
     "LAYER_KINDS",
     "DecoderConfig",
     "Family",
+    "GlobalAttentionConfig",
     "LatentAttentionConfig",
     "LinearAttentionConfig",
 ]
 
 CacheKind = Literal["static", "dynamic"]
-FamilyName = Literal["llama", "gemma", "qwen3_next"]
+FamilyName = Literal["llama", "gemma", "gemma4", "qwen3_next"]
 LayerKind = Literal["full", "sliding", "linear"]
 
 
@@ -57,6 +59,10 @@ class Family:
         mlp_activation: The gate of the MLP: `"silu"` (SwiGLU) or `"gelu_tanh"` (GeGLU).
         sandwich_norms: The outputs of the attention and the MLP are normalised too before
             they are added, four norms per block.
+        value_norm: The attention normalises each value head by an RMSNorm without weight
+            (with QK-norm; [`QKNormSpec`][attnlab.layers.norms.QKNormSpec]'s `values`).
+        layer_scale: Each block multiplies its output (the whole residual stream) by a
+            learned scalar, the buffer `layer_scalar`.
     """
 
     name: FamilyName
@@ -64,6 +70,8 @@ class Family:
     embed_scale: bool = False
     mlp_activation: Activation = "silu"
     sandwich_norms: bool = False
+    value_norm: bool = False
+    layer_scale: bool = False
 
 
 FAMILIES: Mapping[FamilyName, Family] = MappingProxyType(
@@ -75,6 +83,14 @@ FAMILIES: Mapping[FamilyName, Family] = MappingProxyType(
             embed_scale=True,
             mlp_activation="gelu_tanh",
             sandwich_norms=True,
+        ),
+        "gemma4": Family(
+            "gemma4",
+            embed_scale=True,
+            mlp_activation="gelu_tanh",
+            sandwich_norms=True,
+            value_norm=True,
+            layer_scale=True,
         ),
         "qwen3_next": Family("qwen3_next", norm_unit_offset=True),
     }
@@ -120,6 +136,30 @@ class LinearAttentionConfig:
         check_multiple("num_v_heads", self.num_v_heads, "num_k_heads", self.num_k_heads)
         if not isinstance(self.gates, DeltaGates):
             raise TypeError(f"gates must be a DeltaGates, got {type(self.gates).__name__}")
+
+
+@dataclass(frozen=True)
+class GlobalAttentionConfig:
+    """How the global (full-attention) layers of a local/global stack differ from its
+    sliding-window layers (Gemma 4's `global_head_dim`, `num_global_key_value_heads`,
+    `attention_k_eq_v`).
+
+    Attributes:
+        head_dim: Features per head of the global layers.
+        num_kv_heads: Their key/value heads, a divisor of `num_heads`.
+        keys_are_values: Their values are the keys' projection (no `v_proj`:
+            [`GroupedQueryAttention`][attnlab.layers.gqa.GroupedQueryAttention]'s
+            `kv="keys"`).
+    """
+
+    head_dim: int
+    num_kv_heads: int
+    keys_are_values: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive_int("global_attention.head_dim", self.head_dim)
+        check_positive_int("global_attention.num_kv_heads", self.num_kv_heads)
+        check_bool("global_attention.keys_are_values", self.keys_are_values)
 
 
 @dataclass(frozen=True)
@@ -217,6 +257,13 @@ class DecoderConfig:
             chunk up to itself, [`masks.chunked`][attnlab.rules.masks.chunked]) or None.
         temperature: Llama 4's attention temperature tuning `(floor_scale, attn_scale)` in
             the layers that do not rotate (ScoreRule's `temperature`); None for none.
+        global_attention: The sizes of the global layers where they differ from the
+            sliding ones ([`GlobalAttentionConfig`][attnlab.models.config.GlobalAttentionConfig]:
+            Gemma 4); None: every layer has `num_kv_heads` and `head_dim`.
+        kv_sources: Per layer, the earlier layer whose keys and values it reads instead of
+            computing its own (KV sharing: Gemma 4's last `num_kv_shared_layers` layers
+            read the last earlier layer of their kind), or None; the source must be of
+            the same kind, window, sizes and RoPE, and compute its own. None: none shares.
         latent: The sizes of latent attention (MLA) in every attention block instead of
             grouped-query attention; None for none. Only without RoPE (every entry of
             `rope_layers` False: Kimi Linear's MLA), and without QK-norm, softcap or
@@ -257,6 +304,8 @@ class DecoderConfig:
     chunks: tuple[int | None, ...] | None = None
     temperature: tuple[float, float] | None = None
     latent: LatentAttentionConfig | None = None
+    global_attention: GlobalAttentionConfig | None = None
+    kv_sources: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -293,6 +342,10 @@ class DecoderConfig:
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {self.family!r}")
         check_positive_float("norm_eps", self.norm_eps)
+        if self.out_bias and not self.qkv_bias:
+            raise ValueError(
+                "out_bias=True needs qkv_bias=True (a bias on o_proj only is not built)"
+            )
         if self.windows is not None and len(self.windows) != self.num_layers:
             raise ValueError(
                 f"windows must give one entry per layer, got {len(self.windows)} for "
@@ -348,6 +401,34 @@ class DecoderConfig:
                 check_bool(f"{name}[{i}]", flag)
         self._check_latent()
         self._check_llama4()
+        _check_sharing(self)
+
+    @property
+    def value_norm_without_qk_norm(self) -> bool:
+        """Whether the family normalises values but `qk_norm` is not `"head"`."""
+        return self.traits.value_norm and self.qk_norm != "head"
+
+    def heads(self, layer: int) -> tuple[int, int]:
+        """`(num_kv_heads, head_dim)` of block `layer`: `global_attention`'s on a global
+        layer, if given."""
+        g = self.global_attention
+        if g is None or self.window(layer) is not None:
+            return self.num_kv_heads, self.head_dim
+        return g.num_kv_heads, g.head_dim
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values block `layer` reads, or None (its own)."""
+        return None if self.kv_sources is None else self.kv_sources[layer]
+
+    def kv(self, layer: int) -> KVSource:
+        """Where block `layer`'s attention takes its keys and values from
+        ([`KVSource`][attnlab.caches.shared.KVSource])."""
+        if self.kv_source(layer) is not None:
+            return "shared"
+        g = self.global_attention
+        if g is not None and g.keys_are_values and self.window(layer) is None:
+            return "keys"
+        return "projected"
 
     def _check_llama4(self) -> None:
         """RoPE's layout, chunked layers and temperature tuning."""
@@ -455,6 +536,63 @@ class DecoderConfig:
             ValueError: If the config uses a RoPE type `RopeScaling` does not implement
                 (e.g. `"longrope"`) or an activation other than SiLU.
         """
-        from attnlab.models import interop  # it imports this module: imported when called
+        from attnlab.models import hf_config  # it imports this module: imported when called
 
-        return interop.config_from_hf(cls, config)
+        return hf_config.config_from_hf(cls, config)
+
+
+def _check_sharing(config: DecoderConfig) -> None:
+    """The checks of `config.global_attention` and `config.kv_sources` (Gemma 4), by name."""
+    g = config.global_attention
+    if g is not None:
+        if not isinstance(g, GlobalAttentionConfig):
+            raise TypeError(
+                f"global_attention must be a GlobalAttentionConfig or None, got {type(g).__name__}"
+            )
+        check_multiple(
+            "num_heads", config.num_heads, "global_attention.num_kv_heads", g.num_kv_heads
+        )
+        if config.rope_dims is not None:
+            raise ValueError("global_attention with rope_dims is not built (give rope_dims=None)")
+    if config.value_norm_without_qk_norm:
+        raise ValueError(
+            f"family={config.family!r} normalises values with QK-norm: give qk_norm='head'"
+        )
+    sources = config.kv_sources
+    if sources is None:
+        return
+    if not isinstance(sources, tuple) or len(sources) != config.num_layers:
+        got = len(sources) if isinstance(sources, tuple) else type(sources).__name__
+        raise ValueError(
+            "kv_sources must be a tuple of one entry per layer "
+            f"(num_layers={config.num_layers}), got {got}"
+        )
+    for i, j in enumerate(sources):
+        if j is None:
+            continue
+        if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < i:
+            raise ValueError(
+                f"kv_sources[{i}]={j!r} must be an earlier layer (an int in [0, {i})) or None"
+            )
+        if sources[j] is not None:
+            raise ValueError(
+                f"kv_sources[{i}]={j} reads layer {j}, which itself reads layer {sources[j]}"
+            )
+        differ = [
+            name
+            for name, of in (
+                ("kind", config.kind),
+                ("window", config.window),
+                ("sizes", config.heads),
+                ("rope", config.rope),
+                ("chunk", config.chunk),
+            )
+            if of(i) != of(j)
+        ]
+        if config.kind(i) == "linear" or config.latent is not None:
+            differ.append("kind: only grouped-query attention shares")
+        if differ:
+            raise ValueError(
+                f"kv_sources[{i}]={j}: layer {i} cannot read layer {j}'s keys and values "
+                f"(they differ in {', '.join(differ)})"
+            )

@@ -65,7 +65,13 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.caches.base import LayerCache
-from attnlab.caches.kv import AttentionCache, DynamicKVCache, RollingKVCache, StaticKVCache
+from attnlab.caches.kv import (
+    AttentionCache,
+    DynamicKVCache,
+    RollingKVCache,
+    StaticKVCache,
+)
+from attnlab.caches.shared import SharedKVCache
 from attnlab.functional.backends import backend_for
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
@@ -135,13 +141,13 @@ class DecoderBlock(nn.Module):
             )
         else:
             spec = config.rope(layer)  # None: a NoPE layer
+            num_kv_heads, head_dim = config.heads(layer)  # Gemma 4: wider global layers
             self.self_attn = GroupedQueryAttention(
                 config.d_model,
                 config.num_heads,
-                config.num_kv_heads,
-                head_dim=config.head_dim,
-                bias=config.qkv_bias,
-                out_bias=config.out_bias,
+                num_kv_heads,
+                head_dim=head_dim,
+                bias="qkv" if config.qkv_bias and not config.out_bias else config.qkv_bias,
                 rope=None
                 if spec is None
                 else Rope(spec[0], config.rope_layout, config.rope_dims, spec[1]),
@@ -153,9 +159,15 @@ class DecoderBlock(nn.Module):
                 ),
                 qk_norm=None
                 if config.qk_norm is None
-                else QKNormSpec(config.qk_norm, float(config.norm_eps), traits.norm_unit_offset),
+                else QKNormSpec(
+                    config.qk_norm,
+                    float(config.norm_eps),
+                    traits.norm_unit_offset,
+                    traits.value_norm,
+                ),
                 gates=HeadGates(output_gate=config.attn_output_gate),
                 backend=backend_for(config.attn_softcap),
+                kv=config.kv(layer),  # Gemma 4: keys as values, or another layer's
             )
         self.chunk = config.chunk(layer)  # Llama 4's chunked attention, or None
         self.post_attention_layernorm = _norm(config)
@@ -172,6 +184,9 @@ class DecoderBlock(nn.Module):
                 bias=config.mlp_bias,
                 activation=traits.mlp_activation,
             )
+        # Gemma 4: the block's output is scaled by a learned number (a buffer, as there).
+        self.register_buffer("layer_scalar", torch.ones(1) if traits.layer_scale else None)
+        self.layer_scalar: Tensor | None
 
     def _residual(self, x: Tensor, attn: Tensor) -> Tensor:
         """Add the attention's output, then the MLP's, to the residual stream."""
@@ -183,7 +198,7 @@ class DecoderBlock(nn.Module):
             h = x + self.post_attention_layernorm(attn)  # (b, t, d_model)
             mlp = post(self.mlp(pre(h)))
         out: Tensor = h + mlp
-        return out
+        return out if self.layer_scalar is None else out * self.layer_scalar
 
     def forward(
         self,
@@ -234,13 +249,16 @@ class DecoderBlock(nn.Module):
         x: Tensor,
         position_embeddings: tuple[Tensor, Tensor] | None,
         attn_mask: Tensor | None = None,
+        lending: AttentionCache | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """`forward` (without a cache) and the attention weights `(b, heads, t, t)`."""
+        """`forward` (with no cache but the `lending` of KV sharing, if any) and the
+        attention weights `(b, heads, t, t)`."""
         if self.self_attn is None:
             raise ValueError("a linear-attention block has no attention weights")
         attn, weights = self.self_attn(
             self.input_layernorm(x),
             position_embeddings=position_embeddings,
+            cache=lending,
             attn_mask=self._within_chunks(x, attn_mask, 0),
             need_weights=True,
         )
@@ -385,9 +403,9 @@ class Decoder(nn.Module):
         tables, mask = _rope_tables(self.config, positions), _mask(pad, attn_mask, ids2.shape[1])
         # The linear layers' padding (b, t); one new token is never padding: it ends every row.
         padding = None if pad is None or ids2.shape[1] == 1 else pad[:, past:]
-        for i, layer in enumerate(self.layers):
-            layer_cache = None if cache is None else cache[i]
-            x = layer(x, tables[i], layer_cache, mask, padding)  # (b, t, d_model)
+        caches = _lending(self.config) if cache is None else cache  # KV sharing needs one
+        for layer, layer_cache, table in zip(self.layers, caches, tables, strict=True):
+            x = layer(x, table, layer_cache, mask, padding)  # (b, t, d_model)
         logits = self._head(x, last_only, logits_at)
         return logits[0] if unbatched else logits
 
@@ -442,9 +460,9 @@ class Decoder(nn.Module):
             pad = None if padding_mask is None else padding_mask.bool()  # (b, t)
             mask = _mask(pad, attn_mask, ids2.shape[1])
             tables = _rope_tables(c, _positions(pad, 0, ids2))
-            for layer, table in zip(self.layers, tables, strict=True):
+            for layer, table, lending in zip(self.layers, tables, _lending(c), strict=True):
                 assert isinstance(layer, DecoderBlock)
-                x, weights = layer.forward_with_weights(x, table, mask)
+                x, weights = layer.forward_with_weights(x, table, mask, lending)
                 maps.append(weights[0] if unbatched else weights)
         return maps
 
@@ -479,7 +497,7 @@ class Decoder(nn.Module):
         sample = Sampler(temperature, top_k, top_p, generator)
         eos = check_token_id_set("eos_token_id", eos_token_id, self.config.vocab_size)
         pad = pad_token(pad_token_id, eos, self.config.vocab_size)
-        caches = self._generation_cache(cache, b, t, steps)
+        caches = _generation_cache(self, cache, b, t, steps)
         past = caches[0].seen
         mask = None
         if padding_mask is not None:
@@ -558,20 +576,6 @@ class Decoder(nn.Module):
         new = torch.stack(tokens, dim=-1)  # (b, n)
         return torch.cat([ids, new[0] if ids.ndim == 1 else new], dim=-1)
 
-    def _generation_cache(
-        self, cache: object, batch: int, t: int, steps: int
-    ) -> Sequence[LayerCache]:
-        if not isinstance(cache, str):
-            _check_cache(cache, self.layers, batch)
-            return _check_static_room(cast("Sequence[LayerCache]", cache), t, steps)
-        if cache not in ("static", "dynamic"):
-            raise ValueError(
-                f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
-            )
-        # The last new token is never fed back: t + steps - 1 tokens are cached.
-        length = min(t + steps - 1, self.config.max_positions)
-        return self.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
-
     @classmethod
     def from_hf(cls, model: nn.Module) -> Decoder:
         """A `Decoder` with the weights and settings of a Hugging Face causal LM.
@@ -596,6 +600,32 @@ class Decoder(nn.Module):
         from attnlab.models import interop  # it imports every layer, needed only here
 
         return interop.decoder_from_hf(cls, model)
+
+
+def _generation_cache(
+    model: Decoder, cache: object, batch: int, t: int, steps: int
+) -> Sequence[LayerCache]:
+    """The caches `stream` decodes with: `cache` checked, or new ones of its kind."""
+    if not isinstance(cache, str):
+        _check_cache(cache, model.layers, batch)
+        return _check_static_room(cast("Sequence[LayerCache]", cache), t, steps)
+    if cache not in ("static", "dynamic"):
+        raise ValueError(
+            f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
+        )
+    # The last new token is never fed back: t + steps - 1 tokens are cached.
+    length = min(t + steps - 1, model.config.max_positions)
+    return model.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
+
+
+def _lending(config: DecoderConfig) -> list[AttentionCache | None]:
+    """The caches of a forward without one: None for each layer, except that a layer
+    whose keys and values later layers read (KV sharing) lends them for the call."""
+    lenders = {j: SharedKVCache() for j in set(config.kv_sources or ()) if j is not None}
+    return [
+        lenders[j].reader() if (j := config.kv_source(i)) is not None else lenders.get(i)
+        for i in range(config.num_layers)
+    ]
 
 
 def _fields(sizes: Any) -> dict[str, Any]:
@@ -642,16 +672,20 @@ def _make_caches(
             return DynamicKVCache()
         if isinstance(block.self_attn, MultiHeadLatentAttention):  # a cache of latents
             return block.self_attn.new_cache(batch_size, length, dtype=like.dtype)
+        num_kv_heads, head_dim = config.heads(layer)
         return StaticKVCache(
-            batch_size,
-            length,
-            config.num_kv_heads,
-            config.head_dim,
-            dtype=like.dtype,
-            device=like.device,
+            batch_size, length, num_kv_heads, head_dim, dtype=like.dtype, device=like.device
         )
 
-    return [one(i, cast(DecoderBlock, block)) for i, block in enumerate(blocks)]
+    sources = set(config.kv_sources or ())  # KV sharing: the layers read by later ones
+    caches: list[Any] = []
+    for i, block in enumerate(blocks):
+        if (j := config.kv_source(i)) is not None:  # a reader of an earlier layer's cache
+            caches.append(caches[j].reader())
+        else:
+            own = one(i, cast(DecoderBlock, block))
+            caches.append(SharedKVCache(cast(AttentionCache, own)) if i in sources else own)
+    return caches
 
 
 # -- the forward pass's tables and mask ---------------------------------------------------
@@ -680,10 +714,14 @@ def _mask(pad: Tensor | None, attn_mask: Tensor | None, t: int) -> Tensor | None
 
 def _rope_tables(config: DecoderConfig, positions: Tensor) -> list[tuple[Tensor, Tensor] | None]:
     """RoPE's (cos, sin) for every layer, None for a NoPE layer: one table per distinct
-    base and scaling."""
-    dims = config.head_dim if config.rope_dims is None else config.rope_dims
-    kinds = [config.rope(i) for i in range(config.num_layers)]  # (base, scaling) or None
-    tables = {k: rope_cos_sin(positions, dims, base=k[0], scaling=k[1]) for k in set(kinds) if k}
+    base, scaling and rotated features."""
+    kinds = [
+        None
+        if (rope := config.rope(i)) is None
+        else (*rope, config.rope_dims or config.heads(i)[1])
+        for i in range(config.num_layers)
+    ]  # (base, scaling, dims) or None
+    tables = {k: rope_cos_sin(positions, k[2], base=k[0], scaling=k[1]) for k in set(kinds) if k}
     return [None if kind is None else tables[kind] for kind in kinds]  # (..., t, dims // 2)
 
 

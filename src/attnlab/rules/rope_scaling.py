@@ -4,9 +4,10 @@ A model trained on $L$ tokens sees rotation angles up to $L\,\theta_i$. To run i
 longer inputs, the rules here change the frequencies: position interpolation ("linear";
 Chen et al. 2023, https://arxiv.org/abs/2306.15595), dynamic NTK ("dynamic"), YaRN
 ("yarn"; Peng et al. 2023, https://arxiv.org/abs/2309.00071) and Llama 3.1's rule
-("llama3"). [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling] is one such rule;
+("llama3"); one more rule keeps only a share of the frequencies ("proportional", Gemma 4's
+global layers). [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling] is one such rule;
 [`rope_cos_sin`][attnlab.rules.rope.rope_cos_sin] applies it, and
-[`hf_rope`][attnlab.models.interop.hf_rope] reads base and rule from a `transformers`
+[`hf_rope`][attnlab.models.hf_config.hf_rope] reads base and rule from a `transformers`
 config for every layer that ports one.
 """
 
@@ -33,10 +34,17 @@ from attnlab.rules.rope import _frequencies, check_base, check_head_dim
 __all__ = ["RopeScaling", "RopeType", "yarn_mscale"]
 
 
-RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
+RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3", "proportional"]
 
 
-_ROPE_TYPES: tuple[RopeType, ...] = ("default", "linear", "dynamic", "yarn", "llama3")
+_ROPE_TYPES: tuple[RopeType, ...] = (
+    "default",
+    "linear",
+    "dynamic",
+    "yarn",
+    "llama3",
+    "proportional",
+)
 
 
 _NEEDS_ORIGINAL = ("dynamic", "yarn", "llama3")
@@ -84,6 +92,12 @@ class RopeScaling:
       keep $\theta_i$, those above $L$ / `low_freq_factor` get $\theta_i / s$, and in
       between the two are mixed with weight $(L/\lambda_i - \text{low}) / (\text{high}
       - \text{low})$ on the unscaled one.
+    - `"proportional"` (Gemma 4's global layers): the first
+      $\lfloor f\,d/2 \rfloor$ pairs ($f$ = `fraction`) keep $\theta_i / s$, the others
+      turn by zero: they pass unrotated, position-free features inside a rotated head.
+      Unlike partial RoPE (`Rope.dims`), the kept pairs have the frequencies of the whole
+      head ($\text{base}^{-2i/d}$ over all $d$ features), and with the `"half"` layout
+      feature $i$ pairs with feature $i + d/2$ as in full RoPE.
 
     Every rule computes in float32 in the order `transformers` does, so the frequencies
     agree with its `ROPE_INIT_FUNCTIONS` to the last bit or nearly (the tests check).
@@ -114,6 +128,8 @@ class RopeScaling:
         mscale_all_dim: `"yarn"`: see `mscale`.
         attention_factor: `"yarn"`: the factor on cos and sin, if the config gives it.
         truncate: `"yarn"`: round the ramp's ends to whole pairs (the default).
+        fraction: `"proportional"`: the share of the pairs that turn
+            (`partial_rotary_factor`), in $(0, 1]$.
 
     Raises:
         ValueError: If `rope_type` is unknown, `factor` is below 1, a rule misses
@@ -141,6 +157,7 @@ class RopeScaling:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    fraction: float = 1.0
 
     def __post_init__(self) -> None:
         check_choice("rope_type", self.rope_type, _ROPE_TYPES)
@@ -166,6 +183,8 @@ class RopeScaling:
             if getattr(self, name) is not None:
                 check_positive_float(name, getattr(self, name))
         check_bool("truncate", self.truncate)
+        if not 0.0 < check_positive_float("fraction", self.fraction) <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction!r}")
 
     @classmethod
     def from_hf(cls, config: Any) -> RopeScaling:
@@ -177,7 +196,7 @@ class RopeScaling:
         original_max_position_embeddings` (as DeepSeek-V3's code allows).
 
         Raises:
-            ValueError: If the type is not one of the five (e.g. `"longrope"`), or a key
+            ValueError: If the type is not one of the six (e.g. `"longrope"`), or a key
                 the rule needs is missing (the message names it), or a value is out of
                 range.
 
@@ -211,6 +230,9 @@ class RopeScaling:
             return cls("dynamic", float(need("factor")), int(config.max_position_embeddings))
         if kind == "linear":
             return cls("linear", float(need("factor")))
+        if kind == "proportional":
+            share = float(params.get("partial_rotary_factor", 1.0))
+            return cls("proportional", float(params.get("factor", 1.0)), fraction=share)
         original = int(need("original_max_position_embeddings"))
         if kind == "llama3":
             return cls(
@@ -338,6 +360,9 @@ class RopeScaling:
         freqs = _frequencies(dim, base, device)  # (dim/2,)
         if kind == "linear":
             return freqs / s
+        if kind == "proportional":  # the first pairs turn, the others stand still
+            turning = int(self.fraction * dim // 2)
+            return torch.cat((freqs[:turning], freqs.new_zeros(dim // 2 - turning))) / s
         if kind == "llama3":
             assert original is not None
             low, high = self.low_freq_factor, self.high_freq_factor

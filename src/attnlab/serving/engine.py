@@ -237,6 +237,13 @@ class Engine:
                 f"decoder has chunked-attention layers (chunks={c.chunks}); the engine's "
                 "paged attention is full causal attention"
             )
+        if c.global_attention is not None or c.kv_sources is not None:
+            raise ValueError(
+                "decoder has global layers of other sizes or layers that read another "
+                "layer's keys (Gemma 4: config.global_attention, config.kv_sources): the "
+                "engine's paged cache holds one size of keys for every layer; serve this "
+                "model with Decoder.generate"
+            )
         if c.latent is not None:
             raise ValueError(
                 "decoder's attention is latent (MLA, config.latent): the engine's paged "
