@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+import torch
+
+from attnlab.caches.kv import kv_cache_bytes
 from attnlab.caches.shared import KVSource
 from attnlab.layers.linear import DeltaGates
 from attnlab.layers.mlp import Activation, MoEConfig
@@ -36,6 +39,7 @@ __all__ = [
     "GlobalAttentionConfig",
     "LatentAttentionConfig",
     "LinearAttentionConfig",
+    "decoder_cache_bytes",
 ]
 
 CacheKind = Literal["static", "dynamic"]
@@ -596,3 +600,48 @@ def _check_sharing(config: DecoderConfig) -> None:
                 f"kv_sources[{i}]={j}: layer {i} cannot read layer {j}'s keys and values "
                 f"(they differ in {', '.join(differ)})"
             )
+
+
+def decoder_cache_bytes(
+    config: DecoderConfig, context: int, *, dtype: torch.dtype, values_only: bool = False
+) -> int:
+    r"""Bytes the KV caches of a decoder's attention layers hold at `context` tokens.
+
+    Each layer that computes its keys and values holds them for every token of the
+    context (a global layer) or for its window (a sliding one, as
+    [`kv_cache_bytes`][attnlab.caches.kv.kv_cache_bytes] counts), with its own key/value
+    heads and head size ([`heads`][attnlab.models.config.DecoderConfig.heads]); a layer
+    that reads another's (`kv_sources`) holds nothing.
+
+    Args:
+        config: The decoder's settings (its linear or latent layers are not counted).
+        context: Tokens of context.
+        dtype: Element type of the caches.
+        values_only: Count one tensor, not two, for a layer whose values are its keys'
+            projection (`kv="keys"`): its keys are $\operatorname{RoPE}(v \odot w_k)$,
+            since the key norm is the weightless value norm times its weight $w_k$, so a
+            cache may keep the values alone (`transformers` keeps both).
+
+    Returns:
+        The bytes held by all layers together.
+
+    Examples:
+        >>> config = DecoderConfig(vocab_size=8, d_model=8, num_layers=3, num_heads=2,
+        ...     num_kv_heads=1, head_dim=4, hidden_dim=8, kv_sources=(None, None, 1))
+        >>> decoder_cache_bytes(config, 10, dtype=torch.float32)  # 2 layers * 10 * 2 * 4 * 4
+        640
+    """
+    held = 0
+    for layer in range(config.num_layers):
+        if config.kind(layer) == "linear" or config.kv_source(layer) is not None:
+            continue
+        num_kv_heads, head_dim = config.heads(layer)
+        one = values_only and config.kv(layer) == "keys"
+        held += kv_cache_bytes(
+            [config.window(layer)],
+            context,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+        ) // (2 if one else 1)
+    return held
