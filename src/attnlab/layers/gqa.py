@@ -22,7 +22,9 @@ https://arxiv.org/abs/2302.05442), a custom score scale (Gemma's `query_pre_attn
 logit softcapping (Gemma 2), and two ways for a head to write nothing
 ([`HeadGates`][attnlab.layers.gqa.HeadGates]): learned attention sinks (gpt-oss) and an output
 gate (Qwen3-Next; Qiu et al., "Gated Attention for Large Language Models", 2025,
-https://arxiv.org/abs/2505.06708).
+https://arxiv.org/abs/2505.06708). Gemma 4's layers take their keys and values in two
+more ways (`kv`): values that are the keys' projection, and keys and values read from an
+earlier layer's cache.
 [`GroupedQueryAttention.from_hf`][attnlab.layers.gqa.GroupedQueryAttention.from_hf] copies the
 weights of their Hugging Face implementations, and the tests check that the outputs,
 gradients and cached decoding agree.

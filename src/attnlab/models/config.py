@@ -407,11 +407,6 @@ class DecoderConfig:
         self._check_llama4()
         _check_sharing(self)
 
-    @property
-    def value_norm_without_qk_norm(self) -> bool:
-        """Whether the family normalises values but `qk_norm` is not `"head"`."""
-        return self.traits.value_norm and self.qk_norm != "head"
-
     def heads(self, layer: int) -> tuple[int, int]:
         """`(num_kv_heads, head_dim)` of block `layer`: `global_attention`'s on a global
         layer, if given."""
@@ -520,7 +515,12 @@ class DecoderConfig:
     @classmethod
     def from_hf(cls, config: Any) -> DecoderConfig:
         """The settings of a Hugging Face Llama, Mistral, Qwen2, SmolLM3, Gemma 2,
-        Gemma 3, Qwen3-Next or Kimi Linear config.
+        Gemma 3, Gemma 4, Qwen3-Next, Kimi Linear or Llama 4 (text) config.
+
+        Gemma 4 gives `global_attention` (its global layers' sizes and keys as values)
+        and `kv_sources` (each of its last `num_kv_shared_layers` layers reads the last
+        earlier layer of its type); its per-layer input embeddings, experts and
+        double-wide MLPs are refused unless off.
 
         SmolLM3's `no_rope_layers` gives `rope_layers` (its NoPE layers). Kimi Linear
         gives `latent` (its MLA layers, which rotate nothing: `rope_layers` all False)
@@ -558,7 +558,7 @@ def _check_sharing(config: DecoderConfig) -> None:
         )
         if config.rope_dims is not None:
             raise ValueError("global_attention with rope_dims is not built (give rope_dims=None)")
-    if config.value_norm_without_qk_norm:
+    if config.traits.value_norm and config.qk_norm != "head":
         raise ValueError(
             f"family={config.family!r} normalises values with QK-norm: give qk_norm='head'"
         )

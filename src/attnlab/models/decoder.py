@@ -52,6 +52,12 @@ blocks with one full-attention block whose heads are gated by a sigmoid
 replaces the MLP by a mixture of experts with a shared expert
 ([`SparseMoE`][attnlab.layers.mlp.SparseMoE]); `Decoder.from_hf` ports its
 `Qwen3NextForCausalLM`.
+
+Gemma 4 (`family="gemma4"`) scales its norms by $w$, normalises values by a weightless
+RMSNorm and each block's output by a learned scalar (`layer_scalar`); its global layers
+have their own head size and key/value heads (`global_attention`), may use their keys as
+values, and its last layers may read the keys and values of earlier ones (`kv_sources`,
+through a [`SharedKVCache`][attnlab.caches.shared.SharedKVCache]), so they hold no cache.
 """
 
 from __future__ import annotations
@@ -582,7 +588,8 @@ class Decoder(nn.Module):
 
         Accepts `transformers`' `LlamaForCausalLM`, `MistralForCausalLM`,
         `Qwen2ForCausalLM`, `SmolLM3ForCausalLM`, `Gemma2ForCausalLM`,
-        `Gemma3ForCausalLM` (text only), `Qwen3NextForCausalLM` and
+        `Gemma3ForCausalLM` and `Gemma4ForCausalLM` (text only; Gemma 4 without per-layer
+        input embeddings or experts), `Qwen3NextForCausalLM`, `Llama4ForCausalLM` and
         `KimiLinearForCausalLM` with dense MLPs (and subclasses):
         the state dict maps key for key, less the `model.` prefix, as
         [`interop.decoder_from_hf`][attnlab.models.interop.decoder_from_hf] describes.
