@@ -6,6 +6,7 @@ own rules (no future entry, a gathered top-k)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -101,6 +102,36 @@ def test_outputs_gradients_and_cached_decode_equal_deepseek_v4(kind: str) -> Non
     assert (state.seen, state.length) == (11, WINDOW - 1)
     ratio = {"window": 0, "csa": CSA, "hca": HCA}[kind]
     assert state.series["entries"].count == (11 // ratio if ratio else 0)
+
+
+@pytest.mark.parametrize("kind", ["csa", "hca"])
+def test_yarn_on_the_compressed_layers_equals_deepseek_v4(kind: str) -> None:
+    """The released V4 stretches its compressed layers' RoPE by YaRN (factor 16, no
+    factor on cos and sin): queries, keys, entries and the indexer all rotate by it."""
+    yarn = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4,
+            "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    config = DeepseekV4Config(**(CONFIG.to_dict() | {"rope_parameters": None}))
+    config.rope_parameters = {
+        "main": CONFIG.rope_parameters["main"],
+        "compress": {**CONFIG.rope_parameters["compress"], **yarn, "attention_factor": 1.0},
+    }
+    config._attn_implementation = "eager"
+    torch.manual_seed(KINDS[kind])
+    hf = v4.DeepseekV4Attention(config, KINDS[kind]).eval()
+    ours = CompressedAttention.from_hf(hf)
+    assert ours.config.compress_rope_scaling is not None
+    assert ours.config.compress_rope_scaling.rope_type == "yarn"
+    rotary = v4.DeepseekV4RotaryEmbedding(config)
+    x, positions = torch.randn(2, 13, D), torch.arange(13)
+    i, j = positions[:, None], positions[None]
+    mask = torch.zeros(13, 13).masked_fill(~((j <= i) & (i - j < WINDOW)), float("-inf"))
+    tables = {k: rotary(x, positions[None], layer_type=k) for k in ("main", "compress")}
+    with torch.no_grad():
+        expected = hf(x, tables, positions[None], mask.expand(2, 1, 13, 13))[0]
+        assert_close(ours(x), expected, atol=1e-6, rtol=0)
+        plain = CompressedAttention(D, replace(ours.config, compress_rope_scaling=None))
+        plain.load_state_dict(ours.state_dict())
+        assert (plain(x) - expected).abs().max() > 1e-3  # the stretch matters here
 
 
 def test_the_indexer_chooses_what_transformers_chooses_and_never_the_future() -> None:

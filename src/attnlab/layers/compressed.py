@@ -45,6 +45,7 @@ from attnlab.rules._validation import (
     entry,
 )
 from attnlab.rules.rope import check_rope_dims, rope_cos_sin, rotate
+from attnlab.rules.rope_scaling import RopeScaling
 
 __all__ = ["CompressedAttention", "CompressedConfig", "CompressedKVCache", "Compressor"]
 
@@ -72,6 +73,8 @@ class CompressedConfig:
         rope_base: RoPE's base of `"window"` layers (`rope_theta`).
         compress_rope_base: RoPE's base of `"csa"` and `"hca"` layers and of their
             entries (`compress_rope_theta`).
+        compress_rope_scaling: Their RoPE's context extension (the released V4: YaRN,
+            factor 16, with no factor on cos and sin); None for plain RoPE.
         index_heads: The indexer's heads (`index_n_heads`), CSA only.
         index_head_dim: Their features (`index_head_dim`).
         top_k: Entries the indexer chooses per query (`index_topk`).
@@ -93,6 +96,7 @@ class CompressedConfig:
     index_head_dim: int = 32
     top_k: int = 16
     eps: float = 1e-6
+    compress_rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, KINDS)
@@ -105,6 +109,11 @@ class CompressedConfig:
             check_rope_dims(self.rope_dims, self.index_head_dim)
         for name in ("rope_base", "compress_rope_base", "eps"):
             check_positive_float(name, getattr(self, name))
+        scaling = self.compress_rope_scaling
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise TypeError(
+                f"compress_rope_scaling must be a RopeScaling or None, got {type(scaling).__name__}"
+            )
         check_multiple(
             "num_heads * head_dim", self.num_heads * self.head_dim, "out_groups", self.out_groups
         )
@@ -198,6 +207,7 @@ class Compressor(nn.Module):
             its window's first token.
         rope_base: Their RoPE base.
         eps: The epsilon of the entries' RMSNorm.
+        rope_scaling: Their RoPE's context extension, or None.
     """
 
     def __init__(
@@ -210,6 +220,7 @@ class Compressor(nn.Module):
         rope_dims: int,
         rope_base: float,
         eps: float,
+        rope_scaling: RopeScaling | None = None,
     ) -> None:
         super().__init__()
         width = 2 * dim if overlap else dim
@@ -219,6 +230,7 @@ class Compressor(nn.Module):
             rope_dims,
             rope_base,
         )
+        self.rope_scaling = rope_scaling
         self.kv_proj = nn.Linear(d_model, width, bias=False)
         self.gate_proj = nn.Linear(d_model, width, bias=False)
         self.position_bias = nn.Parameter(torch.zeros(ratio, width))
@@ -240,7 +252,9 @@ class Compressor(nn.Module):
         )  # fmt: skip
         n = pooled.shape[1]
         positions = torch.arange(n, device=x.device) * self.ratio + first
-        cos, sin = rope_cos_sin(positions, self.rope_dims, base=self.rope_base)
+        cos, sin = rope_cos_sin(
+            positions, self.rope_dims, base=self.rope_base, scaling=self.rope_scaling
+        )
         entries = _rotate_tail(self.kv_norm(pooled), cos, sin)  # (b, n, dim)
         if series is None:
             return entries
@@ -284,12 +298,12 @@ class CompressedAttention(nn.Module):
         if c.kind != "window":
             self.compressor = Compressor(
                 d_model, c.head_dim, c.ratio, overlap=c.kind == "csa", rope_dims=c.rope_dims,
-                rope_base=c.compress_rope_base, eps=c.eps,
+                rope_base=c.compress_rope_base, eps=c.eps, rope_scaling=c.compress_rope_scaling,
             )  # fmt: skip
         if c.kind == "csa":
             self.index_compressor = Compressor(
                 d_model, c.index_head_dim, c.ratio, overlap=True, rope_dims=c.rope_dims,
-                rope_base=c.compress_rope_base, eps=c.eps,
+                rope_base=c.compress_rope_base, eps=c.eps, rope_scaling=c.compress_rope_scaling,
             )  # fmt: skip
             self.index_q_up = nn.Linear(c.q_lora_rank, c.index_heads * c.index_head_dim, bias=False)
             self.index_weights = nn.Linear(d_model, c.index_heads, bias=False)
@@ -310,7 +324,9 @@ class CompressedAttention(nn.Module):
         index_keys = keys(x, series)  # (b, n, index_head_dim)
         b, t, _ = x.shape
         q = self.index_q_up(q_latent).view(b, t, c.index_heads, c.index_head_dim)
-        cos, sin = rope_cos_sin(positions, c.rope_dims, base=c.compress_rope_base)
+        cos, sin = rope_cos_sin(
+            positions, c.rope_dims, base=c.compress_rope_base, scaling=c.compress_rope_scaling
+        )
         q = _rotate_tail(q.transpose(1, 2), cos, sin)  # (b, H, t, I)
         scores = torch.relu(torch.einsum("bhti,bni->bhtn", q.float(), index_keys.float()))
         weights = self.index_weights(x).float() * c.index_heads**-0.5  # (b, t, H)
@@ -360,8 +376,12 @@ class CompressedAttention(nn.Module):
         b, t, _ = x.shape
         past = 0 if cache is None else cache.seen
         positions = torch.arange(past, past + t, device=x.device)
-        base = c.rope_base if c.kind == "window" else c.compress_rope_base
-        cos, sin = rope_cos_sin(positions, c.rope_dims, base=base)
+        base, scaling = (
+            (c.rope_base, None)
+            if c.kind == "window"
+            else (c.compress_rope_base, c.compress_rope_scaling)
+        )
+        cos, sin = rope_cos_sin(positions, c.rope_dims, base=base, scaling=scaling)
         q_latent = self.q_norm(self.q_down(x))  # (b, t, q_lora_rank)
         q = split_heads(self.q_up(q_latent), c.num_heads)  # (b, h, t, D)
         q = _rotate_tail(rms_normalize(q, c.eps).to(q.dtype), cos, sin)

@@ -412,14 +412,15 @@ def compressed_from_hf(cls: type[V], layer: Any) -> V:
         )
     c, kind = layer.config, _V4_KINDS[layer.layer_type]
     ropes = {name: c.rope_parameters[name] for name in ("main", "compress")}
-    if any(r["rope_type"] != "default" for r in ropes.values()):
-        raise ValueError("layer's config scales its RoPE (rope_type not 'default'): not ported")
+    if ropes["main"]["rope_type"] != "default":
+        raise ValueError("layer's config scales its window layers' RoPE: not ported")
+    _, compress_scaling = hf_rope(c, "compress")  # the released V4: YaRN
     ratio = c.compress_rates.get(layer.layer_type, 1)
     config = CompressedConfig(
         kind, c.num_attention_heads, c.head_dim, c.q_lora_rank, c.sliding_window,
         int(c.head_dim * ropes["compress"]["partial_rotary_factor"]), ratio, c.o_groups,
         c.o_lora_rank, ropes["main"]["rope_theta"], ropes["compress"]["rope_theta"],
-        c.index_n_heads, c.index_head_dim, c.index_topk, c.rms_norm_eps,
+        c.index_n_heads, c.index_head_dim, c.index_topk, c.rms_norm_eps, compress_scaling,
     )  # fmt: skip
     names = {"q_down": "q_a_proj", "q_norm": "q_a_norm", "q_up": "q_b_proj", "out_up": "o_b_proj"}
     names |= {"kv_proj": "kv_proj", "kv_norm": "kv_norm", "sink_logits": "sinks"}
