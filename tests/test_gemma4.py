@@ -19,9 +19,14 @@ from attnlab.caches.kv import DynamicKVCache, RollingKVCache, StaticKVCache
 from attnlab.caches.shared import SharedKVCache, SharedKVReader
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.layers.norms import QKNormSpec
-from attnlab.models.config import DecoderConfig, GlobalAttentionConfig
+from attnlab.models.config import (
+    DecoderConfig,
+    GlobalAttentionConfig,
+    LatentAttentionConfig,
+    decoder_cache_bytes,
+)
 from attnlab.models.decoder import Decoder
-from attnlab.rules.rope import Rope
+from attnlab.rules.rope import Rope, rope_cos_sin, rotate
 from attnlab.rules.rope_scaling import RopeScaling
 from attnlab.rules.scores import ScoreRule
 
@@ -100,6 +105,31 @@ def test_gemma4_equals_transformers(ported: tuple[Any, Decoder]) -> None:
         )
     assert torch.equal(ours.generate(ids, 8, padding_mask=pad), greedy)
     assert torch.equal(ours.generate(ids, 8, padding_mask=pad, cache="dynamic"), greedy)
+    caches = ours.make_cache(2, 18, rolling=False)  # windowed layers keep every token too
+    assert torch.equal(ours.generate(ids, 8, padding_mask=pad, cache=caches), greedy)
+    for cache in caches:  # reset together, the list serves again
+        cache.reset()
+    assert torch.equal(ours.generate(ids, 8, padding_mask=pad, cache=caches), greedy)
+    with torch.no_grad():  # a batch with padding: the real queries' rows
+        padded = ours.attention_maps(ids, padding_mask=pad)
+        for ours_map, their_map in zip(padded, theirs.attentions, strict=True):
+            torch.testing.assert_close(ours_map[0], their_map[0], atol=5e-5, rtol=0)
+            torch.testing.assert_close(ours_map[1, :, 3:], their_map[1, :, 3:], atol=5e-5, rtol=0)
+
+
+def test_gemma4_norms_round_as_transformers_in_bfloat16(ported: tuple[Any, Decoder]) -> None:
+    """Gemma 4's RMSNorm multiplies by its weight in float32, then rounds once, as
+    `torch.nn.RMSNorm` does (Llama's rounds before the weight: not equal in bf16)."""
+    hf, ours = ported
+    torch.manual_seed(5)
+    x = torch.randn(3, 48).bfloat16()
+    with torch.no_grad():
+        norm = ours.norm.to(torch.bfloat16)
+        theirs = hf.model.norm.to(torch.bfloat16)
+        theirs.weight.copy_(torch.linspace(0.5, 1.5, 48))
+        norm.weight.copy_(theirs.weight)
+        assert torch.equal(norm(x), theirs(x))
+        ours.norm.float(), hf.model.norm.float()
 
 
 def test_shared_layers_hold_no_cache(ported: tuple[Any, Decoder]) -> None:
@@ -116,6 +146,10 @@ def test_shared_layers_hold_no_cache(ported: tuple[Any, Decoder]) -> None:
     kv_heads = ours.config.global_attention.num_kv_heads  # type: ignore[union-attr]
     per_layer = [c.nbytes for c in caches]
     assert per_layer[4:] == [0, 0, 0]  # the readers hold nothing
+    assert [len(c) for c in caches[4:]] == [0, 0, 0]
+    stray = [*caches[:6], SharedKVCache(DynamicKVCache()).reader()]  # not layer 2's
+    with pytest.raises(ValueError, match=r"cache\[6\] must be a reader of cache\[2\]"):
+        ours(ids[:, :1], cache=stray)
     assert per_layer[2] == 2 * 20 * kv_heads * 32 * 4  # keys and values, 20 slots, float32
     assert per_layer[3] == 2 * 3 * 2 * 16 * 4  # a rolling cache: window - 1 tokens
 
@@ -129,10 +163,20 @@ def test_keys_as_values_equal_a_value_projection_that_copies_the_keys() -> None:
     dense.load_state_dict(state)
     x = torch.randn(2, 6, 24)
     torch.testing.assert_close(tied(x), dense(x))
-    # The value norm has no weight: each value head has unit mean square.
-    v = dense.v_proj(x).view(2, 6, 2, 8)
-    unit = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
-    assert not torch.allclose(unit, v)
+    # The values the layer caches: the key projection, each head at unit mean square
+    # (the norm has no weight), not rotated; the keys, RoPE(v * w_k).
+    with torch.no_grad():
+        tied.k_norm.weight.normal_(1.0, 0.3)  # type: ignore[union-attr]
+        cache = DynamicKVCache()
+        tied(x, cache=cache)
+    assert cache.held is not None
+    keys, values = cache.held
+    raw = tied.k_proj(x).view(2, 6, 2, 8).transpose(1, 2)  # type: ignore[union-attr]
+    unit = raw * torch.rsqrt(raw.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(values, unit)
+    cos, sin = rope_cos_sin(torch.arange(6), 8, base=100.0)
+    weight = tied.k_norm.weight  # type: ignore[union-attr]
+    torch.testing.assert_close(keys, rotate(values * weight, cos, sin))
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -161,8 +205,6 @@ def test_a_reader_attends_over_its_source_keys(window: int | None) -> None:
 
 def _attend_with_keys_of(owner: GroupedQueryAttention, x: torch.Tensor, y: torch.Tensor) -> Any:
     """`owner` attending from `y`'s queries to `x`'s keys and values, by hand."""
-    from attnlab.rules.rope import rope_cos_sin, rotate
-
     b, t, _ = x.shape
     cos, sin = rope_cos_sin(torch.arange(t), 8)
     q = rotate(owner.q_proj(y).view(b, t, 4, 8).transpose(1, 2), cos, sin)
@@ -206,10 +248,12 @@ def test_gemma4_bad_input_is_refused_by_name() -> None:
         ((None, 2, None), r"kv_sources\[1\]=2 must be an earlier layer \(an int in \[0, 1\)\)"),
         ((None, None, -1), r"kv_sources\[2\]=-1 must be an earlier layer"),
         ((None, 0, 1), r"kv_sources\[2\]=1 reads layer 1, which itself reads layer 0"),
-        ((None, None), r"kv_sources must be a tuple of one entry per layer \(num_layers=3\)"),
+        ((None, None), r"kv_sources must give one entry per layer \(num_layers=3\), got 2"),
     ]:
         with pytest.raises(ValueError, match=message):
             DecoderConfig(**sizes, kv_sources=sources)
+    with pytest.raises(TypeError, match=r"kv_sources must be a tuple .* got list"):
+        DecoderConfig(**sizes, kv_sources=[None, None, 0])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"kv_sources\[2\]=0: .* differ in kind, window"):
         DecoderConfig(**sizes, windows=(4, None, None), kv_sources=(None, None, 0))
     with pytest.raises(ValueError, match="family='gemma4' normalises values with QK-norm"):
@@ -226,6 +270,8 @@ def test_gemma4_bad_input_is_refused_by_name() -> None:
             r"config.enable_moe_block=True",
         ),
         ({"use_double_wide_mlp": True}, r"config.use_double_wide_mlp=True"),
+        ({"use_bidirectional_attention": "all"}, r"use_bidirectional_attention='all'"),
+        ({"num_kv_shared_layers": 7}, r"num_kv_shared_layers=7 leaves no layer that computes"),
     ]:
         with pytest.raises(ValueError, match=message):
             Decoder.from_hf(_gemma4(True, **off))
@@ -258,4 +304,14 @@ def test_gemma4_bad_input_is_refused_by_name() -> None:
         GroupedQueryAttention(8, 2, 1, qk_norm=QKNormSpec("projection", values=True))
     with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\], got 1.5"):
         RopeScaling("proportional", fraction=1.5)
+    with pytest.raises(ValueError, match=r"fraction=0\.5 is a setting of rope_type='proportional'"):
+        RopeScaling("linear", 2.0, fraction=0.5)
+    text = _gemma4(True, use_bidirectional_attention="vision")  # "vision": images only
+    assert DecoderConfig.from_hf(text.config).kv_sources == (None, None, None, None, 2, 3, 2)
+    with pytest.raises(TypeError, match="values_only must be a bool"):
+        decoder_cache_bytes(DecoderConfig(**sizes), 8, dtype=torch.float32, values_only=1)  # type: ignore[arg-type]
+    mla = LatentAttentionConfig(8, 4, 2, 4)
+    latent = DecoderConfig(**sizes, latent=mla, rope_layers=(False,) * 3)
+    with pytest.raises(ValueError, match=r"config\.latent is set: an MLA cache holds latents"):
+        decoder_cache_bytes(latent, 8, dtype=torch.float32)
     assert isinstance(SharedKVCache().reader(), SharedKVReader)

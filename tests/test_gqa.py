@@ -445,7 +445,7 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
             r"rope\.layout must be one of 'half', 'interleaved'",
         ),
         ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
-        ({"bias": 1}, TypeError, r"bias must be a bool, got 1 \(int\)"),
+        ({"bias": 1}, TypeError, r"bias must be True, False or 'qkv', got 1"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
         (
             {"scores": ScoreRule(softcap=0.0)},

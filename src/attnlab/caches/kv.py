@@ -377,6 +377,23 @@ class KVCache(AttentionCache):
         return 0 if keys is None or values is None else keys.nbytes + values.nbytes
 
     @property
+    def held(self) -> tuple[Tensor, Tensor] | None:
+        """The keys and values held, oldest first, `(b, num_kv_heads, length, head_dim)`
+        and `(..., v_head_dim)` (views of the cache's tensors), or None before the first
+        update.
+
+        Examples:
+            >>> cache = RollingKVCache(window=3)
+            >>> _ = cache.update(torch.arange(5.0).view(1, 1, 5, 1), torch.zeros(1, 1, 5, 1))
+            >>> cache.held[0].flatten().tolist()  # the last window - 1 tokens' keys
+            [3.0, 4.0]
+        """
+        keys, values = self._keys, self._values
+        if keys is None or values is None:
+            return None
+        return keys[:, :, : self.length], values[:, :, : self.length]
+
+    @property
     def batch_size(self) -> int | None:
         """Sequences it holds (from its layout), or None while that is open."""
         held = self.layout

@@ -62,17 +62,16 @@ class SharedKVCache(AttentionCache):
     """
 
     def __init__(self, inner: AttentionCache | None = None) -> None:
-        if inner is not None and (
-            not isinstance(inner, AttentionCache)
-            or isinstance(inner, SharedKVReader | SharedKVCache)
-        ):
+        lends = isinstance(inner, SharedKVReader | SharedKVCache)
+        if inner is not None and (not isinstance(inner, AttentionCache) or lends or inner.ragged):
             raise TypeError(
-                "inner must be the source layer's own AttentionCache (e.g. a DynamicKVCache) "
-                f"or None, got {type(inner).__name__}"
+                "inner must be the source layer's own AttentionCache (e.g. a DynamicKVCache; "
+                f"not a paged view) or None, got {type(inner).__name__}"
             )
         self.inner = inner
         self._seen = 0  # tokens passed through, when there is no inner cache
         self._lent: tuple[Tensor, Tensor, int | None] | None = None  # keys, values, window
+        self._readers = self._reads = 0  # readers made; of them, those that read this step
 
     def __repr__(self) -> str:
         return f"SharedKVCache({self.inner!r})"
@@ -107,7 +106,16 @@ class SharedKVCache(AttentionCache):
 
     def reader(self) -> SharedKVReader:
         """A cache for a layer that reads this layer's keys and values, from now on."""
+        self._readers += 1
         return SharedKVReader(self)
+
+    def _read(self) -> tuple[Tensor, Tensor, int | None] | None:
+        """What was lent this step; forgotten once every reader has read it."""
+        lent = self._lent
+        self._reads += 1
+        if self._reads >= self._readers:  # the last reader: free the keys (a prefill's)
+            self._lent = None
+        return lent
 
     def attend(
         self,
@@ -122,12 +130,12 @@ class SharedKVCache(AttentionCache):
         keys and values the kernel attended over to the readers of this step."""
         if key is None or value is None:
             raise ValueError(
-                "a SharedKVCache is the cache of the layer that computes the keys and "
-                "values; a layer that reads them takes its reader()"
+                "key and value are None, but a SharedKVCache is the cache of the layer that "
+                "computes them; a layer that reads them takes its reader()"
             )
 
         def lend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-            self._lent = (keys, values, window)
+            self._lent, self._reads = (keys, values, window), 0
             return kernel(q, keys, values)
 
         if self.inner is None:
@@ -139,7 +147,7 @@ class SharedKVCache(AttentionCache):
         """Forget every token (the inner cache's too) and what was lent."""
         if self.inner is not None:
             self.inner.reset()
-        self._seen, self._lent = 0, None
+        self._seen, self._lent, self._reads = 0, None, 0
 
 
 class SharedKVReader(AttentionCache):
@@ -164,6 +172,11 @@ class SharedKVReader(AttentionCache):
     def seen(self) -> int:
         """Tokens this layer has read (the source has seen as many between steps)."""
         return self._seen
+
+    @property
+    def length(self) -> int:
+        """0: the tokens are held by the source."""
+        return 0
 
     @property
     def nbytes(self) -> int:
@@ -201,11 +214,13 @@ class SharedKVReader(AttentionCache):
                 "a SharedKVReader lends the source layer's keys and values: its layer "
                 "computes none (key and value must be None)"
             )
-        t, lent, source_seen = query.shape[2], self.source._lent, self.source.seen
-        if lent is None or self._seen + t != source_seen:
+        t, source_seen = query.shape[2], self.source.seen
+        lent = self.source._read() if self._seen + t == source_seen else None
+        if lent is None:
             raise ValueError(
                 f"the source layer has not attended over these {t} tokens yet (it has "
-                f"seen {source_seen}, this reader {self._seen}): run it first"
+                f"seen {source_seen}, this reader {self._seen}): run it first, and reset a "
+                "source and its readers together"
             )
         keys, values, lent_window = lent
         if window != lent_window:
@@ -217,5 +232,6 @@ class SharedKVReader(AttentionCache):
         return kernel(query, keys, values)
 
     def reset(self) -> None:
-        """Start again with the source (reset it too, or keep it, as its owner decides)."""
-        self._seen = self.source.seen
+        """Start again from no tokens, as the source does when it is reset (reset the
+        two together)."""
+        self._seen = 0

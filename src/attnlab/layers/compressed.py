@@ -411,7 +411,10 @@ class CompressedAttention(nn.Module):
 
         Raises:
             TypeError: If `layer` is not a `DeepseekV4Attention`.
-            ValueError: If its config scales RoPE (`rope_type` other than `"default"`).
+            ValueError: If its config scales the window layers' RoPE (`rope_parameters`
+                `"main"` of a `rope_type` other than `"default"`) or the compressed
+                layers' by a rule [`RopeScaling`][attnlab.rules.rope_scaling.RopeScaling]
+                does not implement (their YaRN is ported).
         """
         from attnlab.models import interop  # a folder above this one: imported when called
 

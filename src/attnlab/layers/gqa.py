@@ -315,8 +315,8 @@ class GroupedQueryAttention(nn.Module):
                 "d_model", d_model, "num_heads", num_heads, why=why, hint=hint
             )
         self.head_dim = check_positive_int("head_dim", head_dim)
-        if bias != "qkv":
-            check_bool("bias", bias)
+        if bias != "qkv" and not isinstance(bias, bool):
+            raise TypeError(f"bias must be True, False or 'qkv', got {bias!r}")
         self.bias, self.out_bias = bool(bias), bias is True  # (q, k, v), out_proj
         self.kv = cast(KVSource, check_choice("kv", kv, KV_SOURCES))
         self.rope_dims = check_rope(rope, self.head_dim) or self.head_dim

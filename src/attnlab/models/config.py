@@ -565,11 +565,15 @@ def _check_sharing(config: DecoderConfig) -> None:
     sources = config.kv_sources
     if sources is None:
         return
-    if not isinstance(sources, tuple) or len(sources) != config.num_layers:
-        got = len(sources) if isinstance(sources, tuple) else type(sources).__name__
+    if not isinstance(sources, tuple):
+        raise TypeError(
+            "kv_sources must be a tuple (one entry per layer) or None, got "
+            f"{type(sources).__name__}"
+        )
+    if len(sources) != config.num_layers:
         raise ValueError(
-            "kv_sources must be a tuple of one entry per layer "
-            f"(num_layers={config.num_layers}), got {got}"
+            "kv_sources must give one entry per layer "
+            f"(num_layers={config.num_layers}), got {len(sources)}"
         )
     for i, j in enumerate(sources):
         if j is None:
@@ -614,13 +618,15 @@ def decoder_cache_bytes(
     that reads another's (`kv_sources`) holds nothing.
 
     Args:
-        config: The decoder's settings (its linear or latent layers are not counted).
+        config: The decoder's settings (its linear layers are not counted; latent
+            attention is refused: its cache is a latent, not keys and values).
         context: Tokens of context.
         dtype: Element type of the caches.
         values_only: Count one tensor, not two, for a layer whose values are its keys'
-            projection (`kv="keys"`): its keys are $\operatorname{RoPE}(v \odot w_k)$,
-            since the key norm is the weightless value norm times its weight $w_k$, so a
-            cache may keep the values alone (`transformers` keeps both).
+            projection (`kv="keys"`): its keys are $\operatorname{RoPE}(v \odot w_k)$
+            (up to rounding in low precision), since the key norm is the weightless
+            value norm times its weight $w_k$, so a cache may keep the values alone
+            (`transformers` keeps both).
 
     Returns:
         The bytes held by all layers together.
@@ -631,6 +637,10 @@ def decoder_cache_bytes(
         >>> decoder_cache_bytes(config, 10, dtype=torch.float32)  # 2 layers * 10 * 2 * 4 * 4
         640
     """
+    check_bool("values_only", values_only)
+    check_positive_int("context", context)
+    if config.latent is not None:
+        raise ValueError("config.latent is set: an MLA cache holds latents, not keys and values")
     held = 0
     for layer in range(config.num_layers):
         if config.kind(layer) == "linear" or config.kv_source(layer) is not None:

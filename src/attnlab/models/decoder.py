@@ -77,7 +77,7 @@ from attnlab.caches.kv import (
     RollingKVCache,
     StaticKVCache,
 )
-from attnlab.caches.shared import SharedKVCache
+from attnlab.caches.shared import SharedKVCache, SharedKVReader
 from attnlab.functional.backends import backend_for
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
 from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
@@ -176,6 +176,7 @@ class DecoderBlock(nn.Module):
                 kv=config.kv(layer),  # Gemma 4: keys as values, or another layer's
             )
         self.chunk = config.chunk(layer)  # Llama 4's chunked attention, or None
+        self.kv_source = config.kv_source(layer)  # Gemma 4: the layer whose keys it reads
         self.post_attention_layernorm = _norm(config)
         self.pre_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
         self.post_feedforward_layernorm = _norm(config) if traits.sandwich_norms else None
@@ -330,7 +331,11 @@ class Decoder(nn.Module):
         (it keeps only the last `window - 1` tokens, whatever `kind`), unless `rolling`
         is False; a linear-attention layer its fixed-size
         [`GatedDeltaNetState`][attnlab.layers.linear.GatedDeltaNetState] (for `batch_size`
-        sequences, whatever `kind`); every other layer gets a cache of `kind`.
+        sequences, whatever `kind`); every other layer gets a cache of `kind`. With KV
+        sharing (`config.kv_sources`), a layer read by later ones has its cache wrapped in
+        a [`SharedKVCache`][attnlab.caches.shared.SharedKVCache], and each layer that reads
+        it gets a [`SharedKVReader`][attnlab.caches.shared.SharedKVReader] of it (reset a
+        source with its readers).
 
         Args:
             batch_size: Sequences decoded together (a static cache's batch size).
@@ -778,6 +783,12 @@ def _check_cache(cache: object, blocks: nn.ModuleList, batch: int) -> None:
         )
     for i, (block, c) in enumerate(zip(blocks, cache, strict=True)):
         cast(DecoderBlock, block).check_cache(c, batch, name=f"cache[{i}]", owner=f"layer {i}")
+        j = cast(DecoderBlock, block).kv_source
+        if j is not None and cast(SharedKVReader, c).source is not cache[j]:
+            raise ValueError(
+                f"cache[{i}] must be a reader of cache[{j}] (cache[{j}].reader()): layer {i} "
+                f"reads layer {j}'s keys and values"
+            )
     layers = cast("Sequence[LayerCache]", cache)
     ragged = {c.ragged for c in layers}
     if ragged == {True}:  # the caller places the tokens of the paged view's sequences

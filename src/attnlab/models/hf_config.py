@@ -197,13 +197,22 @@ def _gemma4_config(cls: type[C], config: Any) -> C:
         "enable_moe_block": config.enable_moe_block or None,
         "use_double_wide_mlp": bool(config.use_double_wide_mlp and config.num_kv_shared_layers)
         or None,
-        "use_bidirectional_attention": config.use_bidirectional_attention,
     }
     if on := [f"config.{k}={v!r}" for k, v in off.items() if v is not None]:
         raise ValueError(
             f"{', '.join(on)}: not ported (not attention); a Gemma 4 config with "
             "hidden_size_per_layer_input=0, enable_moe_block=False, no double-wide MLP "
             "and causal attention is"
+        )
+    if config.use_bidirectional_attention == "all":  # "vision": image tokens only
+        raise ValueError(
+            "config.use_bidirectional_attention='all': the text decoder attends both ways; "
+            "Decoder is causal"
+        )
+    if config.num_kv_shared_layers >= config.num_hidden_layers:
+        raise ValueError(
+            f"config.num_kv_shared_layers={config.num_kv_shared_layers} leaves no layer that "
+            f"computes keys and values (num_hidden_layers={config.num_hidden_layers})"
         )
     if config.hidden_activation != "gelu_pytorch_tanh":
         raise ValueError(
@@ -215,8 +224,18 @@ def _gemma4_config(cls: type[C], config: Any) -> C:
         config, {"full_attention": None, "sliding_attention": int(config.sliding_window)}
     )
     # Each layer type has its sizes (config.num_key_value_heads is refused as ambiguous).
+    sizes: dict[str, set[tuple[int, int]]] = {}
+    for i, kind in enumerate(types):
+        layer = config.per_layer_config[i]
+        sizes.setdefault(kind, set()).add((int(layer.num_key_value_heads), int(layer.head_dim)))
+    if any(len(found) > 1 for found in sizes.values()):
+        raise ValueError(
+            f"config.per_layer_config gives layers of one type different sizes {sizes}: "
+            "a Decoder has one (num_key_value_heads, head_dim) per layer type"
+        )
     full = config.per_layer_config[types.index("full_attention")]
-    local = config.per_layer_config[types.index(min(types, key="full_attention".__eq__))]
+    sliding = "sliding_attention" if "sliding_attention" in types else "full_attention"
+    local = config.per_layer_config[types.index(sliding)]
     local_base, local_scaling = hf_rope(config, "sliding_attention")
     # "reuse" layers read the last earlier layer of their type that is not one ("store").
     modes = config.kv_sharing_modes

@@ -412,8 +412,11 @@ def compressed_from_hf(cls: type[V], layer: Any) -> V:
         )
     c, kind = layer.config, _V4_KINDS[layer.layer_type]
     ropes = {name: c.rope_parameters[name] for name in ("main", "compress")}
-    if ropes["main"]["rope_type"] != "default":
-        raise ValueError("layer's config scales its window layers' RoPE: not ported")
+    if (main := ropes["main"]["rope_type"]) != "default":
+        raise ValueError(
+            f"layer.config.rope_parameters['main']['rope_type']={main!r}: the window "
+            "layers' RoPE is ported unscaled only ('default')"
+        )
     _, compress_scaling = hf_rope(c, "compress")  # the released V4: YaRN
     ratio = c.compress_rates.get(layer.layer_type, 1)
     config = CompressedConfig(

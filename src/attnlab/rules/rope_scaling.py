@@ -185,6 +185,11 @@ class RopeScaling:
         check_bool("truncate", self.truncate)
         if not 0.0 < check_positive_float("fraction", self.fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction!r}")
+        if self.fraction != 1.0 and self.rope_type != "proportional":
+            raise ValueError(
+                f"fraction={self.fraction!r} is a setting of rope_type='proportional', "
+                f"not of {self.rope_type!r}"
+            )
 
     @classmethod
     def from_hf(cls, config: Any) -> RopeScaling:
