@@ -20,6 +20,9 @@ from attnlab.caches.kv import AttentionCache, Kernel
 
 __all__ = ["KV_SOURCES", "KVSource", "SharedKVCache", "SharedKVReader"]
 
+Keys = Tensor | None
+"""A source layer's new keys (or values), or None from a layer that reads them."""
+
 KVSource = Literal["projected", "keys", "shared"]
 """Where an attention layer's keys and values come from: its own `k_proj` and `v_proj`
 (`"projected"`), its key projection for both (`"keys"`: Gemma 4's global layers), or an
@@ -118,13 +121,7 @@ class SharedKVCache(AttentionCache):
         return lent
 
     def attend(
-        self,
-        query: Tensor,
-        key: Tensor | None,
-        value: Tensor | None,
-        kernel: Kernel,
-        *,
-        window: int | None,
+        self, query: Tensor, key: Keys, value: Keys, kernel: Kernel, *, window: int | None
     ) -> Tensor:
         """Store the source layer's new keys and values (in `inner`), attend, and lend the
         keys and values the kernel attended over to the readers of this step."""
@@ -195,13 +192,7 @@ class SharedKVReader(AttentionCache):
         self.source.check_window(window, name=name, owner=owner)
 
     def attend(
-        self,
-        query: Tensor,
-        key: Tensor | None,
-        value: Tensor | None,
-        kernel: Kernel,
-        *,
-        window: int | None,
+        self, query: Tensor, key: Keys, value: Keys, kernel: Kernel, *, window: int | None
     ) -> Tensor:
         """Run `kernel` from `query` over the keys and values the source lent this step.
 

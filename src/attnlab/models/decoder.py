@@ -103,6 +103,9 @@ from attnlab.rules.scores import ScoreRule
 
 __all__ = ["Decoder", "DecoderBlock"]
 
+Tables = tuple[Tensor, Tensor] | None
+"""A layer's RoPE tables `(cos, sin)`, or None for a NoPE layer."""
+
 
 class DecoderBlock(nn.Module):
     """One pre-norm block: attention, then the MLP, each added to the residual stream.
@@ -252,11 +255,7 @@ class DecoderBlock(nn.Module):
         return own if attn_mask is None else combine(attn_mask, own)
 
     def forward_with_weights(
-        self,
-        x: Tensor,
-        position_embeddings: tuple[Tensor, Tensor] | None,
-        attn_mask: Tensor | None = None,
-        lending: AttentionCache | None = None,
+        self, x: Tensor, tables: Tables, attn_mask: Tensor | None, lending: AttentionCache | None
     ) -> tuple[Tensor, Tensor]:
         """`forward` (with no cache but the `lending` of KV sharing, if any) and the
         attention weights `(b, heads, t, t)`."""
@@ -264,7 +263,7 @@ class DecoderBlock(nn.Module):
             raise ValueError("a linear-attention block has no attention weights")
         attn, weights = self.self_attn(
             self.input_layernorm(x),
-            position_embeddings=position_embeddings,
+            position_embeddings=tables,
             cache=lending,
             attn_mask=self._within_chunks(x, attn_mask, 0),
             need_weights=True,
