@@ -444,7 +444,7 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d.generate(torch.ones(1, 6, dtype=torch.long), 8, cache="paged"),
             ValueError,
-            r"cache must be 'static', 'dynamic' or a list",
+            r"cache must be one of \('static', 'dynamic', 'int8', 'int4'\) or a list",
         ),
         (
             lambda d: d(torch.ones(2, 3, dtype=torch.long), padding_mask=torch.ones(2, 4)),

@@ -42,7 +42,8 @@ __all__ = [
     "decoder_cache_bytes",
 ]
 
-CacheKind = Literal["static", "dynamic"]
+CacheKind = Literal["static", "dynamic", "int8", "int4"]
+CACHE_KINDS: tuple[CacheKind, ...] = ("static", "dynamic", "int8", "int4")
 FamilyName = Literal["llama", "gemma", "gemma4", "qwen3_next"]
 LayerKind = Literal["full", "sliding", "linear"]
 

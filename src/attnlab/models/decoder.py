@@ -77,6 +77,7 @@ from attnlab.caches.kv import (
     RollingKVCache,
     StaticKVCache,
 )
+from attnlab.caches.quantized import QuantizedKVCache
 from attnlab.caches.shared import SharedKVCache, SharedKVReader
 from attnlab.functional.backends import backend_for
 from attnlab.layers.gqa import GroupedQueryAttention, HeadGates
@@ -84,7 +85,7 @@ from attnlab.layers.linear import GatedDeltaNet, GatedDeltaNetState
 from attnlab.layers.mla import MultiHeadLatentAttention
 from attnlab.layers.mlp import SparseMoE, SwiGLU
 from attnlab.layers.norms import QKNormSpec, RMSNorm
-from attnlab.models.config import CacheKind, DecoderConfig
+from attnlab.models.config import CACHE_KINDS, CacheKind, DecoderConfig
 from attnlab.models.generate import Sampler, StreamOptions, decode, pad_token
 from attnlab.rules._validation import (
     check_attn_mask,
@@ -339,7 +340,10 @@ class Decoder(nn.Module):
         Args:
             batch_size: Sequences decoded together (a static cache's batch size).
             max_length: Tokens a static cache holds; default `config.max_positions`.
-            kind: `"static"` (preallocated, written in place) or `"dynamic"` (grows).
+            kind: `"static"` (preallocated, written in place), `"dynamic"` (grows), or
+                `"int8"` or `"int4"` (grows, in 8 or 4 bits: a
+                [`QuantizedKVCache`][attnlab.caches.quantized.QuantizedKVCache]; sliding
+                layers keep their rolling cache).
             rolling: Whether sliding-window layers get a rolling cache (False: the same
                 kind as the others, holding every token).
 
@@ -620,13 +624,13 @@ def _generation_cache(
     if not isinstance(cache, str):
         _check_cache(cache, model.layers, batch)
         return _check_static_room(cast("Sequence[LayerCache]", cache), t, steps)
-    if cache not in ("static", "dynamic"):
+    if cache not in CACHE_KINDS:
         raise ValueError(
-            f"cache must be 'static', 'dynamic' or a list from make_cache, got {cache!r}"
+            f"cache must be one of {CACHE_KINDS} or a list from make_cache, got {cache!r}"
         )
     # The last new token is never fed back: t + steps - 1 tokens are cached.
     length = min(t + steps - 1, model.config.max_positions)
-    return model.make_cache(batch, max(length, 1), kind=cache)  # type: ignore[arg-type]
+    return model.make_cache(batch, max(length, 1), kind=cache)
 
 
 def _lending(config: DecoderConfig) -> list[AttentionCache | None]:
@@ -663,8 +667,8 @@ def _make_caches(
 ) -> list[Any]:
     """The body of `Decoder.make_cache`: the caches on the device and dtype of `like`."""
     check_bool("rolling", rolling)
-    if kind not in ("static", "dynamic"):
-        raise ValueError(f"kind must be 'static' or 'dynamic', got {kind!r}")
+    if kind not in CACHE_KINDS:
+        raise ValueError(f"kind must be one of {CACHE_KINDS}, got {kind!r}")
     length = config.max_positions if max_length is None else max_length
     if kind == "static":  # a dynamic or rolling cache sizes itself
         check_positive_int("max_length", length)
@@ -679,6 +683,10 @@ def _make_caches(
         window = config.window(layer)
         if rolling and window is not None:
             return RollingKVCache(window)
+        if kind in ("int8", "int4"):
+            if isinstance(block.self_attn, MultiHeadLatentAttention):
+                raise ValueError(f"kind={kind!r}: MLA caches latents, not keys and values")
+            return QuantizedKVCache(8 if kind == "int8" else 4)
         if kind == "dynamic":
             return DynamicKVCache()
         if isinstance(block.self_attn, MultiHeadLatentAttention):  # a cache of latents
