@@ -449,6 +449,25 @@ class KVCache(AttentionCache):
     def reset(self) -> None:
         """Forget every cached token (a static cache keeps its memory)."""
 
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens held and forget the others (speculative decoding
+        takes back the keys of rejected drafts this way).
+
+        Raises:
+            ValueError: If `length` is negative or above what the cache holds, or the
+                cache cannot take tokens back (a rolling cache has forgotten the ones
+                before; a quantized one has merged them into groups).
+        """
+        raise ValueError(f"{type(self).__name__} cannot take tokens back (crop)")
+
+    def _check_crop(self, length: object) -> int:
+        held = self.length
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= held:
+            raise ValueError(
+                f"length must be an int in [0, {held}] (the tokens held), got {length!r}"
+            )
+        return length
+
     def check_update(self, key: object, value: object) -> None:
         """Raise if `update(key, value)` would not fit what the cache holds.
 
@@ -538,6 +557,12 @@ class DynamicKVCache(KVCache):
     def reset(self) -> None:
         """Forget every cached token, and the sizes, dtype and device of the first update."""
         self._keys = self._values = None
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens (see [`KVCache.crop`][attnlab.caches.kv.KVCache.crop])."""
+        keep = self._check_crop(length)
+        if self._keys is not None and self._values is not None:
+            self._keys, self._values = self._keys[:, :, :keep], self._values[:, :, :keep]
 
 
 class StaticKVCache(KVCache):
@@ -664,6 +689,11 @@ class StaticKVCache(KVCache):
     def reset(self) -> None:
         """Forget every cached token; the buffers stay allocated (their contents are stale)."""
         self._length = 0
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens (see [`KVCache.crop`][attnlab.caches.kv.KVCache.crop]):
+        the next update writes over the others."""
+        self._length = self._check_crop(length)
 
 
 class RollingKVCache(KVCache):
