@@ -378,8 +378,8 @@ def test_smollm2_reads_the_frozen_chapters_through_kivi_caches(
 ) -> None:
     """The sweep's smoke version: 256 tokens of the frozen text, in chunks of 64, through
     float, 8-bit and 4-bit caches; the float cache's perplexity is transformers' own, and
-    transformers' 4-bit `QuantizedCache` (quanto backend: keys and values per channel,
-    integer zero points; not KIVI) costs as little."""
+    transformers' 4-bit `QuantizedCache` (quanto backend, not KIVI: keys and values both
+    in groups of 64 features of one token, integer zero points) costs about as much."""
     from transformers import QuantizedCache
 
     from attnlab.tools.bench.kv_quant import CORPUS, perplexities

