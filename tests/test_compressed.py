@@ -40,9 +40,9 @@ CONFIG._attn_implementation = "eager"
 ROTARY = v4.DeepseekV4RotaryEmbedding(CONFIG)
 
 
-def _pair(kind: str) -> tuple[Any, CompressedAttention]:
+def _pair(kind: str, config: Any = CONFIG) -> tuple[Any, CompressedAttention]:
     torch.manual_seed(KINDS[kind])
-    hf = v4.DeepseekV4Attention(CONFIG, KINDS[kind]).eval()
+    hf = v4.DeepseekV4Attention(config, KINDS[kind]).eval()
     with torch.no_grad():  # sinks and biases start empty, norms at 1: make them matter
         for name, p in hf.named_parameters():
             if "norm" in name:
@@ -116,9 +116,7 @@ def test_yarn_on_the_compressed_layers_equals_deepseek_v4(kind: str) -> None:
         "compress": {**CONFIG.rope_parameters["compress"], **yarn, "attention_factor": 1.0},
     }
     config._attn_implementation = "eager"
-    torch.manual_seed(KINDS[kind])
-    hf = v4.DeepseekV4Attention(config, KINDS[kind]).eval()
-    ours = CompressedAttention.from_hf(hf)
+    hf, ours = _pair(kind, config)  # every parameter set (some start as torch.empty)
     assert ours.config.compress_rope_scaling is not None
     assert ours.config.compress_rope_scaling.rope_type == "yarn"
     rotary = v4.DeepseekV4RotaryEmbedding(config)

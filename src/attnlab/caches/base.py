@@ -48,6 +48,10 @@ class LayerCache(abc.ABC):
     `update` of its kind.
     """
 
+    croppable: ClassVar[bool] = False
+    """True for a cache that can take tokens back (`crop`), as speculative decoding needs
+    to forget the keys of rejected drafts."""
+
     ragged: ClassVar[bool] = False
     """True for a view of sequences of different lengths (a paged batch): there is no
     one `seen`, so the caller places every token (`positions`) and the cache decides

@@ -558,6 +558,8 @@ class DynamicKVCache(KVCache):
         """Forget every cached token, and the sizes, dtype and device of the first update."""
         self._keys = self._values = None
 
+    croppable = True
+
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens (see [`KVCache.crop`][attnlab.caches.kv.KVCache.crop])."""
         keep = self._check_crop(length)
@@ -689,6 +691,8 @@ class StaticKVCache(KVCache):
     def reset(self) -> None:
         """Forget every cached token; the buffers stay allocated (their contents are stale)."""
         self._length = 0
+
+    croppable = True
 
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens (see [`KVCache.crop`][attnlab.caches.kv.KVCache.crop]):

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.caches.kv import DynamicKVCache, StaticKVCache
 from attnlab.models.decoder import Decoder
 from attnlab.rules._validation import check_positive_int, check_token_id_set, check_token_ids
 
@@ -156,7 +155,7 @@ def speculative_generate(
             f"max_positions={c.max_positions}"
         )
     caches = model.make_cache(1, min(room, c.max_positions), rolling=False)
-    if not all(isinstance(cache, StaticKVCache | DynamicKVCache) for cache in caches):
+    if not all(cache.croppable for cache in caches):
         kinds = sorted({type(cache).__name__ for cache in caches})
         raise ValueError(
             f"the model's layers keep caches that cannot take back rejected drafts ({kinds}): "
