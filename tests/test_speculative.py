@@ -10,9 +10,18 @@ import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from attnlab.caches.kv import DynamicKVCache, RollingKVCache, StaticKVCache
+from attnlab.functional.flex import to_dense
 from attnlab.models.config import DecoderConfig, LinearAttentionConfig
 from attnlab.models.decoder import Decoder
-from attnlab.models.speculative import prompt_lookup, speculative_generate
+from attnlab.models.speculative import (
+    DraftTree,
+    prompt_lookup,
+    prompt_lookup_tree,
+    speculative_generate,
+    tree_mask,
+    tree_mask_mod,
+    verify_tree,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,6 +54,7 @@ def _model(**extra: object) -> Decoder:
 
 def test_speculative_tokens_equal_greedy_tokens() -> None:
     model = _model(windows=(None, 5))  # a sliding layer too: its cache must not roll
+    full = _model()  # a tree's nodes are not at their positions' slots: global layers only
     torch.manual_seed(1)
     phrase = torch.randint(0, 40, (9,))
     prompts = {
@@ -57,6 +67,8 @@ def test_speculative_tokens_equal_greedy_tokens() -> None:
         plain = model.generate(prompt, 24)
         fast, stats = speculative_generate(model, prompt, 24, num_draft=4, max_ngram=3)
         assert torch.equal(fast, plain), name
+        tree, _ = speculative_generate(full, prompt, 24, num_draft=4, branches=3)
+        assert torch.equal(tree, full.generate(prompt, 24)), name
         assert stats.new_tokens == 24
         assert stats.passes + 1 + stats.accepted == 24  # each pass: its kept drafts + one
         rejected += stats.drafted - stats.accepted
@@ -81,10 +93,73 @@ def test_caches_take_back_tokens() -> None:
         assert torch.equal(keys, k)
         with pytest.raises(ValueError, match=r"length must be an int in \[0, 6\]"):
             cache.crop(7)
+        cache.retain([0, 2, 3, 5])  # a tree's accepted path: 1 and 4 go, 5 moves up
+        assert torch.equal(cache.held[0], k[:, :, [0, 2, 3, 5]])
+        with pytest.raises(ValueError, match=r"strictly increasing ints in \[0, 4\)"):
+            cache.retain([0, 2, 2])
     rolling = RollingKVCache(3)
     rolling.update(k, v)
     with pytest.raises(ValueError, match="RollingKVCache cannot take tokens back"):
         rolling.crop(2)
+
+
+def test_tree_drafts_and_their_mask() -> None:
+    """A tree merges the continuations of every occurrence (the first is prompt lookup's
+    chain); its mask lets each node see its ancestors only, the FlexAttention form equal
+    to the dense one; parents that loop or come later are refused."""
+    rng = random.Random(1)
+    for _ in range(200):
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(2, 20))]
+        tree = prompt_lookup_tree(tokens, 3, 2, branches=3)
+        chain = prompt_lookup(tokens, 3, 2)
+        assert list(tree.tokens[: len(chain)]) == chain  # the first branch
+        assert len(set(zip(tree.parents, tree.tokens, strict=True))) == len(tree)  # merged
+    mask = tree_mask([-1, 0, -1, 2])  # two branches of two: root, a, a', b, b'
+    ancestors = {1: {0, 1}, 2: {0, 1, 2}, 3: {0, 3}, 4: {0, 3, 4}}
+    for row, seen in ancestors.items():
+        assert mask[row].nonzero().flatten().tolist() == sorted(seen)
+    dense = to_dense(tree_mask_mod([-1, 0, -1, 2], past=3), 5, 8)[0, 0]
+    assert torch.equal(dense, torch.cat([torch.ones(5, 3, dtype=torch.bool), mask], 1))
+    with pytest.raises(ValueError, match=r"parents form a cycle \(1 -> 2 -> 1\)"):
+        DraftTree((5, 6, 7), (-1, 2, 1))
+    with pytest.raises(ValueError, match=r"parents\[1\]=2: a node's parent must be -1"):
+        DraftTree((5, 6, 7), (-1, 2, -1))
+    with pytest.raises(ValueError, match="tokens has 2 nodes but parents has 1"):
+        DraftTree((5, 6), (-1,))
+
+
+def test_a_tree_verified_in_one_pass_keeps_the_greedy_path() -> None:
+    """The model's path is the second branch: one pass keeps it, and the caches then hold
+    exactly the keys that decoding the path token by token leaves; a tree that does not
+    fit and a pass that raises leave the caches as they were."""
+    model = _model()
+    torch.manual_seed(2)
+    prompt = torch.randint(0, 40, (7,))
+    greedy = model.generate(prompt, 4)[7:].tolist()  # the token after the prompt, then 3
+    wrong = (greedy[1] + 1) % 40
+    tree = DraftTree((wrong, greedy[1], greedy[2], wrong), (-1, -1, 1, 1))
+    with torch.inference_mode():
+        caches = model.make_cache(1, 16, rolling=False)
+        model(prompt[None], cache=caches)
+        assert verify_tree(model, caches, greedy[0], tree) == greedy[1:4]
+        plain = model.make_cache(1, 16, rolling=False)
+        model(torch.tensor([[*prompt.tolist(), *greedy[:3]]]), cache=plain)
+        for ours, theirs in zip(caches, plain, strict=True):
+            torch.testing.assert_close(ours.held, theirs.held)  # type: ignore[attr-defined]
+        held = [cache.held[0].clone() for cache in caches]  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="have room for 6 more"):
+            verify_tree(model, caches, greedy[3], DraftTree.chain([1] * 6))
+        layer = model.layers[1]
+        original = layer.forward
+        layer.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="boom"):
+            verify_tree(model, caches, greedy[3], tree)
+        layer.forward = original  # type: ignore[method-assign]
+        for cache, before in zip(caches, held, strict=True):
+            assert torch.equal(cache.held[0], before)  # type: ignore[attr-defined]
+    windowed = _model(windows=(None, 5))
+    with pytest.raises(ValueError, match="needs layers without windows or chunks"):
+        verify_tree(windowed, windowed.make_cache(1, 16, rolling=False), 1, tree)
 
 
 def test_speculation_refuses_what_it_cannot_do() -> None:

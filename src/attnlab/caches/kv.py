@@ -460,6 +460,45 @@ class KVCache(AttentionCache):
         """
         raise ValueError(f"{type(self).__name__} cannot take tokens back (crop)")
 
+    def retain(self, indices: Sequence[int]) -> None:
+        """Keep the tokens held at `indices` (increasing), moved to the front in that order,
+        and forget the others: a tree of drafts verified in one pass keeps the path it
+        accepted, whose tokens need not be next to each other.
+
+        Only a cache that can [`crop`][attnlab.caches.kv.KVCache.crop] can do this; the
+        tokens before the first index that moves stay where they are.
+
+        Args:
+            indices: Positions among the tokens held, strictly increasing.
+
+        Raises:
+            ValueError: If an index is not an int in `[0, length)`, the indices do not
+                increase, or the cache cannot take tokens back.
+
+        Examples:
+            >>> cache = DynamicKVCache()
+            >>> _ = cache.update(torch.arange(5.0).view(1, 1, 5, 1), torch.zeros(1, 1, 5, 1))
+            >>> cache.retain([0, 1, 3])  # tokens 0 and 1 stay; token 3 moves to slot 2
+            >>> cache.held[0].flatten().tolist()
+            [0.0, 1.0, 3.0]
+        """
+        held, kept = self.length, list(indices)
+        ints = all(isinstance(i, int) and not isinstance(i, bool) for i in kept)
+        if not ints or any(not 0 <= i < held for i in kept) or kept != sorted(set(kept)):
+            raise ValueError(
+                f"indices must be strictly increasing ints in [0, {held}) (the tokens "
+                f"held), got {kept!r}"
+            )
+        same = next((n for n, i in enumerate(kept) if i != n), len(kept))
+        rows = self.held
+        moved = None
+        if rows is not None and same < len(kept):
+            index = torch.tensor(kept[same:], device=rows[0].device)
+            moved = rows[0].index_select(2, index), rows[1].index_select(2, index)
+        self.crop(same)  # raises for a cache that cannot take tokens back
+        if moved is not None:
+            self._append(*moved)
+
     def _check_crop(self, length: object) -> int:
         held = self.length
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= held:

@@ -21,6 +21,19 @@ drafts that are all rejected, for nothing.
 [`speculative_generate`][attnlab.models.speculative.speculative_generate] decodes
 greedily with it, taking back the keys of rejected drafts from the caches
 ([`KVCache.crop`][attnlab.caches.kv.KVCache.crop]).
+
+One draft is one guess. Where the n-gram occurred several times, each occurrence offers
+its own continuation, and all of them can be checked in the same pass: merged where they
+agree, they form a [`DraftTree`][attnlab.models.speculative.DraftTree]
+([`prompt_lookup_tree`][attnlab.models.speculative.prompt_lookup_tree]). The pass feeds
+every node of the tree at once, each at the position of its depth, under a *tree
+attention mask* ([`tree_mask`][attnlab.models.speculative.tree_mask], and as a
+FlexAttention `mask_mod`, [`tree_mask_mod`][attnlab.models.speculative.tree_mask_mod]):
+a node sees the cached text and its own ancestors, not its siblings' branches (SpecInfer,
+Miao et al., 2023, https://arxiv.org/abs/2305.09781; Medusa, Cai et al., 2024).
+[`verify_tree`][attnlab.models.speculative.verify_tree] keeps the longest path the model
+agrees with and moves its keys next to the text
+([`KVCache.retain`][attnlab.caches.kv.KVCache.retain]).
 """
 
 from __future__ import annotations
@@ -31,10 +44,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.caches.kv import KVCache
+from attnlab.functional.flex import MaskMod
 from attnlab.models.decoder import Decoder
 from attnlab.rules._validation import check_positive_int, check_token_id_set, check_token_ids
 
-__all__ = ["Speculation", "prompt_lookup", "speculative_generate"]
+__all__ = [
+    "DraftTree",
+    "Speculation",
+    "prompt_lookup",
+    "prompt_lookup_tree",
+    "speculative_generate",
+    "tree_mask",
+    "tree_mask_mod",
+    "verify_tree",
+]
 
 
 def prompt_lookup(
@@ -63,16 +87,285 @@ def prompt_lookup(
         >>> prompt_lookup([1, 2, 3], num_draft=3)  # nothing repeats
         []
     """
-    n = len(tokens)
+    size, starts = _occurrences(tokens, max_ngram)
     most = num_draft if limit is None else min(num_draft, limit)
+    return list(tokens[starts[0] + size : starts[0] + size + most]) if starts else []
+
+
+def _occurrences(tokens: Sequence[int], max_ngram: int) -> tuple[int, list[int]]:
+    """`(n-gram size, the starts of its earlier occurrences with tokens after them)` for
+    the largest n-gram of the end of `tokens` that occurs before; `(0, [])` if none."""
+    n = len(tokens)
     for size in range(min(max_ngram, n - 1), 0, -1):
         tail = list(tokens[n - size :])
-        for start in range(n - size + 1):
-            if list(tokens[start : start + size]) == tail and start + size < min(
-                start + size + most, n
-            ):
-                return list(tokens[start + size : min(start + size + most, n)])
-    return []
+        starts = [s for s in range(n - size) if list(tokens[s : s + size]) == tail]
+        if starts:
+            return size, starts
+    return 0, []
+
+
+def check_parents(parents: Sequence[int]) -> list[int]:
+    """`parents` as a list, checked: each node's parent is -1 (the root: the last token
+    committed) or a node before it, so the nodes come in an order a pass can feed.
+
+    Raises:
+        TypeError: If a parent is not an int.
+        ValueError: If the parents form a cycle, or a node's parent comes after it.
+    """
+    got = list(parents)
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in got):
+        raise TypeError(f"parents must be ints (-1 for the root), got {got!r}")
+    for node, parent in enumerate(got):
+        seen, at = [node], parent
+        while 0 <= at < len(got) and at not in seen:  # follow the parents up
+            seen.append(at)
+            at = got[at]
+        if 0 <= at < len(got):
+            loop = " -> ".join(map(str, [*seen[seen.index(at) :], at]))
+            raise ValueError(f"parents form a cycle ({loop}): a draft tree has none")
+    for node, parent in enumerate(got):
+        if not -1 <= parent < node:
+            raise ValueError(
+                f"parents[{node}]={parent}: a node's parent must be -1 (the root) or a node "
+                f"before it, in [-1, {node})"
+            )
+    return got
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens as a tree: several guesses at once, sharing their common starts.
+
+    The root is the last token committed (not stored); node `i` holds `tokens[i]` and
+    follows `parents[i]`, -1 for the root. Parents come before their children.
+
+    Attributes:
+        tokens: Each node's token.
+        parents: Each node's parent, -1 for the root.
+
+    Raises:
+        ValueError: If the lengths differ, or the parents form a cycle or come later.
+
+    Examples:
+        >>> tree = DraftTree((7, 8, 9), (-1, 0, -1))  # two guesses: "7 8" and "9"
+        >>> tree.depths
+        (1, 2, 1)
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(
+                f"tokens has {len(self.tokens)} nodes but parents has {len(self.parents)}"
+            )
+        check_parents(self.parents)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
+        """One guess: each token follows the one before."""
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """Each node's distance from the root (1 for the root's children)."""
+        depth: list[int] = []
+        for parent in self.parents:
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+        return tuple(depth)
+
+    @property
+    def is_chain(self) -> bool:
+        """True if every node follows the one before (the causal mask is the tree's)."""
+        return self.parents == tuple(range(-1, len(self) - 1))
+
+
+def prompt_lookup_tree(
+    tokens: Sequence[int],
+    num_draft: int,
+    max_ngram: int = 2,
+    *,
+    branches: int = 4,
+    limit: int | None = None,
+) -> DraftTree:
+    """The continuations of up to `branches` earlier occurrences of the last n-gram,
+    merged into a tree where they agree.
+
+    The n-gram is [`prompt_lookup`][attnlab.models.speculative.prompt_lookup]'s (the
+    largest that occurs, at most `max_ngram` tokens), and the first branch is its draft;
+    each further occurrence, left to right, adds the part of its continuation that no
+    branch before it holds.
+
+    Args:
+        tokens: The text so far.
+        num_draft: Most tokens per branch.
+        max_ngram: Longest n-gram matched.
+        branches: Most occurrences followed.
+        limit: Most tokens per branch, for the room left (None: `num_draft`).
+
+    Returns:
+        The tree, possibly empty.
+
+    Examples:
+        >>> tree = prompt_lookup_tree([1, 2, 3, 1, 2, 4, 1, 2], num_draft=2)
+        >>> tree.tokens, tree.parents  # "1 2" was followed by "3 1" and by "4 1"
+        ((3, 1, 4, 1), (-1, 0, -1, 2))
+    """
+    check_positive_int("branches", branches)
+    size, starts = _occurrences(tokens, max_ngram)
+    most = num_draft if limit is None else min(num_draft, limit)
+    nodes: dict[tuple[int, ...], int] = {}  # path from the root -> node
+    out_tokens: list[int] = []
+    out_parents: list[int] = []
+    for start in starts[:branches]:
+        follow = list(tokens[start + size : start + size + most])
+        for depth in range(len(follow)):
+            path = tuple(follow[: depth + 1])
+            if path not in nodes:
+                nodes[path] = len(out_tokens)
+                out_tokens.append(follow[depth])
+                out_parents.append(nodes[path[:-1]] if depth else -1)
+    return DraftTree(tuple(out_tokens), tuple(out_parents))
+
+
+def tree_mask(parents: Sequence[int]) -> Tensor:
+    """Which node of a draft tree sees which: `(1 + n, 1 + n)` bool, True = attend.
+
+    Row and column 0 are the root (the last token committed), row `i + 1` node `i`: each
+    sees itself and its ancestors, the root included. Prepend the cached tokens as
+    columns of True to get the mask of a verifying pass.
+
+    Args:
+        parents: Each node's parent, -1 for the root (as in
+            [`DraftTree`][attnlab.models.speculative.DraftTree]).
+
+    Returns:
+        The mask, lower triangular because parents come first.
+
+    Raises:
+        ValueError: As [`DraftTree`][attnlab.models.speculative.DraftTree].
+
+    Examples:
+        >>> tree_mask([-1, 0, -1]).int()  # nodes 0 and 2 are siblings
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [1, 1, 1, 0],
+                [1, 0, 0, 1]], dtype=torch.int32)
+    """
+    got = check_parents(parents)
+    mask = torch.eye(len(got) + 1, dtype=torch.bool)  # (1 + n, 1 + n)
+    for node, parent in enumerate(got):
+        mask[node + 1] |= mask[parent + 1]  # a node sees what its parent sees
+    return mask
+
+
+def tree_mask_mod(parents: Sequence[int], past: int) -> MaskMod:
+    """The tree mask of a verifying pass as a FlexAttention `mask_mod`: the `1 + n` queries
+    (the root, then the nodes) see the `past` cached keys, and within the tree only
+    themselves and their ancestors.
+
+    Args:
+        parents: Each node's parent, -1 for the root.
+        past: Keys cached before the root.
+
+    Returns:
+        `mask_mod(b, h, q_idx, kv_idx)` over `1 + n` queries and `past + 1 + n` keys.
+
+    Raises:
+        ValueError: As [`tree_mask`][attnlab.models.speculative.tree_mask], or if `past`
+            is negative.
+
+    Examples:
+        >>> from attnlab.functional.flex import to_dense
+        >>> to_dense(tree_mask_mod([-1, -1], past=2), 3, 5)[0, 0].int()
+        tensor([[1, 1, 1, 0, 0],
+                [1, 1, 1, 1, 0],
+                [1, 1, 1, 0, 1]], dtype=torch.int32)
+    """
+    sees = tree_mask(parents)
+    if isinstance(past, bool) or not isinstance(past, int) or past < 0:
+        raise ValueError(f"past must be a non-negative int (the keys cached), got {past!r}")
+
+    def tree(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        inside = sees.to(q_idx.device)[q_idx, (kv_idx - past).clamp(min=0)]
+        return (kv_idx < past) | inside
+
+    return tree
+
+
+def verify_tree(
+    model: Decoder, caches: Sequence[KVCache], last: int, tree: DraftTree
+) -> list[int]:
+    """One forward pass over the last token and every node of `tree`; the tokens it keeps.
+
+    The nodes are fed at the positions of their depths under the tree mask; from the
+    root, the walk follows the child whose token is the model's greedy choice, as long
+    as there is one. The caches keep the root and the accepted path's keys (moved next
+    to the text), and forget the rest; if the pass raises, they are put back as they
+    were before it.
+
+    Args:
+        model: The decoder the caches belong to.
+        caches: Its caches, holding the text before `last` (they must be croppable).
+        last: The last token committed, whose keys are not cached yet.
+        tree: The drafts.
+
+    Returns:
+        The accepted drafts' tokens, then the model's choice after them: one more
+        token than drafts kept.
+
+    Raises:
+        ValueError: If the caches cannot take tokens back, or the tree does not fit in
+            them or in the model's positions.
+    """
+    held = caches[0].seen
+    room = min(
+        (m for cache in caches if (m := cache.max_length) is not None),
+        default=model.config.max_positions,
+    )
+    room = min(room, model.config.max_positions) - held
+    if 1 + len(tree) > room:
+        raise ValueError(
+            f"the tree has {len(tree)} nodes, with the last token {1 + len(tree)} tokens, but "
+            f"the caches hold {held} and have room for {room} more"
+        )
+    if not all(cache.croppable for cache in caches):
+        kinds = sorted({type(cache).__name__ for cache in caches})
+        raise ValueError(f"caches that cannot take back rejected drafts ({kinds})")
+    c = model.config
+    if not tree.is_chain and (any(c.windows or ()) or any(c.chunks or ())):
+        raise ValueError(
+            "a draft tree with branches needs layers without windows or chunks: they count "
+            "keys by slot, and a node's slot is not its position (draft a chain instead)"
+        )
+    device = model.embed_tokens.weight.device
+    block = torch.tensor([last, *tree.tokens], device=device)  # (1 + n,)
+    positions = held + torch.tensor([0, *tree.depths], device=device)  # (1 + n,)
+    mask = None
+    if not tree.is_chain:  # a chain's mask is the causal one
+        nodes = tree_mask(tree.parents).to(device)  # (1 + n, 1 + n)
+        mask = torch.cat([nodes.new_ones(1 + len(tree), held), nodes], dim=1)
+    try:
+        logits = model(block[None], cache=caches, positions=positions, attn_mask=mask)
+    except BaseException:
+        for cache in caches:  # nothing of the failed pass stays
+            cache.crop(held)
+        raise
+    choice = logits[0].argmax(-1).tolist()  # (1 + n,): the model's token after each
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent + 1, []).append(node + 1)
+    path, at = [], 0
+    while nxt := [c for c in children.get(at, []) if tree.tokens[c - 1] == choice[at]]:
+        at = nxt[0]
+        path.append(at)
+    for cache in caches:
+        cache.retain(list(range(held + 1)) + [held + node for node in path])
+    return [*(tree.tokens[node - 1] for node in path), choice[at]]
 
 
 @dataclass
@@ -109,6 +402,7 @@ def speculative_generate(
     *,
     num_draft: int = 10,
     max_ngram: int = 2,
+    branches: int = 1,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> tuple[Tensor, Speculation]:
     """Greedy decoding of one prompt, verifying prompt-lookup drafts in one pass each.
@@ -126,8 +420,13 @@ def speculative_generate(
             layers: their caches cannot take tokens back).
         ids: The prompt, `(t,)` or `(1, t)`.
         max_new_tokens: Most tokens to add.
-        num_draft: Most draft tokens per pass.
+        num_draft: Most draft tokens per pass (per branch of a tree).
         max_ngram: Longest n-gram prompt lookup matches.
+        branches: Occurrences of the n-gram followed: 1 drafts one chain
+            ([`prompt_lookup`][attnlab.models.speculative.prompt_lookup]), more a tree
+            ([`prompt_lookup_tree`][attnlab.models.speculative.prompt_lookup_tree]),
+            verified under a tree mask by
+            [`verify_tree`][attnlab.models.speculative.verify_tree].
         eos_token_id: Token id(s) that end the text (kept, then decoding stops).
 
     Returns:
@@ -147,14 +446,16 @@ def speculative_generate(
     steps = check_positive_int("max_new_tokens", max_new_tokens)
     check_positive_int("num_draft", num_draft)
     check_positive_int("max_ngram", max_ngram)
+    check_positive_int("branches", branches)
     eos = check_token_id_set("eos_token_id", eos_token_id, c.vocab_size)
-    room = flat.shape[0] + steps + num_draft
+    room = flat.shape[0] + steps + num_draft * branches
     if flat.shape[0] + steps > c.max_positions:
         raise ValueError(
             f"ids has {flat.shape[0]} tokens and max_new_tokens={steps}: past the model's "
             f"max_positions={c.max_positions}"
         )
-    caches = model.make_cache(1, min(room, c.max_positions), rolling=False)
+    slots = min(room, c.max_positions)
+    caches = model.make_cache(1, slots, rolling=False)
     if not all(cache.croppable for cache in caches):
         kinds = sorted({type(cache).__name__ for cache in caches})
         raise ValueError(
@@ -168,21 +469,22 @@ def speculative_generate(
         new = [int(logits[0, -1].argmax())]
         while len(new) < steps and new[-1] not in eos:
             room_left = steps - len(new) - 1  # the pass adds one token of its own
-            draft = prompt_lookup(text + new, num_draft, max_ngram, limit=room_left)
-            block = torch.tensor([new[-1], *draft], device=flat.device)  # (1 + k,)
-            held = caches[0].seen
-            choice = model(block[None], cache=caches)[0].argmax(-1).tolist()  # (1 + k,)
-            kept = 0
-            while kept < len(draft) and choice[kept] == draft[kept]:
-                kept += 1
-            for cache in caches:  # the last token and the kept drafts stay cached
-                cache.crop(held + 1 + kept)
-            produced = [*draft[:kept], choice[kept]]
+            tree = (
+                DraftTree.chain(prompt_lookup(text + new, num_draft, max_ngram, limit=room_left))
+                if branches == 1
+                else prompt_lookup_tree(
+                    text + new, num_draft, max_ngram, branches=branches, limit=room_left
+                )
+            )
+            fit = slots - len(text) - len(new)  # slots left beside the last token's
+            tree = DraftTree(tree.tokens[:fit], tree.parents[:fit])  # parents come first
+            produced = verify_tree(model, caches, new[-1], tree)
+            kept = len(produced) - 1
             if any(token in eos for token in produced):  # stop at the first end token
                 produced = produced[: next(i for i, t in enumerate(produced) if t in eos) + 1]
             new += produced[: steps - len(new)]
             stats.passes += 1
-            stats.drafted += len(draft)
+            stats.drafted += len(tree)
             stats.accepted += kept
     stats.new_tokens = len(new)
     out = torch.cat([flat, torch.tensor(new, dtype=flat.dtype, device=flat.device)])

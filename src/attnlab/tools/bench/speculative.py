@@ -94,8 +94,14 @@ def _time_prompt(
         return out
 
     def theirs(**extra: int) -> torch.Tensor:
+        # The mask is passed: without one, generate infers it from pad_token_id, which is
+        # SmolLM2's <|im_end|> (id 2), and would hide the template's end-of-turn tokens.
+        mask = torch.ones_like(ids)
         with torch.no_grad():
-            out = hf.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, **extra)
+            out = hf.generate(
+                ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None,
+                **extra,
+            )  # fmt: skip
         return out[0]  # type: ignore[no-any-return]
 
     lookup = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": g}
