@@ -266,3 +266,16 @@ def test_the_build_reads_the_pages_without_code_first_and_the_slow_ones_last() -
         "notebooks/a.ipynb",
         "reference.md",
     ]
+
+
+def test_numbers_match_to_their_last_digit_and_rounding_errors_to_their_size() -> None:
+    assert outputs.compare("-0.2626", "-0.2627") is None  # one unit in the last digit
+    assert (
+        outputs.compare("-0.2626", "-0.2628") == "number #1 differs: shown -0.2626, printed -0.2628"
+    )
+    assert outputs.compare("shape (2, 3)", "shape (2, 4)") is not None  # integers: exact
+    # A rounding error's digits depend on the CPU's kernels: its size must hold.
+    assert outputs.compare("max diff 5.0e-05", "max diff 1.9e-04") is None
+    assert outputs.compare("max diff 5.0e-05", "max diff 6.0e-04") is not None
+    assert outputs.compare("max diff 5.0e-04", "max diff 2.0e-03") is not None  # not an error
+    assert outputs.compare("diff 2.2e-07 and 0.5", "diff 1.8e-07 and 0.7") is not None

@@ -177,16 +177,19 @@ def test_speculation_refuses_what_it_cannot_do() -> None:
 
 
 def test_the_committed_speculation_benchmark() -> None:
-    """docs/assets/bench/speculative.json, as the page reads it: speculation kept the
-    greedy tokens on every prompt, and on quoting prompts attnlab's is at least 1.5 times
-    its plain decoding and at least transformers' own prompt-lookup speed-up."""
+    """docs/assets/bench/speculative.json, as the page reads it: speculation (chain or
+    tree) kept the greedy tokens on every prompt, and they are transformers' tokens too;
+    the tree took no more passes than the chain; and on quoting prompts attnlab's is at
+    least 1.5 times its plain decoding and at least transformers' own prompt-lookup
+    speed-up."""
     import json
     from pathlib import Path
 
     record = json.loads(Path("docs/assets/bench/speculative.json").read_text(encoding="utf-8"))
     assert len(record["prompts"]) == 5
-    for prompt in record["prompts"]:
-        assert prompt["identical"]["attnlab speculative = plain"]
+    for prompt in record["prompts"]:  # the same greedy tokens, whichever way
+        assert all(prompt["identical"].values()), prompt["prompt"]
+        assert prompt["tree"]["passes"] <= prompt["passes"]
     grounded = record["geometric_mean_speedup"]["grounded"]
     assert grounded["attnlab"] >= 1.5
     assert grounded["attnlab"] >= grounded["transformers"]

