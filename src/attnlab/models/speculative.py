@@ -297,9 +297,7 @@ def tree_mask_mod(parents: Sequence[int], past: int) -> MaskMod:
     return tree
 
 
-def verify_tree(
-    model: Decoder, caches: Sequence[KVCache], last: int, tree: DraftTree
-) -> list[int]:
+def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: DraftTree) -> list[int]:
     """One forward pass over the last token and every node of `tree`; the tokens it keeps.
 
     The nodes are fed at the positions of their depths under the tree mask; from the
