@@ -548,7 +548,7 @@ def test_eos_pads_finished_rows(tiny: tuple[Any, Decoder]) -> None:
         (
             lambda d: d(torch.ones(2, 3, dtype=torch.long), logits_at=torch.tensor([1])),
             ValueError,
-            r"logits_at must have shape \(b,\) = \(2,\), one index per row, got \(1,\)",
+            r"logits_at must have shape \(b,\) or \(b, k\) with b=2, indices per row, got \(1,\)",
         ),
     ],
 )

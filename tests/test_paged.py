@@ -704,3 +704,26 @@ def test_paged_attention_of_zero_features_averages_the_values(method: str) -> No
         v = _contiguous(v_pool, tables[b].tolist(), n)  # (KV, n, HD_V)
         expected = v.mean(dim=-2).repeat_interleave(H // KV, dim=0)  # (H, HD_V)
         torch.testing.assert_close(out[b, :, 0], expected)
+
+
+def test_truncate_takes_back_tokens_and_frees_their_blocks() -> None:
+    """What a speculative step's rejected drafts need: the tokens go in every layer, the
+    blocks past them are free, and a later append writes where they were; registered
+    prompt blocks and tokens never written cannot be taken back."""
+    cache = PagedKVCache(num_layers=2, num_blocks=6, block_size=4, num_kv_heads=1, head_dim=2)
+    seq, _ = cache.add_sequence([1, 2, 3, 4, 5])  # one full prompt block, registered
+    k = torch.arange(22.0).view(1, 11, 2)
+    for layer in (0, 1):
+        cache.append(seq, layer, k, k)  # 11 tokens: blocks 0, 1, 2
+    cache.truncate(seq, 6)
+    assert [cache.length(seq, 0), cache.length(seq, 1)] == [6, 6]
+    assert cache.block_table(seq) == [0, 1]
+    assert cache.num_free_blocks == 4
+    cache.append(seq, 0, -k[:, :3], -k[:, :3])
+    table = cache.block_tables([seq])
+    keys = cache.key_pools[0][:, table[0]].reshape(1, 12, 2)[:, :9]
+    assert torch.equal(keys, torch.cat([k[:, :6], -k[:, :3]], 1))
+    with pytest.raises(ValueError, match=r"length must be an int in \[4, 9\]"):
+        cache.truncate(seq, 3)  # into the registered prompt block
+    with pytest.raises(ValueError, match=r"length must be an int in \[4, 9\]"):
+        cache.truncate(seq, 10)

@@ -282,6 +282,106 @@ def test_engine_cancel_returns_blocks(tiny: tuple[Decoder, list[Any]]) -> None:
     assert engine.run()[waiting] == []
 
 
+def _written_blocks_only(engine: Engine) -> None:
+    """No sequence holds a block past its written tokens: no draft slot is left over."""
+    bs = engine.cache.block_size
+    for seq in engine.cache.sequences:
+        assert len(engine.cache.block_table(seq)) == -(-engine.cache.length(seq) // bs)
+
+
+@pytest.fixture(scope="module")
+def looping() -> tuple[Decoder, list[list[int]], list[int], list[list[int]]]:
+    """A small random float64 model that repeats itself (so prompt lookup's drafts are
+    often right), four prompts, their token counts and the model's greedy tokens."""
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=8, hidden_dim=48)  # fmt: skip
+    decoder = Decoder(config).double().eval()
+    torch.manual_seed(1)
+    phrase = torch.randint(0, 40, (9,)).tolist()
+    prompts = [[*phrase, 3, 4, 5, 6, *phrase[:5]], torch.randint(0, 40, (14,)).tolist(),
+               torch.randint(0, 4, (20,)).tolist(), phrase[:4] + phrase]  # fmt: skip
+    new_tokens = [30, 12, 24, 20]
+    greedy = [decoder.generate(torch.tensor(p), n)[len(p) :].tolist()
+              for p, n in zip(prompts, new_tokens, strict=True)]  # fmt: skip
+    return decoder, prompts, new_tokens, greedy
+
+
+@pytest.mark.parametrize("num_blocks", [40, 12])
+def test_engine_speculation_gives_the_same_tokens(looping: Any, num_blocks: int) -> None:
+    """Requests that draft by prompt lookup make the greedy tokens, with the log-probs of
+    an uncached forward, in fewer steps; rejected drafts' blocks are given back at once
+    (12 blocks: with preemptions too)."""
+    decoder, prompts, new_tokens, greedy = looping
+    first_done, several = {}, 0
+    for num_draft in (0, 4):
+        engine = Engine(decoder, num_blocks=num_blocks, block_size=4, prefill_chunk=5)
+        ids = [engine.submit(p, n, num_draft=num_draft * (i != 1))  # request 1: no drafts
+               for i, (p, n) in enumerate(zip(prompts, new_tokens, strict=True))]  # fmt: skip
+        steps = 0
+        while engine.has_work:
+            made = engine.step()
+            steps += 1
+            several += sum(len(tokens) > 1 for tokens in made.values())
+            assert len(made.get(ids[1], [])) <= 1
+            _written_blocks_only(engine)
+            if len(engine.logprobs(ids[0])) == new_tokens[0]:
+                first_done.setdefault(num_draft, steps)
+        out = engine.run()
+        for i, prompt, want in zip(ids, prompts, greedy, strict=True):
+            assert out[i] == want
+            logits = decoder(torch.tensor(prompt + want))[len(prompt) - 1 : -1]  # uncached
+            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(want)[:, None])
+            torch.testing.assert_close(torch.tensor(engine.logprobs(i)).double(), logp[:, 0])
+        assert engine.cache.num_free_blocks == num_blocks
+        assert (engine.num_preemptions > 0) == (num_blocks == 12)
+    assert several > 3  # steps that kept drafts
+    assert first_done[4] < first_done[0]  # the repeating request ended sooner
+
+
+def test_engine_step_that_raises_leaves_the_cache_as_it_was(looping: Any) -> None:
+    """An exception inside a verifying forward pass (after a layer wrote its keys) takes
+    back what the step wrote; the engine then goes on to the same tokens. A request
+    cancelled after a speculative step returns every block it held."""
+    decoder, prompts, new_tokens, greedy = looping
+    engine = Engine(decoder, num_blocks=40, block_size=4)
+    ids = [engine.submit(p, n, num_draft=4) for p, n in zip(prompts, new_tokens, strict=True)]
+    cache = engine.cache
+    for _ in range(40):  # until every request is admitted and drafts are being kept
+        made = engine.step()
+        if len(cache.sequences) == 4 and any(len(tokens) > 1 for tokens in made.values()):
+            break
+
+    def state() -> tuple[int, dict[int, list[int]], dict[int, int]]:
+        tables = {s: cache.block_table(s) for s in cache.sequences}
+        return cache.num_free_blocks, tables, {s: cache.length(s, 1) for s in tables}
+
+    before, written = state(), {}
+
+    def fail(*args: object, **kwargs: object) -> None:  # after layer 0 wrote its keys
+        written.update({s: cache.length(s, 0) for s in before[1]})
+        raise ZeroDivisionError
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoder.layers[1], "forward", fail)
+        with pytest.raises(ZeroDivisionError):
+            engine.step()
+    assert any(written[s] > n for s, n in before[2].items())
+    assert state() == before
+    assert all(cache.length(s, 0) == n for s, n in before[2].items())
+    engine.step()
+    free, table = cache.num_free_blocks, cache.block_table(cache.sequences[-1])
+    engine.cancel(ids[-1])  # its own blocks come back, a shared prompt block stays
+    assert cache.num_free_blocks == free + sum(cache.allocator.refcount(b) == 0 for b in table)
+    assert sum(cache.allocator.refcount(b) == 0 for b in table) > 1
+    out = engine.run()
+    for i, want in zip(ids[:-1], greedy, strict=False):
+        assert out[i] == want
+    assert cache.num_free_blocks == 40
+    with pytest.raises(ValueError, match="num_draft must be a non-negative int"):
+        engine.submit([1, 2], 3, num_draft=-1)
+
+
 def test_engine_checks_a_prompt_once(
     tiny: tuple[Decoder, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

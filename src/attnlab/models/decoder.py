@@ -389,7 +389,8 @@ class Decoder(nn.Module):
                 decoding needs: the unembedding is a large matrix).
             logits_at: `(b,)` integer tensor: return only the logits after token
                 `logits_at[i]` of row `i`, `(b, 1, vocab_size)` (rows of different real
-                lengths, right-padded, as a serving engine batches them).
+                lengths, right-padded, as a serving engine batches them); `(b, k)`:
+                after tokens `logits_at[i, j]`, `(b, k, vocab_size)` (a row's drafts).
 
         Returns:
             Logits `(b, t, vocab_size)` (or `(t, vocab_size)` for unbatched `ids`).
@@ -431,8 +432,9 @@ class Decoder(nn.Module):
         return x
 
     def _head(self, x: Tensor, last_only: bool, logits_at: Tensor | None) -> Tensor:
-        if logits_at is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), logits_at][:, None]  # (b, 1, d_model)
+        if logits_at is not None:  # (b,) or (b, k) indices
+            rows = torch.arange(x.shape[0], device=x.device)  # (b,)
+            x = x[rows[:, None], logits_at] if logits_at.ndim == 2 else x[rows, logits_at][:, None]
         elif last_only:
             x = x[:, -1:]  # (b, 1, d_model)
         logits: Tensor = self.lm_head(self.norm(x))  # (b, t or 1, vocab_size)
@@ -770,14 +772,14 @@ def _check_call(
     if logits_at is None:
         return ids
     b, t = (1, ids.shape[0]) if ids.ndim == 1 else ids.shape
-    check_index_tensor("logits_at", logits_at, (1,), "(b,)")
+    check_index_tensor("logits_at", logits_at, (1, 2), "(b,) or (b, k)")
     assert isinstance(logits_at, Tensor)
     if logits_at.shape[0] != b:
         raise ValueError(
-            f"logits_at must have shape (b,) = ({b},), one index per row, got "
+            f"logits_at must have shape (b,) or (b, k) with b={b}, indices per row, got "
             f"{tuple(logits_at.shape)}"
         )
-    check_int_sequence("logits_at", logits_at, low=0, high=t, within=f"the t={t} tokens ")
+    check_int_sequence("logits_at", logits_at.flatten(), low=0, high=t, within=f"the t={t} tokens ")
     return ids
 
 

@@ -620,6 +620,26 @@ class PagedKVCache:
             self.allocator.free(block)
         self._tables.remove(seq_id)
 
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Keep the first `length` tokens of `seq_id` in every layer and free the blocks
+        past them (a speculative step takes back rejected drafts, a failed step what it
+        wrote). Raises ValueError if `seq_id` is unknown, or `length` is above what a
+        layer holds or below the prompt blocks offered to the prefix cache."""
+        seq = self._tables.get(seq_id)
+        low, high = seq.registered * self.block_size, max(seq.filled)
+        if isinstance(length, bool) or not isinstance(length, int) or not low <= length <= high:
+            raise ValueError(
+                f"length must be an int in [{low}, {high}] (past the registered prompt "
+                f"blocks, at most the tokens written), got {length!r}"
+            )
+        seq.filled = [min(n, length) for n in seq.filled]
+        keep = -(-length // self.block_size)
+        for block in seq.table[keep:]:
+            self.allocator.free(block)
+        if keep < len(seq.table):
+            del seq.table[keep:]
+            self._tables.changed()
+
     def block_table(self, seq_id: int) -> list[int]:
         """The block ids of sequence `seq_id`, in token order (a copy)."""
         return list(self._tables.get(seq_id).table)

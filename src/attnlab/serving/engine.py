@@ -30,7 +30,17 @@ One step of [`Engine`][attnlab.serving.engine.Engine]:
    and *finish* a request at its end token or at `max_new_tokens`: its blocks return to
    the pool.
 
-Decoding is greedy only; sampling would change step 5 alone.
+A request submitted with `num_draft` speculates (see
+[`attnlab.models.speculative`][attnlab.models.speculative]): its decode row carries its
+last token and up to `num_draft` drafts found by prompt lookup in its own text, in the
+same step as the other rows; step 5 keeps the drafts the model agrees with and its next
+token, and the cache takes back the rejected drafts' slots at once
+([`truncate`][attnlab.serving.cache.PagedKVCache.truncate]), freeing their blocks. The
+drafts' slots are taken and settled within one step, and drafts give way (the step runs
+without them) before a request is preempted. A step whose forward pass raises takes
+back whatever its layers wrote. Decoding is greedy only, so speculation keeps every
+token as it was and needs no rule for sampled tokens; sampling would change step 5
+alone, and a sampling request would then decode without drafts.
 """
 
 from __future__ import annotations
@@ -47,9 +57,11 @@ from attnlab.caches.kv import AttentionCache, Kernel
 from attnlab.functional.paged import Method
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.decoder import Decoder
+from attnlab.models.speculative import prompt_lookup
 from attnlab.rules._validation import (
     check_choice,
     check_int_sequence,
+    check_nonnegative_int,
     check_positive_int,
     check_token_id_set,
     entry,
@@ -68,6 +80,8 @@ class _Request:
     prompt: list[int]
     max_new_tokens: int
     eos_token_ids: tuple[int, ...]  # the tokens that end it (none: it runs to the end)
+    num_draft: int = 0  # most prompt-lookup drafts per decode step (0: none)
+    draft: list[int] = dataclasses.field(default_factory=list)  # this step's drafts
     generated: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     seq_id: int | None = None  # its cache sequence while admitted
@@ -216,46 +230,8 @@ class Engine:
         prefill_chunk: int = 64,
         method: Method = "online",
     ) -> None:
-        if not isinstance(decoder, Decoder):
-            raise TypeError(f"decoder must be an attnlab Decoder, got {type(decoder).__name__}")
+        _check_servable(decoder)
         c = decoder.config
-        if c.windows is not None and any(w is not None for w in c.windows):
-            raise ValueError(
-                f"decoder has sliding-window layers (windows={c.windows}); the engine's "
-                "paged attention is full causal attention"
-            )
-        for i in range(c.num_layers):
-            if c.kind(i) == "linear":
-                raise ValueError(
-                    f"decoder layer {i} is a 'linear' layer (layer_kinds[{i}]='linear'): "
-                    "the engine's paged cache holds keys and values of attention layers "
-                    "only, not a linear layer's state; serve this model with "
-                    "Decoder.generate"
-                )
-        if c.chunks is not None and any(chunk is not None for chunk in c.chunks):
-            raise ValueError(
-                f"decoder has chunked-attention layers (chunks={c.chunks}); the engine's "
-                "paged attention is full causal attention"
-            )
-        if c.global_attention is not None or c.kv_sources is not None:
-            raise ValueError(
-                "decoder has global layers of other sizes or layers that read another "
-                "layer's keys (Gemma 4: config.global_attention, config.kv_sources): the "
-                "engine's paged cache holds one size of keys for every layer; serve this "
-                "model with Decoder.generate"
-            )
-        if c.latent is not None:
-            raise ValueError(
-                "decoder's attention is latent (MLA, config.latent): the engine's paged "
-                "cache holds grouped-query keys and values, not latents; serve this model "
-                "with Decoder.generate"
-            )
-        for name, module in decoder.named_modules():
-            if isinstance(module, GroupedQueryAttention) and module.alibi_slopes is not None:
-                raise ValueError(
-                    f"decoder's {name} has ALiBi (scores.alibi_slopes): the engine's paged "
-                    "attention adds no position bias; serve this model with Decoder.generate"
-                )
         self.decoder = decoder
         self.max_batch_tokens = check_positive_int("max_batch_tokens", max_batch_tokens)
         if max_running is None:
@@ -296,6 +272,7 @@ class Engine:
         max_new_tokens: int,
         *,
         eos_token_id: int | Sequence[int] | None = None,
+        num_draft: int = 0,
     ) -> int:
         """Queue a request; return its id.
 
@@ -305,6 +282,10 @@ class Engine:
             eos_token_id: The token, or tokens, that end the request (kept in the
                 output); checked like
                 [`Decoder.generate`][attnlab.models.decoder.Decoder.generate]'s.
+            num_draft: Most draft tokens a decode step of this request verifies
+                (prompt lookup, as in
+                [`speculative_generate`][attnlab.models.speculative.speculative_generate]);
+                0 decodes one token per step. The tokens are the same either way.
 
         Returns:
             The request id, to find its tokens in `run`'s result.
@@ -317,9 +298,10 @@ class Engine:
                 plus `max_new_tokens` is longer than the whole cache or than the model's
                 positions.
         """
-        prompt = self._check_prompt(prompt_ids)
+        prompt = _check_prompt(prompt_ids, self.decoder.config.vocab_size)
         steps = check_positive_int("max_new_tokens", max_new_tokens)
         eos = check_token_id_set("eos_token_id", eos_token_id, self.decoder.config.vocab_size)
+        drafts = check_nonnegative_int("num_draft", num_draft)
         # The last generated token is never fed back: the cache holds one fewer.
         held = len(prompt) + steps - 1
         capacity = self.cache.capacity
@@ -334,17 +316,10 @@ class Engine:
                 f"prompt_ids has {len(prompt)} tokens and max_new_tokens={steps}: past "
                 f"the model's max_positions={self.decoder.config.max_positions}"
             )
-        request = _Request(self._next_id, prompt, steps, eos)
+        request = _Request(self._next_id, prompt, steps, eos, drafts)
         self._next_id += 1
         self._waiting.append(request)
         return request.id
-
-    def _check_prompt(self, prompt_ids: object) -> list[int]:
-        vocab = self.decoder.config.vocab_size
-        ids = check_int_sequence("prompt_ids", prompt_ids, high=vocab, within="the vocabulary ")
-        if not len(ids):
-            raise ValueError("prompt_ids must hold at least one token")
-        return ids.tolist() if isinstance(ids, Tensor) else ids
 
     def cancel(self, request_id: int) -> None:
         """Stop request `request_id`: it leaves the queue or the batch, its blocks are freed.
@@ -396,12 +371,21 @@ class Engine:
         self.num_cached_prompt_tokens += request.computed
         self._running.append(request)
 
-    def _plan(self) -> list[tuple[_Request, int]]:
-        """How many tokens each running request runs this step, within the budget."""
+    def _plan(self, drafts: bool = True) -> list[tuple[_Request, int]]:
+        """How many tokens each running request runs this step (a decoding one: its last
+        token and its drafts), within the budget."""
         budget = self.max_batch_tokens - sum(1 for r in self._running if r.remaining == 1)
         plan = []
         for request in self._running:
-            n = 1 if request.remaining == 1 else min(request.remaining, self.prefill_chunk, budget)
+            request.draft = []
+            if request.remaining == 1:
+                room = request.max_new_tokens - len(request.generated) - 1
+                most = min(request.num_draft, budget, room) if drafts else 0
+                request.draft = prompt_lookup(request.tokens, most, limit=most) if most else []
+                budget -= len(request.draft)
+                n = 1 + len(request.draft)
+            else:
+                n = min(request.remaining, self.prefill_chunk, budget)
             if n > 0:
                 plan.append((request, n))
         return plan
@@ -433,59 +417,87 @@ class Engine:
     # --- running ------------------------------------------------------------------
 
     @entry
-    def step(self) -> dict[int, int]:
-        """Run one batched forward pass; return the token each request made in it.
+    def step(self) -> dict[int, list[int]]:
+        """Run one batched forward pass; return the tokens each request made in it.
+
+        If the pass raises, the keys it wrote are taken back (the blocks it took are
+        free again) and the requests stand as before the step.
 
         Returns:
-            `{request_id: token}` for the requests that produced a token (a request
-            still reading its prompt produces none); empty when there is nothing to do.
+            `{request_id: tokens}` for the requests that produced tokens: one, or with
+            drafts up to `num_draft + 1` (a request still reading its prompt produces
+            none); empty when there is nothing to do.
         """
         self._admit()
         plan = self._plan()
+        if plan and self._blocks_needed(plan) > self.cache.num_free_blocks:
+            plan = self._plan(drafts=False)  # drafts give way before a request does
         while plan and self._blocks_needed(plan) > self.cache.num_free_blocks:
             self._preempt(self._running[-1])
-            plan = self._plan()
+            plan = self._plan(drafts=False)
         if not plan:
             return {}
-        logits = self._forward(plan)  # (b, vocab_size) at each row's last real token
+        try:
+            logits = self._forward(plan)  # (b, k, vocab_size): each row's last k positions
+        except BaseException:
+            for request, _ in plan:  # the layers that ran wrote keys: take them back
+                self.cache.truncate(self._seq(request), request.computed)
+            raise
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (b, k, vocab_size)
         made = {}
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (b, vocab_size)
         for row, (request, n) in enumerate(plan):
-            request.computed += n
-            if request.remaining:  # a prompt chunk before the last: nothing to sample
+            if request.remaining > n:  # a prompt chunk before the last: nothing to sample
+                request.computed += n
                 continue
-            token = int(logp[row].argmax())
+            made[request.id] = self._accept(request, logp[row])
+        return made
+
+    def _accept(self, request: _Request, logp: Tensor) -> list[int]:
+        """Keep the drafts the model agrees with and its next token; take back the rest's
+        keys. `logp` `(k, vocab_size)`: after the row's last real token and its drafts."""
+        draft, choice = request.draft, logp.argmax(-1).tolist()  # (k,)
+        kept = next((i for i, t in enumerate(draft) if choice[i] != t), len(draft))
+        request.computed += request.remaining + kept
+        if kept < len(draft):
+            self.cache.truncate(self._seq(request), request.computed)
+        made = []
+        for i, token in enumerate([*draft[:kept], choice[kept]]):
             request.generated.append(token)
-            request.logprobs.append(float(logp[row, token]))
-            made[request.id] = token
+            request.logprobs.append(float(logp[i, token]))
+            made.append(token)
             if request.done:
                 self._release(request)
                 self._running.remove(request)
                 self._finished[request.id] = request
+                break
         return made
 
     def _forward(self, plan: list[tuple[_Request, int]]) -> Tensor:
-        """The logits after each row's last real token, `(b, vocab_size)`."""
+        """The logits after each row's last real tokens, `(b, k, vocab_size)`: a draft
+        row's last token and drafts, the last one's repeated in other rows."""
         device = self.cache.key_pools.device
         t = max(n for _, n in plan)
         ids = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
         positions = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
         for row, (request, n) in enumerate(plan):
             start = request.computed
-            ids[row, :n] = torch.tensor(request.tokens[start : start + n])
+            ids[row, :n] = torch.tensor((request.tokens + request.draft)[start : start + n])
             # Padding repeats the last position: valid for RoPE, ignored by attention.
             positions[row] = default_positions(start, t, device).clamp(max=start + n - 1)
         lengths = torch.tensor([n for _, n in plan], device=device)  # (b,)
+        k = 1 + max(len(r.draft) for r, _ in plan)  # a draft row's logits after each token
+        drafts = torch.tensor([len(r.draft) for r, _ in plan], device=device)  # (b,)
+        at = (lengths - 1 - drafts)[:, None] + torch.arange(k, device=device)  # (b, k)
         seqs = [self._seq(r) for r, _ in plan]
         layers = [
             _PagedLayer(self.cache, i, seqs, lengths, self.method)
             for i in range(self.cache.num_layers)
         ]
-        with torch.no_grad():  # unembed only each row's last real token
+        with torch.no_grad():  # unembed only each row's last real token (and drafts)
             logits: Tensor = self.decoder(
-                ids, cache=layers, positions=positions, logits_at=lengths - 1
-            )  # (b, 1, vocab)
-        return logits[:, 0]  # (b, vocab)
+                ids, cache=layers, positions=positions, logits_at=at.minimum(lengths[:, None] - 1)
+            )  # (b, k, vocab)
+        return logits
 
     @property
     def has_work(self) -> bool:
@@ -502,3 +514,54 @@ class Engine:
         while self.has_work:
             self.step()
         return {i: list(self._finished[i].generated) for i in sorted(self._finished)}
+
+
+def _check_servable(decoder: object) -> None:
+    """Raise unless `decoder` is a Decoder whose layers the paged cache can serve."""
+    if not isinstance(decoder, Decoder):
+        raise TypeError(f"decoder must be an attnlab Decoder, got {type(decoder).__name__}")
+    c = decoder.config
+    if c.windows is not None and any(w is not None for w in c.windows):
+        raise ValueError(
+            f"decoder has sliding-window layers (windows={c.windows}); the engine's "
+            "paged attention is full causal attention"
+        )
+    for i in range(c.num_layers):
+        if c.kind(i) == "linear":
+            raise ValueError(
+                f"decoder layer {i} is a 'linear' layer (layer_kinds[{i}]='linear'): "
+                "the engine's paged cache holds keys and values of attention layers "
+                "only, not a linear layer's state; serve this model with "
+                "Decoder.generate"
+            )
+    if c.chunks is not None and any(chunk is not None for chunk in c.chunks):
+        raise ValueError(
+            f"decoder has chunked-attention layers (chunks={c.chunks}); the engine's "
+            "paged attention is full causal attention"
+        )
+    if c.global_attention is not None or c.kv_sources is not None:
+        raise ValueError(
+            "decoder has global layers of other sizes or layers that read another "
+            "layer's keys (Gemma 4: config.global_attention, config.kv_sources): the "
+            "engine's paged cache holds one size of keys for every layer; serve this "
+            "model with Decoder.generate"
+        )
+    if c.latent is not None:
+        raise ValueError(
+            "decoder's attention is latent (MLA, config.latent): the engine's paged "
+            "cache holds grouped-query keys and values, not latents; serve this model "
+            "with Decoder.generate"
+        )
+    for name, module in decoder.named_modules():
+        if isinstance(module, GroupedQueryAttention) and module.alibi_slopes is not None:
+            raise ValueError(
+                f"decoder's {name} has ALiBi (scores.alibi_slopes): the engine's paged "
+                "attention adds no position bias; serve this model with Decoder.generate"
+            )
+
+
+def _check_prompt(prompt_ids: object, vocab: int) -> list[int]:
+    ids = check_int_sequence("prompt_ids", prompt_ids, high=vocab, within="the vocabulary ")
+    if not len(ids):
+        raise ValueError("prompt_ids must hold at least one token")
+    return ids.tolist() if isinstance(ids, Tensor) else ids
