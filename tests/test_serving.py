@@ -336,7 +336,8 @@ def test_engine_speculation_gives_the_same_tokens(looping: Any, num_blocks: int)
         assert engine.cache.num_free_blocks == num_blocks
         assert (engine.num_preemptions > 0) == (num_blocks == 12)
     assert several > 3  # steps that kept drafts
-    assert first_done[4] < first_done[0]  # the repeating request ended sooner
+    if num_blocks == 40:  # no preemption: the repeating request ends sooner
+        assert first_done[4] < first_done[0] / 2
 
 
 def test_engine_step_that_raises_leaves_the_cache_as_it_was(looping: Any) -> None:
@@ -526,6 +527,42 @@ def test_the_committed_kivi_sweep_meets_its_goals() -> None:
             assert ratio <= bytes_goal
             change = results[kind][tokens]["perplexity"] / plain[tokens]["perplexity"] - 1
             assert abs(change) <= ppl_goal
+
+
+def test_the_engine_benchmark_serves_both_engines_to_the_same_tokens() -> None:
+    """The harness of attnlab.tools.bench.engine on a random Llama and a small workload:
+    transformers' manager, each request to its own length, and the Engine with and
+    without drafts give the same tokens."""
+    from attnlab.tools.bench.engine import EngineSettings, serve_attnlab, serve_transformers
+    from attnlab.tools.bench.serving import mixed_workload
+
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+        tie_word_embeddings=False, initializer_range=0.3,
+    )  # fmt: skip
+    hf = transformers.LlamaForCausalLM(config).eval()
+    decoder = Decoder.from_hf(copy.deepcopy(hf)).eval()
+    workload = mixed_workload(61, shapes=[(6, 5), (7, 9), (3, 2)], shared=4)
+    settings = EngineSettings(block_size=4, num_blocks=16, max_batch_tokens=16)
+    theirs = serve_transformers(hf, workload, settings)
+    assert [len(t) for t in theirs] == [5, 9, 2]
+    assert serve_attnlab(decoder, workload, settings) == theirs
+    assert serve_attnlab(decoder, workload, settings, num_draft=3) == theirs
+
+
+def test_the_committed_engine_benchmark_meets_its_goal() -> None:
+    """docs/assets/bench/engine.json, as the page reads it: attnlab's engine, with and
+    without drafts, makes transformers' tokens at least 1.2 times as fast."""
+    import json
+    from pathlib import Path
+
+    record = json.loads(Path("docs/assets/bench/engine.json").read_text(encoding="utf-8"))
+    assert record["tokens_equal"] == {"attnlab": True, "attnlab prompt lookup": True}
+    assert record["speedup_over_transformers"]["attnlab"] >= 1.2
+    assert record["speedup_over_transformers"]["attnlab prompt lookup"] >= 1.2
+    assert record["settings"]["num_blocks"] * record["settings"]["block_size"] >= 4096
 
 
 def test_smollm2_speculative_decoding_gives_the_greedy_tokens(

@@ -12,13 +12,14 @@ of blocks and a prompt that begins like an earlier one reuses that beginning's b
 
 One step of [`Engine`][attnlab.serving.engine.Engine]:
 
-1. *Admit* the oldest waiting request, if no admitted prompt is still being read and
-   fewer than `max_running` requests run: its sequence joins the cache, which says how
-   many of its leading tokens are cached already (prefix caching); only the rest is
-   computed.
+1. *Admit* waiting requests, oldest first, while the step's `max_batch_tokens` and
+   `max_running` leave room: each sequence joins the cache, which says how many of its
+   leading tokens are cached already (prefix caching); only the rest is computed. A
+   request whose first block of tokens is that of a prompt still being read waits until
+   that prompt is in the cache, to find its blocks there.
 2. *Plan* the tokens of the step: one token for each running sequence (a decode step)
-   and the next chunk of at most `prefill_chunk` tokens of the prompt being read
-   (*chunked prefill*), within `max_batch_tokens`.
+   and the next chunk of at most `prefill_chunk` tokens of each prompt being read
+   (*chunked prefill*), oldest first, within `max_batch_tokens`.
 3. *Preempt* while the blocks the plan needs are not free: the newest request gives all
    of its blocks back and waits at the front of the queue; when it is admitted again it
    recomputes its prompt and the tokens it generated (vLLM's recompute preemption). No
@@ -356,20 +357,21 @@ class Engine:
     # --- scheduling ---------------------------------------------------------------
 
     def _admit(self) -> None:
-        """Start the oldest waiting request if no prompt is being read and there is room.
-
-        One prompt at a time, so a request that shares a prefix with the one before it
-        finds that prefix's blocks written and registered.
-        """
-        if not self._waiting or len(self._running) >= self.max_running:
-            return
-        if any(r.remaining > 1 for r in self._running):
-            return
-        request = self._waiting.popleft()
-        # submit checked the prompt; inside step (an entry) the cache does not check again.
-        request.seq_id, request.computed = self.cache.add_sequence(request.tokens)
-        self.num_cached_prompt_tokens += request.computed
-        self._running.append(request)
+        """Start waiting requests, oldest first, while the step's tokens and `max_running`
+        leave room. A request whose first block of tokens is that of a prompt still
+        being read waits for it, and then finds that block in the prefix cache."""
+        bs = self.cache.block_size
+        while self._waiting and len(self._running) < self.max_running:
+            head = self._waiting[0].tokens
+            reading = [r for r in self._running if r.remaining > 1]
+            budget = self.max_batch_tokens - sum(r.remaining for r in self._running)
+            if budget <= 0 or any(len(head) >= bs and r.tokens[:bs] == head[:bs] for r in reading):
+                return
+            request = self._waiting.popleft()
+            # submit checked the prompt; inside step (an entry) the cache does not check again.
+            request.seq_id, request.computed = self.cache.add_sequence(request.tokens)
+            self.num_cached_prompt_tokens += request.computed
+            self._running.append(request)
 
     def _plan(self, drafts: bool = True) -> list[tuple[_Request, int]]:
         """How many tokens each running request runs this step (a decoding one: its last
@@ -386,6 +388,7 @@ class Engine:
                 n = 1 + len(request.draft)
             else:
                 n = min(request.remaining, self.prefill_chunk, budget)
+                budget -= n
             if n > 0:
                 plan.append((request, n))
         return plan
@@ -493,7 +496,7 @@ class Engine:
             _PagedLayer(self.cache, i, seqs, lengths, self.method)
             for i in range(self.cache.num_layers)
         ]
-        with torch.no_grad():  # unembed only each row's last real token (and drafts)
+        with torch.inference_mode():  # unembed only each row's last real token (and drafts)
             logits: Tensor = self.decoder(
                 ids, cache=layers, positions=positions, logits_at=at.minimum(lengths[:, None] - 1)
             )  # (b, k, vocab)
