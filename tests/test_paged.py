@@ -727,3 +727,45 @@ def test_truncate_takes_back_tokens_and_frees_their_blocks() -> None:
         cache.truncate(seq, 3)  # into the registered prompt block
     with pytest.raises(ValueError, match=r"length must be an int in \[4, 9\]"):
         cache.truncate(seq, 10)
+
+
+@pytest.mark.parametrize("method", ["online", "gather"])
+def test_paged_attention_with_a_tree_mask_equals_sdpa(method: Method) -> None:
+    """Draft trees verified in one pass through the block tables: each sequence's new
+    tokens see the cached ones and, among themselves, what their tree mask allows; equal
+    to SDPA over the contiguous keys with the dense mask (prompt columns all True), for
+    sequences of different cached lengths, GQA, and a padded shorter tree."""
+    from attnlab.models.speculative import tree_mask
+
+    torch.manual_seed(0)
+    kv, g, e, bs, t_q = 2, 3, 8, 4, 5
+    trees = [[-1, 0, -1, 2], [-1, -1, 1, 1], [-1]]  # 5, 5 and 2 new tokens (root first)
+    past = [6, 9, 3]
+    news = [len(p) + 1 for p in trees]
+    lengths = torch.tensor([p + n for p, n in zip(past, news, strict=True)])
+    k_pool, v_pool = torch.randn(kv, 16, bs, e), torch.randn(kv, 16, bs, e)
+    tables = torch.randperm(16)[:12].view(3, 4)
+    masks = torch.zeros(3, t_q, t_q, dtype=torch.bool)
+    masks[:] = torch.eye(t_q, dtype=torch.bool)  # padding rows see themselves
+    for row, parents in enumerate(trees):
+        masks[row, : news[row], : news[row]] = tree_mask(parents)
+    query = torch.randn(3, kv * g, t_q, e)
+    out = paged_attention(query, k_pool, v_pool, tables, lengths, method=method,
+                          query_lengths=torch.tensor(news), tree_mask=masks)  # fmt: skip
+    for row in range(3):
+        n, length = news[row], int(lengths[row])
+        keys = k_pool[:, tables[row]].reshape(kv, -1, e)[:, :length]  # (kv, length, e)
+        values = v_pool[:, tables[row]].reshape(kv, -1, e)[:, :length]
+        dense = torch.cat([torch.ones(n, past[row], dtype=torch.bool), tree_mask(trees[row])], 1)
+        want = F.scaled_dot_product_attention(
+            query[row, :, :n], keys, values, attn_mask=dense, enable_gqa=True
+        )
+        torch.testing.assert_close(out[row, :, :n], want)
+    causal = paged_attention(query, k_pool, v_pool, tables, lengths, method=method,
+                             query_lengths=torch.tensor(news))  # fmt: skip
+    torch.testing.assert_close(causal[0, :, :3], out[0, :, :3])  # a chain so far
+    assert not torch.allclose(causal[0, :, 3], out[0, :, 3])  # a second branch's first node
+    with pytest.raises(ValueError, match=r"tree_mask must be a bool tensor \(b, t_q, t_q\)"):
+        paged_attention(query, k_pool, v_pool, tables, lengths, tree_mask=masks[:2])
+    with pytest.raises(ValueError, match="tree_mask must let each new token see itself"):
+        paged_attention(query, k_pool, v_pool, tables, lengths, tree_mask=~masks)

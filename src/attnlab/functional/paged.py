@@ -72,6 +72,7 @@ def paged_attention(
     method: Method = "online",
     blocks_per_tile: int = 32,
     backend: Backend = "torch",
+    tree_mask: Tensor | None = None,
 ) -> Tensor:
     r"""Attention of new tokens to their sequences' cached keys and values, read by block.
 
@@ -134,6 +135,12 @@ def paged_attention(
             shared 2-core CPU (no clear winner there).
         backend: How the whole copy of `"gather"` is attended: PyTorch's fused kernel
             (`"torch"`) or attnlab's spelled-out one (`"scratch"`).
+        tree_mask: `(b, t_q, t_q)` bool, True = attend: which of a sequence's new tokens
+            each new query may see, on top of the causal rule; the tokens cached before
+            them stay visible to all. A draft tree verified in one pass puts its nodes
+            in the cache in order and passes its
+            [`tree_mask`][attnlab.models.speculative.tree_mask] here (each node sees its
+            ancestors only). Each query must see itself. None: causal only.
 
     Returns:
         The context vectors, shape `(b, num_heads, t_q, v_head_dim)`.
@@ -178,17 +185,60 @@ def paged_attention(
             backend,
         )
         check_positive_int("blocks_per_tile", blocks_per_tile)
-    kernel = _kernel(method, backend, blocks_per_tile)
+        _check_tree_mask(tree_mask, query)
+    tree = None
+    if tree_mask is not None:  # the tree's tokens start after each sequence's cached ones
+        new = tree_mask.shape[1] if query_lengths is None else query_lengths
+        tree = (tree_mask, lengths - new)
+    kernel = _kernel(method, backend, blocks_per_tile, tree)
     return run_kernel(
         query, key_pool, value_pool, block_tables, lengths, query_lengths, scale, kernel
     )
 
 
-def _kernel(method: Method, backend: Backend, blocks_per_tile: int) -> Kernel:
-    """The kernel of `method`, with its option bound."""
+def _kernel(
+    method: Method, backend: Backend, blocks_per_tile: int, tree: Tree | None = None
+) -> Kernel:
+    """The kernel of `method`, with its options bound."""
     if method == "gather":
-        return functools.partial(_gather_attention, backend=backend)
-    return functools.partial(_online_attention, blocks_per_tile=blocks_per_tile)
+        return functools.partial(_gather_attention, backend=backend, tree=tree)
+    return functools.partial(_online_attention, blocks_per_tile=blocks_per_tile, tree=tree)
+
+
+Tree = tuple[Tensor, Tensor]
+"""`(tree_mask (b, t_q, t_q), the position of each sequence's first new token (b,))`."""
+
+
+def _check_tree_mask(tree_mask: object, query: Tensor) -> None:
+    if tree_mask is None:
+        return
+    b, _, t_q, _ = query.shape
+    if not isinstance(tree_mask, Tensor):
+        raise TypeError(f"tree_mask must be a torch.Tensor, got {type(tree_mask).__name__}")
+    mask = tree_mask
+    if mask.dtype != torch.bool or tuple(mask.shape) != (b, t_q, t_q):
+        raise ValueError(
+            f"tree_mask must be a bool tensor (b, t_q, t_q) = ({b}, {t_q}, {t_q}), got "
+            f"{mask.dtype} {tuple(mask.shape)}"
+        )
+    if mask.device != query.device:
+        raise ValueError(f"tree_mask is on {mask.device} but query is on {query.device}")
+    if value_checks_enabled() and not bool(mask.diagonal(dim1=1, dim2=2).all()):
+        raise ValueError("tree_mask must let each new token see itself (its diagonal True)")
+
+
+def _tree_allowed(tree: Tree | None, key_positions: Tensor, group: int) -> Tensor | bool:
+    """Which keys each grouped query row may see under the tree mask, `(b, g * t_q, T)`
+    for keys at `key_positions (T,)`: every cached key, and among the new ones those
+    the mask allows (True for all without a tree)."""
+    if tree is None:
+        return True
+    mask, starts = tree
+    b, t_q, _ = mask.shape
+    rel = key_positions[None, :] - starts[:, None]  # (b, T): the key among the new ones
+    index = rel.clamp(0, t_q - 1)[:, None, :].expand(b, t_q, -1)  # (b, t_q, T)
+    allowed = mask.gather(2, index) | (rel < 0)[:, None, :]  # (b, t_q, T)
+    return allowed.repeat(1, group, 1)  # (b, g * t_q, T), rows as _group_queries orders them
 
 
 class Pages(NamedTuple):
@@ -286,7 +336,7 @@ def _blocks(pool: Tensor, ids: Tensor) -> Tensor:
     return pool.index_select(1, ids.reshape(-1)).view(kv, b, n * bs, e)  # (kv, b, T, e)
 
 
-def _gather_attention(pages: Pages, backend: Backend) -> Tensor:
+def _gather_attention(pages: Pages, backend: Backend, tree: Tree | None = None) -> Tensor:
     """Copy every sequence's blocks into contiguous K/V, then attention with a mask."""
     query, key_pool, value_pool, block_tables, positions, scale = pages
     kv = key_pool.shape[0]
@@ -295,14 +345,15 @@ def _gather_attention(pages: Pages, backend: Backend) -> Tensor:
     values = _blocks(value_pool, block_tables)  # (kv, b, S, e_v)
     key_positions = torch.arange(keys.shape[2], device=query.device)  # (S,)
     rows = positions.repeat(1, h // kv)  # (b, g * t_q), the position of each query row
-    mask = visible(rows[:, :, None], key_positions)[None]  # (1, b, g * t_q, S)
+    seen = visible(rows[:, :, None], key_positions) & _tree_allowed(tree, key_positions, h // kv)
+    mask = seen[None]  # (1, b, g * t_q, S)
     q = _group_queries(query, kv)  # (kv, b, g * t_q, e)
     rule = ScoreRule(scale=scale)
     out = attend(backend, q, keys, values, rule, attn_mask=mask)  # (kv, b, g*t_q, e_v)
     return _ungroup(out, h, t_q)  # (b, num_heads, t_q, v_head_dim)
 
 
-def _online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
+def _online_attention(pages: Pages, blocks_per_tile: int, tree: Tree | None = None) -> Tensor:
     """Tile by tile through the block tables, merging partial results (online softmax).
 
     Each tile's scores, mask and softmax are spelled out: merging needs each tile's
@@ -322,6 +373,7 @@ def _online_attention(pages: Pages, blocks_per_tile: int) -> Tensor:
         scores = q @ k.transpose(-1, -2)  # (kv, b, g * t_q, T)
         key_positions = torch.arange(start, start + k.shape[2], device=query.device)
         seen = visible(rows[:, :, None], key_positions)  # (b, g * t_q, T), broadcast over kv
+        seen = seen & _tree_allowed(tree, key_positions, h // kv)
         scores = scores.where(seen, float("-inf"))
         merged = _fold(merged, *_partial_attention(scores, v))
     assert merged is not None  # block_tables has at least one column (checked)
