@@ -40,14 +40,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from attnlab.caches.kv import KVCache
-from attnlab.functional.flex import MaskMod
-from attnlab.models.decoder import Decoder
 from attnlab.rules._validation import check_positive_int, check_token_id_set, check_token_ids
+
+if TYPE_CHECKING:  # annotations only: the serving engine imports prompt lookup from here
+    from attnlab.caches.kv import KVCache
+    from attnlab.functional.flex import MaskMod
+    from attnlab.models.decoder import Decoder
 
 __all__ = [
     "DraftTree",
