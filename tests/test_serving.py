@@ -465,7 +465,13 @@ def test_engine_equals_transformers_on_smollm2(smollm2: tuple[Any, Any, Any]) ->
     new_tokens = [20, 16, 18, 16]
     reference = _reference(hf, prompts, max(new_tokens))
     engine = Engine(decoder, num_blocks=64, block_size=8, prefill_chunk=16)
-    ids = [engine.submit(p, n) for p, n in zip(prompts, new_tokens, strict=True)]
+    drafts = [4, 0, 4, 0]  # two requests verify prompt-lookup drafts in the same steps
+    ids = [engine.submit(p, n, num_draft=k)
+           for p, n, k in zip(prompts, new_tokens, drafts, strict=True)]  # fmt: skip
+    kept = 0
+    while engine.has_work:
+        kept += sum(len(tokens) > 1 for tokens in engine.step().values())
+    assert kept >= 2  # steps that kept drafts (3 when written)
     _check_against(engine, ids, engine.run(), reference, new_tokens)
     assert engine.num_cached_prompt_tokens == 8  # one block of the shared system prompt
     assert engine.cache.num_free_blocks == 64
