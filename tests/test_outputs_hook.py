@@ -279,3 +279,14 @@ def test_numbers_match_to_their_last_digit_and_rounding_errors_to_their_size() -
     assert outputs.compare("max diff 5.0e-05", "max diff 6.0e-04") is not None
     assert outputs.compare("max diff 5.0e-04", "max diff 2.0e-03") is not None  # not an error
     assert outputs.compare("diff 2.2e-07 and 0.5", "diff 1.8e-07 and 0.7") is not None
+    assert outputs.compare("max |a - b| = 2.2e-07", "max |a - b| = 1.2e-07") is None
+    assert outputs.compare("eps=1.0e-06", "eps=3.0e-06") is not None  # a constant
+    assert outputs.compare("frequency 5.32e-05", "frequency 2.00e-04") is not None
+    assert outputs.compare("max diff -2.0e-04", "max diff 2.0e-04") is not None  # signs
+    assert outputs.compare("max diff 1.0e-06", "max diff 1.0e-05") is not None  # 10 times
+    # The words may come before an earlier number of the same line.
+    shown = "sinks, largest difference: 2.4e-07 from SDPA, 2.4e-07 from flash"
+    assert (
+        outputs.compare(shown, "sinks, largest difference: 2.4e-07 from SDPA, 3.6e-07 from flash")
+        is None
+    )

@@ -708,8 +708,8 @@ def test_paged_attention_of_zero_features_averages_the_values(method: str) -> No
 
 def test_truncate_takes_back_tokens_and_frees_their_blocks() -> None:
     """What a speculative step's rejected drafts need: the tokens go in every layer, the
-    blocks past them are free, and a later append writes where they were; registered
-    prompt blocks and tokens never written cannot be taken back."""
+    blocks past them are free, and a later append writes where they were; a registered
+    prompt block cut into leaves the prefix cache until it is written again."""
     cache = PagedKVCache(num_layers=2, num_blocks=6, block_size=4, num_kv_heads=1, head_dim=2)
     seq, _ = cache.add_sequence([1, 2, 3, 4, 5])  # one full prompt block, registered
     k = torch.arange(22.0).view(1, 11, 2)
@@ -723,10 +723,15 @@ def test_truncate_takes_back_tokens_and_frees_their_blocks() -> None:
     table = cache.block_tables([seq])
     keys = cache.key_pools[0][:, table[0]].reshape(1, 12, 2)[:, :9]
     assert torch.equal(keys, torch.cat([k[:, :6], -k[:, :3]], 1))
-    with pytest.raises(ValueError, match=r"length must be an int in \[4, 9\]"):
-        cache.truncate(seq, 3)  # into the registered prompt block
-    with pytest.raises(ValueError, match=r"length must be an int in \[4, 9\]"):
+    with pytest.raises(ValueError, match=r"length must be an int in \[0, 9\]"):
         cache.truncate(seq, 10)
+    assert cache.block_hash(0) is not None  # the prompt block is cached
+    cache.truncate(seq, 3)  # into it: it will be written again, so it leaves the cache
+    assert cache.block_hash(0) is None
+    assert cache.add_sequence([1, 2, 3, 4, 5])[1] == 0  # a new prompt finds nothing
+    for layer in (0, 1):
+        cache.append(seq, layer, k[:, 3:5], k[:, 3:5])  # the same tokens again
+    assert cache.block_hash(0) is not None  # registered anew once every layer has them
 
 
 @pytest.mark.parametrize("method", ["online", "gather"])

@@ -45,11 +45,19 @@ def test_drafts_equal_transformers_prompt_lookup() -> None:
     assert cases > 200  # most sequences over 4 symbols repeat themselves
 
 
-def _model(**extra: object) -> Decoder:
+def _model(std: float | None = None, **extra: object) -> Decoder:
+    """A small float64 model (no near ties between the two ways); with `std`, its matrices
+    drawn with that spread: peaked logits and varied text instead of one repeated token."""
     torch.manual_seed(0)
     config = DecoderConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4,
                            num_kv_heads=2, head_dim=8, hidden_dim=48, **extra)  # type: ignore[arg-type]  # fmt: skip
-    return Decoder(config).double().eval()  # float64: no near ties between the two ways
+    model = Decoder(config).double().eval()
+    if std is not None:
+        with torch.no_grad():
+            for weight in model.parameters():
+                if weight.ndim == 2:
+                    weight.normal_(0, std)
+    return model
 
 
 def test_speculative_tokens_equal_greedy_tokens() -> None:
@@ -132,7 +140,7 @@ def test_a_tree_verified_in_one_pass_keeps_the_greedy_path() -> None:
     """The model's path is the second branch: one pass keeps it, and the caches then hold
     exactly the keys that decoding the path token by token leaves; a tree that does not
     fit and a pass that raises leave the caches as they were."""
-    model = _model()
+    model = _model(std=0.3)
     torch.manual_seed(2)
     prompt = torch.randint(0, 40, (7,))
     greedy = model.generate(prompt, 4)[7:].tolist()  # the token after the prompt, then 3
@@ -158,8 +166,11 @@ def test_a_tree_verified_in_one_pass_keeps_the_greedy_path() -> None:
         for cache, before in zip(caches, held, strict=True):
             assert torch.equal(cache.held[0], before)  # type: ignore[attr-defined]
     windowed = _model(windows=(None, 5))
-    with pytest.raises(ValueError, match="needs layers without windows or chunks"):
+    with pytest.raises(ValueError, match="but the model has windows: they count keys by slot"):
         verify_tree(windowed, windowed.make_cache(1, 16, rolling=False), 1, tree)
+    tuned = _model(temperature=(8.0, 0.1), rope_layers=(True, False))
+    with pytest.raises(ValueError, match="but the model has temperature"):  # before prefill
+        speculative_generate(tuned, torch.tensor([1, 2, 3, 1, 2]), 4, branches=2)
 
 
 def test_speculation_refuses_what_it_cannot_do() -> None:

@@ -40,9 +40,11 @@ at build time (under pytest they run too, each in its own namespace, as markdown
 runs them). Numbers are compared with a tolerance of one unit in the last printed digit,
 so a value that rounds differently on another BLAS (``-0.26265`` shown as ``-0.2626`` or
 ``-0.2627``) still matches; every other character must be equal, up to whitespace. A
-rounding error printed in e-notation below 1e-3 on both sides (``max |a - b| =
-2.2e-07``) is its size only: its digits depend on the CPU's kernels (AVX-512 or AVX2,
-another summation order), so it matches within a factor of 10, not a digit.
+rounding error is its size only: its digits depend on the CPU's kernels (AVX-512 or
+AVX2, another summation order). A number printed in e-notation below 1e-3 on both sides,
+of the same sign, whose text just before it names a difference (``diff``, ``error``,
+``largest``, ``max`` or ``|``, as in ``max |a - b| = 2.2e-07``), matches within a factor
+of 10 instead of a digit; a constant such as ``eps=1e-06`` is compared as any number.
 """
 
 from __future__ import annotations
@@ -125,9 +127,14 @@ def _tolerance(token: str) -> float:
     return 10.0 ** (int(exponent or 0) - decimals) * 1.000001
 
 
-def _rounding_error(token: str) -> bool:
-    """Whether `token` is a size printed in e-notation below 1e-3 (a rounding error)."""
-    return "e" in token.lower() and 0 < abs(float(token)) < 1e-3
+_ERROR_WORDS = re.compile(r"diff|error|largest|max|\|", re.IGNORECASE)
+
+
+def _rounding_error(token: str, before: str) -> bool:
+    """Whether `token`, after the text `before`, is a rounding error: a size printed in
+    e-notation below 1e-3, which the 40 characters before it call a difference."""
+    small = "e" in token.lower() and 0 < abs(float(token)) < 1e-3
+    return small and _ERROR_WORDS.search(before[-40:]) is not None
 
 
 def compare(shown: str, printed: str) -> str | None:
@@ -140,11 +147,14 @@ def compare(shown: str, printed: str) -> str | None:
         shown_nums
     ) != len(printed_nums):
         return "the output shown differs from what the code prints"
+    # The text before each shown number (the words are the same on both sides).
+    flat = " ".join(shown.split())
+    before = [flat[: m.start()] for m in NUMBER.finditer(flat)]
     for k, (a, b) in enumerate(zip(shown_nums, printed_nums, strict=True)):
-        if _rounding_error(a) and _rounding_error(b):
-            x, y = abs(float(a)), abs(float(b))
-            if max(x, y) <= 10 * min(x, y):
-                continue
+        x, y = float(a), float(b)
+        errors = _rounding_error(a, before[k]) and _rounding_error(b, before[k])
+        if errors and x * y > 0 and max(abs(x), abs(y)) < 10 * min(abs(x), abs(y)):
+            continue
         if abs(float(a) - float(b)) > max(_tolerance(a), _tolerance(b)):
             return f"number #{k + 1} differs: shown {a}, printed {b}"
     return None

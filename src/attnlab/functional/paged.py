@@ -397,9 +397,16 @@ def _tiles(
 def _fold(merged: tuple[Tensor, Tensor] | None, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
     """Fold one tile's output and log-sum-exp into the running result (online softmax).
 
-    The first tile holds key 0, which every query sees, so every running lse is finite.
+    Without a tree mask the first tile holds key 0, which every query sees; with one, a
+    row may have seen no key yet (a new token with nothing cached before it, whose own
+    key lies in a later tile): it stays zero with log-sum-exp -inf instead of the NaN
+    that merging two empty results would give.
     """
-    return (out, lse) if merged is None else merge_partials(*merged, out, lse)
+    if merged is None:
+        return out, lse
+    empty = torch.isneginf(merged[1]) & torch.isneginf(lse)  # (..., t_q)
+    out, lse = merge_partials(*merged, out, lse)
+    return out.masked_fill(empty[..., None], 0.0), lse.masked_fill(empty, float("-inf"))
 
 
 def _partial_attention(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:

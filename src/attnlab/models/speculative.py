@@ -45,7 +45,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnlab.rules._validation import check_positive_int, check_token_id_set, check_token_ids
+from attnlab.rules._validation import (
+    check_nonnegative_int,
+    check_positive_int,
+    check_token_id_set,
+    check_token_ids,
+)
 
 if TYPE_CHECKING:  # annotations only: the serving engine imports prompt lookup from here
     from attnlab.caches.kv import KVCache
@@ -90,9 +95,18 @@ def prompt_lookup(
         >>> prompt_lookup([1, 2, 3], num_draft=3)  # nothing repeats
         []
     """
+    most = _check_lookup(num_draft, max_ngram, limit)
     size, starts = _occurrences(tokens, max_ngram)
-    most = num_draft if limit is None else min(num_draft, limit)
     return list(tokens[starts[0] + size : starts[0] + size + most]) if starts else []
+
+
+def _check_lookup(num_draft: object, max_ngram: object, limit: object) -> int:
+    """The most tokens a lookup may propose, after checking its settings."""
+    most = check_positive_int("num_draft", num_draft)
+    check_positive_int("max_ngram", max_ngram)
+    if limit is not None:
+        most = min(most, check_nonnegative_int("limit", limit))
+    return most
 
 
 def _occurrences(tokens: Sequence[int], max_ngram: int) -> tuple[int, list[int]]:
@@ -219,8 +233,8 @@ def prompt_lookup_tree(
         ((3, 1, 4, 1), (-1, 0, -1, 2))
     """
     check_positive_int("branches", branches)
+    most = _check_lookup(num_draft, max_ngram, limit)
     size, starts = _occurrences(tokens, max_ngram)
-    most = num_draft if limit is None else min(num_draft, limit)
     nodes: dict[tuple[int, ...], int] = {}  # path from the root -> node
     out_tokens: list[int] = []
     out_parents: list[int] = []
@@ -300,6 +314,27 @@ def tree_mask_mod(parents: Sequence[int], past: int) -> MaskMod:
     return tree
 
 
+def _check_tree_ready(model: Decoder) -> None:
+    """Raise if a layer of `model` reads a token's slot as its position: windows, chunks,
+    Llama 4's temperature tuning and ALiBi count keys by slot, and a tree node's slot is
+    not its position (siblings share one)."""
+    c = model.config
+    alibi = any(getattr(m, "alibi_slopes", None) is not None for m in model.modules())
+    kinds = {
+        "windows": any(c.windows or ()),
+        "chunks": any(c.chunks or ()),
+        "temperature": c.temperature is not None,
+        "ALiBi": alibi,
+    }
+    if any(kinds.values()):
+        found = ", ".join(name for name, on in kinds.items() if on)
+        raise ValueError(
+            f"a draft tree with branches needs layers that place keys by position, but "
+            f"the model has {found}: they count keys by slot, and a node's slot is not "
+            "its position (draft a chain instead)"
+        )
+
+
 def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: DraftTree) -> list[int]:
     """One forward pass over the last token and every node of `tree`; the tokens it keeps.
 
@@ -320,8 +355,9 @@ def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: Draf
         token than drafts kept.
 
     Raises:
-        ValueError: If the caches cannot take tokens back, or the tree does not fit in
-            them or in the model's positions.
+        ValueError: If the caches cannot take tokens back, the tree does not fit in
+            them or in the model's positions, or it branches and the model has layers
+            that count keys by slot (windows, chunks, temperature tuning, ALiBi).
     """
     held = caches[0].seen
     room = min(
@@ -337,12 +373,8 @@ def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: Draf
     if not all(cache.croppable for cache in caches):
         kinds = sorted({type(cache).__name__ for cache in caches})
         raise ValueError(f"caches that cannot take back rejected drafts ({kinds})")
-    c = model.config
-    if not tree.is_chain and (any(c.windows or ()) or any(c.chunks or ())):
-        raise ValueError(
-            "a draft tree with branches needs layers without windows or chunks: they count "
-            "keys by slot, and a node's slot is not its position (draft a chain instead)"
-        )
+    if not tree.is_chain:
+        _check_tree_ready(model)
     device = model.embed_tokens.weight.device
     block = torch.tensor([last, *tree.tokens], device=device)  # (1 + n,)
     positions = held + torch.tensor([0, *tree.depths], device=device)  # (1 + n,)
@@ -436,8 +468,9 @@ def speculative_generate(
     Raises:
         TypeError: If `ids` is not an integer tensor.
         ValueError: If `ids` holds more than one sequence, a setting is not positive,
-            the text would pass the model's positions, or the model has layers whose
-            caches cannot take tokens back.
+            the text would pass the model's positions, the model has layers whose
+            caches cannot take tokens back, or `branches > 1` and it has layers that
+            count keys by slot (see [`verify_tree`][attnlab.models.speculative.verify_tree]).
     """
     c = model.config
     prompt = check_token_ids("ids", ids, c.vocab_size)
@@ -447,7 +480,8 @@ def speculative_generate(
     steps = check_positive_int("max_new_tokens", max_new_tokens)
     check_positive_int("num_draft", num_draft)
     check_positive_int("max_ngram", max_ngram)
-    check_positive_int("branches", branches)
+    if check_positive_int("branches", branches) > 1:
+        _check_tree_ready(model)
     eos = check_token_id_set("eos_token_id", eos_token_id, c.vocab_size)
     room = flat.shape[0] + steps + num_draft * branches
     if flat.shape[0] + steps > c.max_positions:

@@ -287,6 +287,18 @@ class _BlockPool:
                 self._block_of_hash[digest] = block
                 self._hash_of_block[block] = digest
 
+    def keep_registered(self, seq: _Sequence, length: int, block_size: int) -> None:
+        """Before `seq` keeps only its first `length` tokens: its registered prompt blocks
+        stop at them, and the block `length` falls inside, if `seq` alone holds it and
+        will write into it again, leaves the prefix cache, whose hash would no longer
+        describe it (a block another sequence holds is copied before any write)."""
+        first = length // block_size
+        if first < seq.registered and length % block_size:
+            block = seq.table[first]
+            if self.allocator.refcount(block) == 1 and block in self._hash_of_block:
+                del self._block_of_hash[self._hash_of_block.pop(block)]
+        seq.registered = min(seq.registered, first)
+
     def hash_of(self, block: int) -> str | None:
         """The prefix hash `block` is cached under, or None."""
         return self._hash_of_block.get(block)
@@ -623,15 +635,14 @@ class PagedKVCache:
     def truncate(self, seq_id: int, length: int) -> None:
         """Keep the first `length` tokens of `seq_id` in every layer and free the blocks
         past them (a speculative step takes back rejected drafts, a failed step what it
-        wrote). Raises ValueError if `seq_id` is unknown, or `length` is above what a
-        layer holds or below the prompt blocks offered to the prefix cache."""
-        seq = self._tables.get(seq_id)
-        low, high = seq.registered * self.block_size, max(seq.filled)
-        if isinstance(length, bool) or not isinstance(length, int) or not low <= length <= high:
+        wrote); a prompt block it cuts into leaves the prefix cache. Raises ValueError if
+        `seq_id` is unknown or `length` is not in `[0, tokens written]`."""
+        seq, high = self._tables.get(seq_id), max(self._tables.get(seq_id).filled)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= high:
             raise ValueError(
-                f"length must be an int in [{low}, {high}] (past the registered prompt "
-                f"blocks, at most the tokens written), got {length!r}"
+                f"length must be an int in [0, {high}] (the tokens written), got {length!r}"
             )
+        self._blocks.keep_registered(seq, length, self.block_size)
         seq.filled = [min(n, length) for n in seq.filled]
         keep = -(-length // self.block_size)
         for block in seq.table[keep:]:

@@ -383,7 +383,7 @@ class Engine:
             if request.remaining == 1:
                 room = request.max_new_tokens - len(request.generated) - 1
                 most = min(request.num_draft, budget, room) if drafts else 0
-                request.draft = prompt_lookup(request.tokens, most, limit=most) if most else []
+                request.draft = prompt_lookup(request.tokens, most) if most > 0 else []
                 budget -= len(request.draft)
                 n = 1 + len(request.draft)
             else:
@@ -424,7 +424,8 @@ class Engine:
         """Run one batched forward pass; return the tokens each request made in it.
 
         If the pass raises, the keys it wrote are taken back (the blocks it took are
-        free again) and the requests stand as before the step.
+        free again) and every request's tokens stand as before the step; admissions and
+        preemptions made in it stay.
 
         Returns:
             `{request_id: tokens}` for the requests that produced tokens: one, or with
