@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -470,14 +470,12 @@ class PagedKVCache:
     [`OutOfBlocksError`][attnlab.serving.cache.OutOfBlocksError] before anything is written or
     allocated.
 
-    Pools: `key_pools` of shape `(num_layers, num_kv_heads, num_blocks, block_size,
-    head_dim)` and `value_pools` with `v_head_dim` features, zeros at first (padding
-    positions are read, then masked, by attention: zeros keep them finite). Heads come
-    before blocks, as in PyTorch's `PagedAttention` (whose cache `(1, num_kv_heads,
-    num_blocks * block_size, head_dim)` is one layer's pool, reshaped): gathering a
-    sequence's blocks along dimension 1 then yields keys in the `(num_kv_heads, ...,
-    tokens, head_dim)` order attention multiplies in, with no transpose to copy.
-    Sequence ids are ints handed out in order and never reused.
+    Pools: `key_pools` `(num_layers, num_kv_heads, num_blocks, block_size, head_dim)`
+    and `value_pools` with `v_head_dim` features, zeros at first (padding positions are
+    read, then masked: zeros keep them finite). Heads come before blocks, as in
+    PyTorch's `PagedAttention`: gathering a sequence's blocks along dimension 1 yields
+    keys in the `(num_kv_heads, ..., tokens, head_dim)` order attention multiplies in,
+    with no transpose. Sequence ids are ints handed out in order and never reused.
 
     Args:
         num_layers: Attention layers.
@@ -533,7 +531,7 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self._blocks = _BlockPool(self.allocator)
         shape = (num_layers, num_kv_heads, num_blocks, block_size)
-        self.key_pools, self.value_pools = kv_buffers(shape, head_dim, v_head_dim, dtype, device)
+        self.key_pools, self.value_pools = self._pools(shape, head_dim, v_head_dim, dtype, device)
         self.head_dim, self.v_head_dim = head_dim, self.value_pools.shape[-1]
         self._tables = _BlockTables(self.key_pools.device)
 
@@ -697,12 +695,9 @@ class PagedKVCache:
             return
         bs, size = self.block_size, len(seq.table)
         copies = self._blocks.make_private(seq.table, start // bs, -(-end // bs))
-        for old, copy in copies:  # copy-on-write, in every layer: the others keep `old`
-            self.key_pools[:, :, copy] = self.key_pools[:, :, old]
-            self.value_pools[:, :, copy] = self.value_pools[:, :, old]
+        self._store(seq.table, layer, start, key, value, copies=copies)
         if copies or len(seq.table) != size:
             self._tables.changed()
-        _write((self.key_pools, self.value_pools), layer, seq.table, start, key, value)
         seq.filled[layer] = end
         # Offer to the prefix cache the prompt blocks that every layer has filled.
         done = min(min(seq.filled) // bs, len(seq.hashes))
@@ -711,6 +706,16 @@ class PagedKVCache:
                 seq.hashes[seq.registered : done], seq.table[seq.registered : done]
             )
             seq.registered = done
+
+    def _pools(self, shape: tuple[int, ...], *sizes: Any) -> tuple[Tensor, Tensor]:
+        return kv_buffers(shape, *sizes)  # zeros, shape + (head_dim,) and (v_head_dim,)
+
+    def _store(self, table: list[int], layer: int, start: int, *kv: Tensor, copies: Any) -> None:
+        """Copy each `(old, copy)` block in every layer (copy-on-write), then write `kv`."""
+        for old, copy in copies:  # the other holders keep `old`
+            self.key_pools[:, :, copy] = self.key_pools[:, :, old]
+            self.value_pools[:, :, copy] = self.value_pools[:, :, old]
+        _write((self.key_pools, self.value_pools), layer, table, start, *kv)
 
     # --- reading ------------------------------------------------------------------
 
@@ -751,10 +756,7 @@ class PagedKVCache:
             layer: The layer whose pools to read.
             query: Queries, `(b, num_heads, t_q, head_dim)`, row `i` for `seq_ids[i]`.
             seq_ids: The `b` sequences.
-            query_lengths: As for `paged_attention`.
-            scale: As for `paged_attention`.
-            method: As for `paged_attention`.
-            backend: As for `paged_attention`.
+            query_lengths, scale, method, backend: As for `paged_attention`.
 
         Returns:
             `(b, num_heads, t_q, v_head_dim)`.
