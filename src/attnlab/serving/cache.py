@@ -443,12 +443,10 @@ class PagedKVCache:
     r"""Keys and values of many sequences in one pool of blocks, for every layer.
 
     One object holds the pools of all `num_layers` layers, and one block table per
-    sequence serves them all, as in vLLM and `transformers`' `PagedAttentionCache`: every
-    layer stores the same tokens at the same positions, so block $i$ of a sequence is
-    block $i$ of its table in each layer's pool. Allocation, reference counts, forks and
-    prefix lookups then happen once per token, not once per layer, and the memory of a
-    block is `num_layers` slices that come and go together. Each layer still counts its
-    own written tokens, since a model writes layer by layer:
+    sequence serves them all, as in vLLM and `transformers`' `PagedAttentionCache`: block
+    $i$ of a sequence is block $i$ of its table in each layer's pool, so allocation,
+    reference counts, forks and prefix lookups happen once per token, not once per layer.
+    Each layer still counts its own written tokens, since a model writes layer by layer:
     [`append`][attnlab.serving.cache.PagedKVCache.append] to layer $l$ writes after what layer $l$
     holds, and the first layer that needs a new block allocates it for all.
 
@@ -458,11 +456,9 @@ class PagedKVCache:
     once every layer has written it; a later prompt with the same leading blocks starts
     with those blocks in its table (reference counts shared), so an engine computes only
     the rest. At least one prompt token is always left to compute, so that the model
-    produces logits for the next token. A block whose last holder is freed is free (it
-    counts in [`num_free_blocks`][attnlab.serving.cache.PagedKVCache.num_free_blocks]) but keeps
-    its contents and its hash until the allocator hands it out again, longest-free
-    first, so a prompt that returns soon still finds it. Only prompt tokens are hashed,
-    not generated ones.
+    produces logits for the next token. A freed block keeps its contents and its hash
+    until the allocator hands it out again, longest-free first, so a prompt that returns
+    soon still finds it. Only prompt tokens are hashed, not generated ones.
 
     Copy-on-write: [`fork`][attnlab.serving.cache.PagedKVCache.fork] gives a new sequence the
     same table; the first write into a block that another sequence also holds copies it
@@ -756,7 +752,10 @@ class PagedKVCache:
             layer: The layer whose pools to read.
             query: Queries, `(b, num_heads, t_q, head_dim)`, row `i` for `seq_ids[i]`.
             seq_ids: The `b` sequences.
-            query_lengths, scale, method, backend: As for `paged_attention`.
+            query_lengths: As for `paged_attention`.
+            scale: As for `paged_attention`.
+            method: As for `paged_attention`.
+            backend: As for `paged_attention`.
 
         Returns:
             `(b, num_heads, t_q, v_head_dim)`.
