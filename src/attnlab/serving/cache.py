@@ -457,8 +457,7 @@ class PagedKVCache:
     with those blocks in its table (reference counts shared), so an engine computes only
     the rest. At least one prompt token is always left to compute, so that the model
     produces logits for the next token. A freed block keeps its contents and its hash
-    until the allocator hands it out again, longest-free first, so a prompt that returns
-    soon still finds it. Only prompt tokens are hashed, not generated ones.
+    until it is handed out again, longest-free first. Only prompt tokens are hashed.
 
     Copy-on-write: [`fork`][attnlab.serving.cache.PagedKVCache.fork] gives a new sequence the
     same table; the first write into a block that another sequence also holds copies it
@@ -706,6 +705,9 @@ class PagedKVCache:
     def _pools(self, shape: tuple[int, ...], *sizes: Any) -> tuple[Tensor, Tensor]:
         return kv_buffers(shape, *sizes)  # zeros, shape + (head_dim,) and (v_head_dim,)
 
+    def _read(self, layer: int, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.key_pools[layer], self.value_pools[layer], tables  # what attention reads
+
     def _store(self, table: list[int], layer: int, start: int, *kv: Tensor, copies: Any) -> None:
         """Copy each `(old, copy)` block in every layer (copy-on-write), then write `kv`."""
         for old, copy in copies:  # the other holders keep `old`
@@ -761,8 +763,7 @@ class PagedKVCache:
             `(b, num_heads, t_q, v_head_dim)`.
         """
         lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
-        key_pool, value_pool = self.key_pools[layer], self.value_pools[layer]
-        tables = self._tables.kept_tensor(seq_ids)
+        key_pool, value_pool, tables = self._read(layer, self._tables.kept_tensor(seq_ids))
         if checking():  # the tables and lengths are the cache's own
             query, key_pool, value_pool = autocast_inputs(query, key_pool, value_pool)
             check_paged(

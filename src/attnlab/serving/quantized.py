@@ -12,22 +12,18 @@ group is the block: 64 tokens with blocks of 64), its values per token in groups
 `group` channels, every range a float16 minimum and step. The open block of each
 sequence, at most `block_size - 1` tokens, is the full-precision window. Attention reads
 the blocks of a step through [`dequantize`][attnlab.caches.quantized.dequantize], in one
-place ([`attend`][attnlab.serving.quantized.QuantizedPagedKVCache.attend]), then runs
-the same paged kernel as the float cache.
+place ([`read_blocks`][attnlab.serving.quantized.QuantizedPagedKVCache.read_blocks]), then
+runs the same paged kernel as the float cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnlab.caches.quantized import Bits, Quantized, dequantize, quantize
-from attnlab.functional.backends import Backend
-from attnlab.functional.paged import Method
-from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._validation import check_positive_int
 from attnlab.serving.cache import PagedKVCache
 
@@ -168,28 +164,12 @@ class QuantizedPagedKVCache(PagedKVCache):
                 keys[:, i], values[:, i] = self._open[block][0][layer], self._open[block][1][layer]
         return keys, values
 
-    def attend(
-        self,
-        layer: int,
-        query: Tensor,
-        seq_ids: Sequence[int],
-        *,
-        query_lengths: Tensor | None = None,
-        scale: float | None = None,
-        method: Method = "online",
-        backend: Backend = "torch",
-    ) -> Tensor:
-        """Paged attention of `query` over `layer`, the blocks read through
-        [`read_blocks`][attnlab.serving.quantized.QuantizedPagedKVCache.read_blocks]: the
-        step's blocks become small float pools, and the tables point into them."""
-        lengths = self.lengths(seq_ids, layer)  # checks layer and seq_ids
-        tables = self._tables.kept_tensor(seq_ids)  # (b, max_blocks)
+    def _read(self, layer: int, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The step's blocks as small float pools
+        ([`read_blocks`][attnlab.serving.quantized.QuantizedPagedKVCache.read_blocks]) and
+        the tables pointing into them: what the float cache's attention then reads."""
         used, local = torch.unique(tables, return_inverse=True)  # (n,), (b, max_blocks)
-        keys, values = self.read_blocks(layer, used)  # (kv, n, block_size, features)
-        return paged_attention_fast(
-            query, keys, values, local, lengths,
-            query_lengths=query_lengths, scale=scale, method=method, backend=backend,
-        )  # fmt: skip
+        return (*self.read_blocks(layer, used), local)
 
     def free(self, seq_id: int) -> None:
         """Drop sequence `seq_id`; its blocks that no one else holds become free (an open
