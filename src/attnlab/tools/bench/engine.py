@@ -40,7 +40,7 @@ from attnlab.tools.bench.llm import _interleaved, _transformers_version
 from attnlab.tools.bench.measure import CpuUse
 from attnlab.tools.bench.serving import WorkloadRequest, mixed_workload
 
-__all__ = ["BENCH", "EngineSettings", "main", "serve_attnlab", "serve_transformers"]
+__all__ = ["BENCH", "EngineSettings", "serve_attnlab", "serve_transformers"]
 
 
 @dataclass(frozen=True)
@@ -166,20 +166,10 @@ def _measure(settings: EngineSettings, args: argparse.Namespace, command: str) -
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: `python -m attnlab.tools.bench.engine [--json PATH] ...`."""
-    return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
-
-
-BENCH = _command.Bench(
-    "engine",
-    __doc__,
-    EngineSettings,
-    ("rounds", "block_size", "num_blocks", "max_batch_tokens", "num_draft"),
-    _measure,
-)
+OPTIONS = tuple(asdict(EngineSettings()))  # every setting is an option
+BENCH = _command.Bench("engine", __doc__, EngineSettings, OPTIONS, _measure)
 """The command line's settings and measurement."""
 
 
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+if __name__ == "__main__":  # the command line: python -m attnlab.tools.bench.engine
+    raise SystemExit(_command.run(BENCH, sys.argv[1:]))

@@ -183,13 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _command.run(BENCH, list(sys.argv[1:] if argv is None else argv))
 
 
-BENCH = _command.Bench(
-    "speculative",
-    __doc__,
-    SpeculativeSettings,
-    ("new_tokens", "rounds", "num_draft", "max_ngram", "passage", "branches"),
-    _measure,
-)
+OPTIONS = tuple(asdict(SpeculativeSettings()))  # every setting is an option
+BENCH = _command.Bench("speculative", __doc__, SpeculativeSettings, OPTIONS, _measure)
 """The command line's settings and measurement."""
 
 
