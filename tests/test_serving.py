@@ -346,6 +346,41 @@ def test_engine_speculation_gives_the_same_tokens(looping: Any, num_blocks: int)
         assert first_done[4] < first_done[0]
 
 
+def test_engine_verifies_trees_of_drafts_through_the_paged_cache(looping: Any) -> None:
+    """Requests that draft trees (several occurrences of the n-gram, `branches=3`) make
+    the greedy tokens with an uncached forward's log-probs: each tree is fed at its
+    nodes' depths under its mask through the block tables, and when the accepted path
+    is not the first branch its keys are moved next to the text in every layer (counted:
+    it happens); no block is held past a sequence's written tokens after any step."""
+    import attnlab.serving.engine as engine_module
+
+    decoder, prompts, new_tokens, greedy = looping
+    moved = []
+    keep_path = engine_module._keep_path
+
+    def counting(*args: Any) -> None:
+        moved.append(args[3])
+        keep_path(*args)
+
+    engine = Engine(decoder, num_blocks=40, block_size=4, prefill_chunk=5)
+    ids = [engine.submit(p, n, num_draft=4, branches=3)
+           for p, n in zip(prompts, new_tokens, strict=True)]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "_keep_path", counting)
+        while engine.has_work:
+            engine.step()
+            _written_blocks_only(engine)
+    out = engine.run()
+    for i, prompt, want in zip(ids, prompts, greedy, strict=True):
+        assert out[i] == want
+        logits = decoder(torch.tensor(prompt + want))[len(prompt) - 1 : -1]  # uncached
+        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(want)[:, None])
+        torch.testing.assert_close(torch.tensor(engine.logprobs(i)).double(), logp[:, 0],
+                                   atol=1e-6, rtol=0)  # fmt: skip
+    assert moved  # some accepted path was a later branch
+    assert engine.cache.num_free_blocks == 40
+
+
 def test_engine_step_that_raises_leaves_the_cache_as_it_was(looping: Any) -> None:
     """An exception inside a verifying forward pass (after a layer wrote its keys) takes
     back what the step wrote; the engine then goes on to the same tokens. A request

@@ -54,6 +54,7 @@ class PagedOptions(TypedDict, total=False):
     method: Method
     blocks_per_tile: int
     backend: Backend
+    tree_mask: Tensor | None
 
 
 # --- attention through the block table --------------------------------------------
@@ -185,12 +186,8 @@ def paged_attention(
             backend,
         )
         check_positive_int("blocks_per_tile", blocks_per_tile)
-        _check_tree_mask(tree_mask, query)
-    tree = None
-    if tree_mask is not None:  # the tree's tokens start after each sequence's cached ones
-        new = tree_mask.shape[1] if query_lengths is None else query_lengths
-        tree = (tree_mask, lengths - new)
-    kernel = _kernel(method, backend, blocks_per_tile, tree)
+        check_tree_mask(tree_mask, query)
+    kernel = _kernel(method, backend, blocks_per_tile, tree_rule(tree_mask, lengths, query_lengths))
     return run_kernel(
         query, key_pool, value_pool, block_tables, lengths, query_lengths, scale, kernel
     )
@@ -209,7 +206,17 @@ Tree = tuple[Tensor, Tensor]
 """`(tree_mask (b, t_q, t_q), the position of each sequence's first new token (b,))`."""
 
 
-def _check_tree_mask(tree_mask: object, query: Tensor) -> None:
+def tree_rule(
+    tree_mask: Tensor | None, lengths: Tensor, query_lengths: Tensor | None
+) -> Tree | None:
+    """The tree mask with where each sequence's new tokens start (after its cached ones)."""
+    if tree_mask is None:
+        return None
+    new = tree_mask.shape[1] if query_lengths is None else query_lengths
+    return tree_mask, lengths - new
+
+
+def check_tree_mask(tree_mask: object, query: Tensor) -> None:
     if tree_mask is None:
         return
     b, _, t_q, _ = query.shape

@@ -38,6 +38,7 @@ from attnlab.functional.paged import (
     _tiles,
     _ungroup,
     run_kernel,
+    tree_rule,
 )
 from attnlab.rules import masks
 from attnlab.rules._precision import autocast_inputs, compute_dtype
@@ -66,8 +67,13 @@ def paged_attention_fast(
     """
     method, backend = options.get("method", "online"), options.get("backend", "torch")
     blocks_per_tile = options.get("blocks_per_tile", 32)
+    tree = tree_rule(options.get("tree_mask"), lengths, options.get("query_lengths"))
     kernel: Kernel
-    if method != "online" or backend != "torch" or not _host_inference(query, key_pool, value_pool):
+    if tree is not None:  # a draft tree's mask: the readable kernels take it
+        kernel = _kernel(method, backend, blocks_per_tile, tree)
+    elif (
+        method != "online" or backend != "torch" or not _host_inference(query, key_pool, value_pool)
+    ):
         kernel = _kernel(method, backend, blocks_per_tile)
     else:
         # The kernel is chosen for the dtype it will see: cast as autocast casts first.

@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # annotations only: the serving engine imports prompt lookup 
 __all__ = [
     "DraftTree",
     "Speculation",
+    "accepted_path",
     "prompt_lookup",
     "prompt_lookup_tree",
     "speculative_generate",
@@ -314,6 +315,25 @@ def tree_mask_mod(parents: Sequence[int], past: int) -> MaskMod:
     return tree
 
 
+def accepted_path(tree: DraftTree, choice: Sequence[int]) -> list[int]:
+    """The nodes a verifying pass keeps, as places in its block (root 0, node `i` at
+    `i + 1`): from the root, the child whose token is the model's choice there, as long
+    as there is one. `choice[j]` is the model's token after place `j`.
+
+    Examples:
+        >>> accepted_path(DraftTree((7, 8, 9), (-1, 0, -1)), [9, 5, 6, 4])
+        [3]
+    """
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent + 1, []).append(node + 1)
+    path, at = [], 0
+    while nxt := [c for c in children.get(at, []) if tree.tokens[c - 1] == choice[at]]:
+        at = nxt[0]
+        path.append(at)
+    return path
+
+
 def _check_tree_ready(model: Decoder) -> None:
     """Raise if a layer of `model` reads a token's slot as its position: windows, chunks,
     Llama 4's temperature tuning and ALiBi count keys by slot, and a tree node's slot is
@@ -389,13 +409,8 @@ def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: Draf
             cache.crop(held)
         raise
     choice = logits[0].argmax(-1).tolist()  # (1 + n,): the model's token after each
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(tree.parents):
-        children.setdefault(parent + 1, []).append(node + 1)
-    path, at = [], 0
-    while nxt := [c for c in children.get(at, []) if tree.tokens[c - 1] == choice[at]]:
-        at = nxt[0]
-        path.append(at)
+    path = accepted_path(tree, choice)
+    at = path[-1] if path else 0
     for cache in caches:
         cache.retain(list(range(held + 1)) + [held + node for node in path])
     return [*(tree.tokens[node - 1] for node in path), choice[at]]

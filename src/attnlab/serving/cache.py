@@ -36,7 +36,7 @@ from torch import Tensor
 
 from attnlab.caches.kv import kv_buffers
 from attnlab.functional.backends import Backend
-from attnlab.functional.paged import check_paged
+from attnlab.functional.paged import check_paged, check_tree_mask
 from attnlab.functional.paged_fast import paged_attention_fast
 from attnlab.rules._precision import autocast_inputs
 from attnlab.rules._validation import (
@@ -741,6 +741,7 @@ class PagedKVCache:
         scale: float | None = None,
         method: Method = "online",
         backend: Backend = "torch",
+        tree_mask: Tensor | None = None,
     ) -> Tensor:
         """[`paged_attention`][attnlab.functional.paged.paged_attention] of `query` over `layer`.
 
@@ -753,11 +754,7 @@ class PagedKVCache:
         Args:
             layer: The layer whose pools to read.
             query: Queries, `(b, num_heads, t_q, head_dim)`, row `i` for `seq_ids[i]`.
-            seq_ids: The `b` sequences.
-            query_lengths: As for `paged_attention`.
-            scale: As for `paged_attention`.
-            method: As for `paged_attention`.
-            backend: As for `paged_attention`.
+            seq_ids: The `b` sequences (the other arguments: as for `paged_attention`).
 
         Returns:
             `(b, num_heads, t_q, v_head_dim)`.
@@ -778,6 +775,7 @@ class PagedKVCache:
                 backend,
                 own=True,
             )
+            check_tree_mask(tree_mask, query)
         return paged_attention_fast(
             query,
             key_pool,
@@ -788,4 +786,5 @@ class PagedKVCache:
             scale=scale,
             method=method,
             backend=backend,
+            tree_mask=tree_mask,
         )

@@ -34,8 +34,10 @@ One step of [`Engine`][attnlab.serving.engine.Engine]:
 A request submitted with `num_draft` speculates (see
 [`attnlab.models.speculative`][attnlab.models.speculative]): its decode row carries its
 last token and up to `num_draft` drafts found by prompt lookup in its own text, in the
-same step as the other rows; step 5 keeps the drafts the model agrees with and its next
-token, and the cache takes back the rejected drafts' slots at once
+same step as the other rows, a chain or (`branches > 1`) a tree fed at its nodes'
+depths under its mask; step 5 keeps the drafts the model agrees with and its next
+token, moves a later branch's keys next to the text, and the cache takes back the
+rejected drafts' slots at once
 ([`truncate`][attnlab.serving.cache.PagedKVCache.truncate]), freeing their blocks. The
 drafts' slots are taken and settled within one step, and drafts give way (the step runs
 without them) before a request is preempted. A step whose forward pass raises takes
@@ -58,7 +60,7 @@ from attnlab.caches.kv import AttentionCache, Kernel
 from attnlab.functional.paged import Method
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.decoder import Decoder
-from attnlab.models.speculative import prompt_lookup
+from attnlab.models.speculative import DraftTree, accepted_path, prompt_lookup_tree, tree_mask
 from attnlab.rules._validation import (
     check_choice,
     check_int_sequence,
@@ -81,8 +83,9 @@ class _Request:
     prompt: list[int]
     max_new_tokens: int
     eos_token_ids: tuple[int, ...]  # the tokens that end it (none: it runs to the end)
-    num_draft: int = 0  # most prompt-lookup drafts per decode step (0: none)
-    draft: list[int] = dataclasses.field(default_factory=list)  # this step's drafts
+    num_draft: int = 0  # most prompt-lookup drafts per decode step and branch (0: none)
+    branches: int = 1  # occurrences of the n-gram followed: 1 drafts a chain, more a tree
+    draft: DraftTree = dataclasses.field(default_factory=lambda: DraftTree((), ()))
     generated: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     seq_id: int | None = None  # its cache sequence while admitted
@@ -125,12 +128,14 @@ class _PagedLayer(AttentionCache):
         seq_ids: list[int],
         query_lengths: Tensor,
         method: Method,
+        tree_mask: Tensor | None = None,
     ) -> None:
         self.cache = cache
         self.layer = layer
         self.seq_ids = seq_ids
         self.query_lengths = query_lengths  # (b,)
         self.method = method
+        self.tree_mask = tree_mask  # (b, t, t) or None: causal
 
     def __repr__(self) -> str:
         return f"_PagedLayer(layer={self.layer}, seq_ids={self.seq_ids})"
@@ -164,8 +169,9 @@ class _PagedLayer(AttentionCache):
         for i, (seq, n) in enumerate(zip(self.seq_ids, self.query_lengths.tolist(), strict=True)):
             self.cache.append(seq, self.layer, key[i, :, :n], value[i, :, :n])  # (kv, n, e)
         return self.cache.attend(
-            self.layer, query, self.seq_ids, query_lengths=self.query_lengths, method=self.method
-        )  # (b, num_heads, t, v_head_dim)
+            self.layer, query, self.seq_ids, query_lengths=self.query_lengths,
+            method=self.method, tree_mask=self.tree_mask,
+        )  # (b, num_heads, t, v_head_dim)  # fmt: skip
 
 
 class Engine:
@@ -274,6 +280,7 @@ class Engine:
         *,
         eos_token_id: int | Sequence[int] | None = None,
         num_draft: int = 0,
+        branches: int = 1,
     ) -> int:
         """Queue a request; return its id.
 
@@ -287,6 +294,8 @@ class Engine:
                 (prompt lookup, as in
                 [`speculative_generate`][attnlab.models.speculative.speculative_generate]);
                 0 decodes one token per step. The tokens are the same either way.
+            branches: With more than 1, a tree of drafts
+                ([`prompt_lookup_tree`][attnlab.models.speculative.prompt_lookup_tree]).
 
         Returns:
             The request id, to find its tokens in `run`'s result.
@@ -303,6 +312,7 @@ class Engine:
         steps = check_positive_int("max_new_tokens", max_new_tokens)
         eos = check_token_id_set("eos_token_id", eos_token_id, self.decoder.config.vocab_size)
         drafts = check_nonnegative_int("num_draft", num_draft)
+        tree = check_positive_int("branches", branches)
         # The last generated token is never fed back: the cache holds one fewer.
         held = len(prompt) + steps - 1
         capacity = self.cache.capacity
@@ -317,7 +327,7 @@ class Engine:
                 f"prompt_ids has {len(prompt)} tokens and max_new_tokens={steps}: past "
                 f"the model's max_positions={self.decoder.config.max_positions}"
             )
-        request = _Request(self._next_id, prompt, steps, eos, drafts)
+        request = _Request(self._next_id, prompt, steps, eos, drafts, tree)
         self._next_id += 1
         self._waiting.append(request)
         return request.id
@@ -379,11 +389,13 @@ class Engine:
         budget = self.max_batch_tokens - sum(1 for r in self._running if r.remaining == 1)
         plan = []
         for request in self._running:
-            request.draft = []
+            request.draft = DraftTree((), ())
             if request.remaining == 1:
                 room = request.max_new_tokens - len(request.generated) - 1
                 most = min(request.num_draft, budget, room) if drafts else 0
-                request.draft = prompt_lookup(request.tokens, most) if most > 0 else []
+                if most > 0:
+                    tree = prompt_lookup_tree(request.tokens, most, branches=request.branches)
+                    request.draft = DraftTree(tree.tokens[:budget], tree.parents[:budget])
                 budget -= len(request.draft)
                 n = 1 + len(request.draft)
             else:
@@ -460,14 +472,18 @@ class Engine:
         """Keep the drafts the model agrees with and its next token; take back the rest's
         keys. `logp` `(k, vocab_size)`: after the row's last real token and its drafts."""
         draft, choice = request.draft, logp.argmax(-1).tolist()  # (k,)
-        kept = next((i for i, t in enumerate(draft) if choice[i] != t), len(draft))
-        request.computed += request.remaining + kept
-        if kept < len(draft):
+        path = accepted_path(draft, choice)  # places in the row: root 0, node i at i + 1
+        start, rows = request.computed, [0, *path]  # the row that chose each new token
+        request.computed += request.remaining + len(path)
+        if path != list(range(1, len(path) + 1)):  # a later branch: move its keys up
+            _keep_path(self.cache, self._seq(request), start, path)
+        elif len(path) < len(draft):
             self.cache.truncate(self._seq(request), request.computed)
         made = []
-        for i, token in enumerate([*draft[:kept], choice[kept]]):
+        made_here = [*(draft.tokens[p - 1] for p in path), choice[rows[-1]]]
+        for row, token in zip(rows, made_here, strict=True):
             request.generated.append(token)
-            request.logprobs.append(float(logp[i, token]))
+            request.logprobs.append(float(logp[row, token]))
             made.append(token)
             if request.done:
                 self._release(request)
@@ -480,26 +496,15 @@ class Engine:
         """The logits after each row's last real tokens, `(b, k, vocab_size)`: a draft
         row's last token and drafts, the last one's repeated in other rows."""
         device = self.cache.key_pools.device
-        t = max(n for _, n in plan)
-        ids = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
-        positions = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
-        for row, (request, n) in enumerate(plan):
-            start = request.computed
-            ids[row, :n] = torch.tensor((request.tokens + request.draft)[start : start + n])
-            # Padding repeats the last position: valid for RoPE, ignored by attention.
-            positions[row] = default_positions(start, t, device).clamp(max=start + n - 1)
-        lengths = torch.tensor([n for _, n in plan], device=device)  # (b,)
-        k = 1 + max(len(r.draft) for r, _ in plan)  # a draft row's logits after each token
-        drafts = torch.tensor([len(r.draft) for r, _ in plan], device=device)  # (b,)
-        at = (lengths - 1 - drafts)[:, None] + torch.arange(k, device=device)  # (b, k)
+        ids, positions, lengths, at, tree_mask = _rows(plan, device)
         seqs = [self._seq(r) for r, _ in plan]
         layers = [
-            _PagedLayer(self.cache, i, seqs, lengths, self.method)
+            _PagedLayer(self.cache, i, seqs, lengths, self.method, tree_mask)
             for i in range(self.cache.num_layers)
         ]
         with torch.inference_mode():  # unembed only each row's last real token (and drafts)
             logits: Tensor = self.decoder(
-                ids, cache=layers, positions=positions, logits_at=at.minimum(lengths[:, None] - 1)
+                ids, cache=layers, positions=positions, logits_at=at
             )  # (b, k, vocab)
         return logits
 
@@ -569,3 +574,43 @@ def _check_prompt(prompt_ids: object, vocab: int) -> list[int]:
     if not len(ids):
         raise ValueError("prompt_ids must hold at least one token")
     return ids.tolist() if isinstance(ids, Tensor) else ids
+
+
+def _rows(
+    plan: list[tuple[_Request, int]], device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """A step's batch: `ids` and `positions` `(b, t)` (right-padded), the real tokens per
+    row `(b,)`, the places to unembed `(b, k)` (a draft row's last token and drafts, the
+    last place repeated in other rows), and the rows' masks among their own tokens `(b,
+    t, t)`, None while every row is causal (no tree branches)."""
+    t = max(n for _, n in plan)
+    ids = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
+    positions = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
+    masks = torch.ones(len(plan), t, t, dtype=torch.bool, device=device).tril()  # (b, t, t)
+    for row, (request, n) in enumerate(plan):
+        start, draft = request.computed, request.draft
+        ids[row, :n] = torch.tensor((request.tokens + list(draft.tokens))[start : start + n])
+        # Padding repeats the last position: valid for RoPE, ignored by attention.
+        positions[row] = default_positions(start, t, device).clamp(max=start + n - 1)
+        if not draft.is_chain:  # a tree: its nodes at their depths, under its mask
+            positions[row, :n] = start + torch.tensor([0, *draft.depths], device=device)
+            masks[row, :n, :n] = tree_mask(draft.parents)
+    lengths = torch.tensor([n for _, n in plan], device=device)  # (b,)
+    k = 1 + max(len(r.draft) for r, _ in plan)
+    drafts = torch.tensor([len(r.draft) for r, _ in plan], device=device)  # (b,)
+    at = (lengths - 1 - drafts)[:, None] + torch.arange(k, device=device)  # (b, k)
+    chains = all(r.draft.is_chain for r, _ in plan)
+    return ids, positions, lengths, at.minimum(lengths[:, None] - 1), None if chains else masks
+
+
+def _keep_path(cache: PagedKVCache, seq: int, start: int, path: list[int]) -> None:
+    """Keep a verified row's first token (at `start`) and its accepted drafts at places
+    `path` of the row, moved next to it in every layer; forget the other drafts."""
+    table = torch.tensor(cache.block_table(seq), device=cache.key_pools.device)
+    slots = torch.tensor([start + p for p in path], device=table.device)  # (kept,)
+    blocks, within = table[slots // cache.block_size], slots % cache.block_size
+    kept = [(cache.key_pools[i][:, blocks, within], cache.value_pools[i][:, blocks, within])
+            for i in range(cache.num_layers)]  # fmt: skip  # (kv, kept, head_dim) each
+    cache.truncate(seq, start + 1)
+    for layer, (keys, values) in enumerate(kept):
+        cache.append(seq, layer, keys, values)
