@@ -642,21 +642,20 @@ def test_the_committed_engine_benchmark_meets_its_goal() -> None:
 def test_smollm2_speculative_decoding_gives_the_greedy_tokens(
     smollm2: tuple[Any, Any, Any],
 ) -> None:
-    """Prompt lookup on the real model: a prompt that asks for a quote of its own text
-    (drafts mostly right) and a free one (drafts rare); the tokens of plain greedy."""
+    """Prompt lookup on the real model, a prompt that asks for a quote of its own text:
+    chains and trees of drafts give the tokens of plain greedy decoding. (A free prompt,
+    where drafts are rare, is the benchmark's: speculation kept its tokens there too.)"""
     from attnlab.models.speculative import speculative_generate
     from attnlab.tools.bench.kv_quant import CORPUS
 
     _, decoder, tokenizer = smollm2
     text = CORPUS.read_text(encoding="utf-8")
     quote = text[text.index("Self-attention is") :][:600]  # (at 400 the model summarises)
-    asks = [f"Repeat this text exactly:\n\n{quote}", "Name three colours."]
-    accepted = []
-    for ask in asks:
-        chat = [{"role": "user", "content": ask}]
-        prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(prompt, return_tensors="pt").input_ids[0]
-        fast, stats = speculative_generate(decoder, ids, 24)
-        assert torch.equal(fast, decoder.generate(ids, 24)), ask[:20]
-        accepted.append(stats.accepted)
-    assert accepted[0] > 10  # the quote is drafted from the prompt
+    chat = [{"role": "user", "content": f"Repeat this text exactly:\n\n{quote}"}]
+    prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids[0]
+    plain = decoder.generate(ids, 24)
+    for branches in (1, 4):
+        fast, stats = speculative_generate(decoder, ids, 24, branches=branches)
+        assert torch.equal(fast, plain), branches
+        assert stats.accepted > 10  # the quote is drafted from the prompt
