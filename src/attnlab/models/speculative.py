@@ -334,7 +334,7 @@ def accepted_path(tree: DraftTree, choice: Sequence[int]) -> list[int]:
     return path
 
 
-def _check_tree_ready(model: Decoder) -> None:
+def check_tree_ready(model: Decoder) -> None:
     """Raise if a layer of `model` reads a token's slot as its position: windows, chunks,
     Llama 4's temperature tuning and ALiBi count keys by slot, and a tree node's slot is
     not its position (siblings share one)."""
@@ -394,7 +394,7 @@ def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: Draf
         kinds = sorted({type(cache).__name__ for cache in caches})
         raise ValueError(f"caches that cannot take back rejected drafts ({kinds})")
     if not tree.is_chain:
-        _check_tree_ready(model)
+        check_tree_ready(model)
     device = model.embed_tokens.weight.device
     block = torch.tensor([last, *tree.tokens], device=device)  # (1 + n,)
     positions = held + torch.tensor([0, *tree.depths], device=device)  # (1 + n,)
@@ -411,8 +411,13 @@ def verify_tree(model: Decoder, caches: Sequence[KVCache], last: int, tree: Draf
     choice = logits[0].argmax(-1).tolist()  # (1 + n,): the model's token after each
     path = accepted_path(tree, choice)
     at = path[-1] if path else 0
-    for cache in caches:
-        cache.retain(list(range(held + 1)) + [held + node for node in path])
+    if path == list(range(1, len(path) + 1)):  # the first branch: nothing moves
+        for cache in caches:
+            cache.crop(held + 1 + len(path))
+    else:
+        kept = list(range(held + 1)) + [held + node for node in path]
+        for cache in caches:
+            cache.retain(kept)
     return [*(tree.tokens[node - 1] for node in path), choice[at]]
 
 
@@ -496,7 +501,7 @@ def speculative_generate(
     check_positive_int("num_draft", num_draft)
     check_positive_int("max_ngram", max_ngram)
     if check_positive_int("branches", branches) > 1:
-        _check_tree_ready(model)
+        check_tree_ready(model)
     eos = check_token_id_set("eos_token_id", eos_token_id, c.vocab_size)
     room = flat.shape[0] + steps + num_draft * branches
     if flat.shape[0] + steps > c.max_positions:

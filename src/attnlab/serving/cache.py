@@ -630,7 +630,8 @@ class PagedKVCache:
         past them (a speculative step takes back rejected drafts, a failed step what it
         wrote); a prompt block it cuts into leaves the prefix cache. Raises ValueError if
         `seq_id` is unknown or `length` is not in `[0, tokens written]`."""
-        seq, high = self._tables.get(seq_id), max(self._tables.get(seq_id).filled)
+        seq = self._tables.get(seq_id)
+        high = max(seq.filled)
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= high:
             raise ValueError(
                 f"length must be an int in [0, {high}] (the tokens written), got {length!r}"

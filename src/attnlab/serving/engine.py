@@ -60,7 +60,13 @@ from attnlab.caches.kv import AttentionCache, Kernel
 from attnlab.functional.paged import Method
 from attnlab.layers.gqa import GroupedQueryAttention
 from attnlab.models.decoder import Decoder
-from attnlab.models.speculative import DraftTree, accepted_path, prompt_lookup_tree, tree_mask
+from attnlab.models.speculative import (
+    DraftTree,
+    accepted_path,
+    check_tree_ready,
+    prompt_lookup_tree,
+    tree_mask,
+)
 from attnlab.rules._validation import (
     check_choice,
     check_int_sequence,
@@ -312,7 +318,8 @@ class Engine:
         steps = check_positive_int("max_new_tokens", max_new_tokens)
         eos = check_token_id_set("eos_token_id", eos_token_id, self.decoder.config.vocab_size)
         drafts = check_nonnegative_int("num_draft", num_draft)
-        tree = check_positive_int("branches", branches)
+        if (tree := check_positive_int("branches", branches)) > 1:
+            check_tree_ready(self.decoder)  # slots read as positions would break a tree
         # The last generated token is never fed back: the cache holds one fewer.
         held = len(prompt) + steps - 1
         capacity = self.cache.capacity
@@ -586,21 +593,21 @@ def _rows(
     t = max(n for _, n in plan)
     ids = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
     positions = torch.zeros(len(plan), t, dtype=torch.long, device=device)  # (b, t)
-    masks = torch.ones(len(plan), t, t, dtype=torch.bool, device=device).tril()  # (b, t, t)
+    chains = all(r.draft.is_chain for r, _ in plan)  # then the causal rule is every mask
+    masks = None if chains else torch.ones(len(plan), t, t, dtype=torch.bool, device=device).tril()
     for row, (request, n) in enumerate(plan):
         start, draft = request.computed, request.draft
         ids[row, :n] = torch.tensor((request.tokens + list(draft.tokens))[start : start + n])
         # Padding repeats the last position: valid for RoPE, ignored by attention.
         positions[row] = default_positions(start, t, device).clamp(max=start + n - 1)
-        if not draft.is_chain:  # a tree: its nodes at their depths, under its mask
+        if masks is not None and not draft.is_chain:  # a tree: its nodes at their depths
             positions[row, :n] = start + torch.tensor([0, *draft.depths], device=device)
             masks[row, :n, :n] = tree_mask(draft.parents)
     lengths = torch.tensor([n for _, n in plan], device=device)  # (b,)
     k = 1 + max(len(r.draft) for r, _ in plan)
     drafts = torch.tensor([len(r.draft) for r, _ in plan], device=device)  # (b,)
     at = (lengths - 1 - drafts)[:, None] + torch.arange(k, device=device)  # (b, k)
-    chains = all(r.draft.is_chain for r, _ in plan)
-    return ids, positions, lengths, at.minimum(lengths[:, None] - 1), None if chains else masks
+    return ids, positions, lengths, at.minimum(lengths[:, None] - 1), masks
 
 
 def _keep_path(cache: PagedKVCache, seq: int, start: int, path: list[int]) -> None:

@@ -126,7 +126,9 @@ class QuantizedPagedKVCache(PagedKVCache):
         bs, end = self.block_size, start + key.shape[1]
         for index in range(start // bs, -(-end // bs)):
             block, first = table[index], index * bs
-            k, v, done = self._open.get(block) or self._open.setdefault(block, self._fresh())
+            if block not in self._open:
+                self._open[block] = self._fresh()
+            k, v, done = self._open[block]
             lo, hi = max(start, first), min(end, first + bs)
             k[layer, :, lo - first : hi - first] = key[:, lo - start : hi - start]
             v[layer, :, lo - first : hi - first] = value[:, lo - start : hi - start]
@@ -159,9 +161,10 @@ class QuantizedPagedKVCache(PagedKVCache):
                           self.bits, self.block_size, 2, dtype)  # fmt: skip
         values = dequantize(Quantized(*(p[layer][:, blocks] for p in self._values)),
                             self.bits, self.group, 3, dtype)  # fmt: skip
-        for i, block in enumerate(blocks.tolist()):
-            if block in self._open and layer not in self._open[block][2]:
-                keys[:, i], values[:, i] = self._open[block][0][layer], self._open[block][1][layer]
+        for block, (k, v, done) in self._open.items():  # few: one per sequence at most
+            if layer not in done:
+                at = (blocks == block).nonzero().flatten()  # (0 or 1,)
+                keys[:, at], values[:, at] = k[layer, :, None], v[layer, :, None]
         return keys, values
 
     def _read(self, layer: int, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -176,9 +179,7 @@ class QuantizedPagedKVCache(PagedKVCache):
         one's full-precision numbers go with it)."""
         table = self.block_table(seq_id)
         super().free(seq_id)
-        for block in table:
-            if not self.allocator.refcount(block):
-                self._open.pop(block, None)
+        self._forget_free(table)
 
     def truncate(self, seq_id: int, length: int) -> None:
         """As [`PagedKVCache.truncate`][attnlab.serving.cache.PagedKVCache.truncate], but
@@ -197,7 +198,10 @@ class QuantizedPagedKVCache(PagedKVCache):
                     f"quantized cache takes tokens back only to a multiple of {bs}"
                 )
         super().truncate(seq_id, length)
-        held = set(self.block_table(seq_id))
-        for block in table:
-            if block not in held and not self.allocator.refcount(block):
+        self._forget_free(table)
+
+    def _forget_free(self, blocks: list[int]) -> None:
+        """Drop the full-precision numbers of those `blocks` that no sequence holds now."""
+        for block in blocks:
+            if not self.allocator.refcount(block):
                 self._open.pop(block, None)
