@@ -379,6 +379,11 @@ def test_engine_verifies_trees_of_drafts_through_the_paged_cache(looping: Any) -
                                    atol=1e-6, rtol=0)  # fmt: skip
     assert moved  # some accepted path was a later branch
     assert engine.cache.num_free_blocks == 40
+    tuned = Decoder(DecoderConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4,
+                                  num_kv_heads=2, head_dim=8, hidden_dim=48,
+                                  temperature=(8.0, 0.1), rope_layers=(True, False)))  # fmt: skip
+    with pytest.raises(ValueError, match="but the model has temperature"):
+        Engine(tuned, num_blocks=8, block_size=4).submit([1, 2], 4, num_draft=2, branches=2)
 
 
 def test_engine_step_that_raises_leaves_the_cache_as_it_was(looping: Any) -> None:
