@@ -70,6 +70,11 @@ class Entry:
     names: dict[str, str] = field(default_factory=dict)
     query: str | None = "x"
     custom_backward: bool = False  # its gradient is hand-written (gradcheck it)
+    differentiable: bool = True  # False: its output carries no gradient, by design
+    # False: weights rebuilt from a float32 log-sum-exp, e^(s - lse), which subtracts two
+    # numbers of the scores' size: at scores of 1e8 float32 keeps no digit of their
+    # difference (fused kernels' backward passes share the limit).
+    huge_scores: bool = True
 
 
 def _key_padding(inputs: dict[str, Tensor], name: str = "context") -> Tensor:
@@ -103,6 +108,12 @@ def build_mha(backend: str, cross: bool) -> Callable[[], nn.Module]:
         return MultiHeadAttention(D_IN, D_OUT, HEADS, d_context=d_context, backend=backend).eval()  # type: ignore[arg-type]
 
     return build
+
+
+def _flash_lse(q: Tensor, k: Tensor) -> Tensor:
+    # The log-sum-exp of flash over these keys (zero values: only the lse is kept).
+    values = k.new_zeros(*k.shape[:-1], 1)
+    return AF.flash_attention(q, k, values, is_causal=True, return_lse=True)[1]
 
 
 def _m(module: nn.Module | None) -> Any:
@@ -376,6 +387,17 @@ ENTRIES: dict[str, Entry] = {
         {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ)},
         lambda m, i: AF.attention_weights(i["q"], i["k"], attn_mask=_key_padding(i, "k")),
         weights=True,
+        **QKV_NAMES,
+    ),
+    # The weights of a flash call recovered from its log-sum-exp (the lse is the kernel's).
+    "weights_from_lse": Entry(
+        {"q": (B, HEADS, T, D_KQ), "k": (B, HEADS, S, D_KQ)},
+        lambda m, i: AF.weights_from_lse(
+            i["q"], i["k"], _flash_lse(i["q"], i["k"]), is_causal=True, block_size=3
+        ),
+        weights=True,
+        differentiable=False,
+        huge_scores=False,
         **QKV_NAMES,
     ),
     "flash_attention": Entry(

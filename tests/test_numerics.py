@@ -57,11 +57,14 @@ def test_large_inputs_give_finite_outputs_and_gradients(
     out = run(entry, inputs, module)
     assert out.dtype == dtype
     assert torch.isfinite(out).all(), f"{name} returned NaN or inf for inputs scaled by {scale}"
-    if entry.weights:
+    if entry.weights and entry.huge_scores:  # these inputs make scores of 1e8 and more
         rows = out.float().sum(-1)
         # Rows sum to 1, or to 0 where every key is masked (padding, causal); never NaN.
         ok = torch.isclose(rows, torch.ones_like(rows), atol=1e-2) | (rows == 0)
         assert ok.all()
+    if not entry.differentiable:
+        assert not out.requires_grad  # for reading only (weights_from_lse)
+        return
     out.float().square().mean().backward()
     for input_name, tensor in inputs.items():
         assert tensor.grad is not None

@@ -6,6 +6,8 @@ Every function here takes tensors and returns tensors; none owns weights. The mo
   step and as one call with PyTorch's semantics;
 - [`flash`][attnlab.functional.flash]: FlashAttention's tiled forward and backward and the
   online-softmax merge of partial results;
+- [`lse_weights`][attnlab.functional.lse_weights]: the attention weights of any rows,
+  recovered from a fused kernel's log-sum-exp in one pass over the keys;
 - [`backends`][attnlab.functional.backends]: the registry the layers pick a kernel from by
   name (`"torch"`, `"scratch"`, `"flash"`);
 - [`flex`][attnlab.functional.flex]: every mask as a FlexAttention `mask_mod`/`score_mod`;
@@ -19,6 +21,7 @@ The names below are the ones a chapter calls as `F.<name>` after
 """
 
 from attnlab.functional.flash import flash_attention
+from attnlab.functional.lse_weights import weights_from_lse
 from attnlab.functional.sdpa import (
     attention_scores,
     attention_weights,
@@ -34,4 +37,5 @@ __all__ = [
     "flash_attention",
     "scaled_dot_product_attention",
     "scaled_softmax",
+    "weights_from_lse",
 ]

@@ -60,6 +60,11 @@ API (internal; modules import these names):
 - `attention_weights(query, key, rule=ScoreRule(), *, ...)`: the weights `(..., L, S)`
   that `attend` mixes the values with, whatever the backend (computed from scratch:
   fused kernels do not return them); same keywords as `attend`.
+- `attend_with_lse(backend, query, key, value, rule=ScoreRule(), **options)`: `attend`
+  and each row's log-sum-exp, on `"flash"` only (`"torch"` and `"scratch"` refuse by
+  name), from which
+  [`weights_from_rule`][attnlab.functional.lse_weights.weights_from_rule] recovers the
+  weights in one pass over the keys.
 - `check_backend_call(backend, rule=None, *, attn_mask, dropout_p)`: the `ValueError`
   of a request the backend cannot serve; `attend` calls it, modules may call it before
   their projections.
@@ -93,7 +98,7 @@ from torch.nn.attention.bias import CausalBias
 from attnlab.functional import sdpa as F
 from attnlab.functional.flash import flash_attention
 from attnlab.rules import masks
-from attnlab.rules.scores import ScoreRule, alibi_bias
+from attnlab.rules.scores import ScoreRule, alibi_bias, temperature_tuned
 
 __all__ = [
     "BACKENDS",
@@ -104,6 +109,7 @@ __all__ = [
     "BackendProperty",
     "CallOptions",
     "attend",
+    "attend_with_lse",
     "attention_weights",
     "backend_for",
     "check_backend",
@@ -366,18 +372,24 @@ def _torch(call: AttentionCall) -> Tensor:
     )
 
 
-def _flash(call: AttentionCall) -> Tensor:
-    query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
-    assert value is not None  # attend's calls have values
-    check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
-    is_causal, window, align = rule.is_causal, rule.window, rule.align
-    if isinstance(attn_mask, CausalBias) and not is_causal and window is None:
-        is_causal, align = True, F.causal_bias_alignment(attn_mask)  # flash knows these
-    elif isinstance(attn_mask, CausalBias):
+def _flash_rule(rule: ScoreRule, attn_mask: object) -> ScoreRule:
+    """The rule flash runs: a `CausalBias` `attn_mask` becomes its causality and alignment."""
+    if not isinstance(attn_mask, CausalBias):
+        return rule
+    if rule.is_causal or rule.window is not None:
         raise ValueError(
             "backend='flash' cannot combine a CausalBias attn_mask with is_causal or a "
             "window; pass one of them"
         )
+    return replace(rule, is_causal=True, align=F.causal_bias_alignment(attn_mask))
+
+
+def _flash_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """`flash_attention` of the call: its output and log-sum-exp (which it computes anyway)."""
+    query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
+    assert value is not None  # attend's calls have values
+    check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
+    rule = _flash_rule(rule, attn_mask)
     if enable_gqa:  # FlashAttention here needs one key/value head per query head
         key = F.repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
         value = F.repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
@@ -390,14 +402,19 @@ def _flash(call: AttentionCall) -> Tensor:
         query,
         key,
         value,
-        is_causal=is_causal,
-        window=window,
+        is_causal=rule.is_causal,
+        window=rule.window,
         scale=None if rule.scale is None else float(rule.scale),
-        align=align,
+        align=rule.align,
         softcap=rule.softcap,
         sink_logits=rule.sink_logits,  # one per query head: after repeat_heads as before
         alibi_slopes=rule.alibi_slopes,
+        return_lse=True,
     )
+
+
+def _flash(call: AttentionCall) -> Tensor:
+    return _flash_lse(call)[0]
 
 
 BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
@@ -434,21 +451,47 @@ def attend(
         >>> all(torch.allclose(o, outs[0], atol=1e-6) for o in outs)
         True
     """
-    query, rule = _tuned(query, key, rule)
+    query, rule = temperature_tuned(query, key, rule)
     return BACKENDS[backend](AttentionCall(query, key, value, rule, **options))
 
 
-def _tuned(query: Tensor, key: Tensor, rule: ScoreRule) -> tuple[Tensor, ScoreRule]:
-    """The queries multiplied by `rule.temperature`'s factor, and the rule without it: the
-    one place temperature tuning happens, so every backend has it."""
-    if rule.temperature is None:
-        return query, rule
-    floor_scale, attn_scale = rule.temperature
-    t, s = query.shape[-2], key.shape[-2]
-    first = s - t if rule.align == "bottom-right" else 0
-    p = torch.arange(first, first + t, device=query.device, dtype=torch.float32)
-    factor = torch.log1p(torch.floor((p + 1.0) / floor_scale)) * attn_scale + 1.0
-    return (query * factor[:, None]).to(query.dtype), replace(rule, temperature=None)
+def attend_with_lse(
+    backend: Backend,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    rule: ScoreRule = _PLAIN,
+    **options: Unpack[CallOptions],
+) -> tuple[Tensor, Tensor]:
+    """[`attend`][attnlab.functional.backends.attend], and each row's log-sum-exp `(..., L)`.
+
+    Only `"flash"` returns one (natural log, the sinks in it, float32 or float64); give
+    it with the same `query`, `key`, `rule` and `enable_gqa` to
+    [`weights_from_rule`][attnlab.functional.lse_weights.weights_from_rule] for the
+    weights (without a `CausalBias` `attn_mask`, which that does not read).
+
+    Raises:
+        ValueError: For `"torch"` and `"scratch"`, named: they return no log-sum-exp
+            (PyTorch's fused kernel keeps it internal); and as `attend` does.
+
+    Examples:
+        >>> q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 3)
+        >>> rule = ScoreRule(is_causal=True)
+        >>> from attnlab.functional.lse_weights import weights_from_rule
+        >>> out, lse = attend_with_lse("flash", q, k, v, rule, enable_gqa=True)
+        >>> p = weights_from_rule(q, k, lse, rule, enable_gqa=True)
+        >>> w = attention_weights(q, k, rule, enable_gqa=True)
+        >>> torch.allclose(p, w, atol=1e-6), lse.shape
+        (True, torch.Size([1, 4, 5]))
+    """
+    if backend != "flash":
+        raise ValueError(
+            f"backend={backend!r} returns no log-sum-exp (PyTorch's fused kernel keeps it "
+            "internal); use backend='flash', or FlexAttention's "
+            "attnlab.functional.flex.attention(..., return_lse=True)"
+        )
+    query, rule = temperature_tuned(query, key, rule)
+    return _flash_lse(AttentionCall(query, key, value, rule, **options))
 
 
 _WEIGHTS = _with_positional_mask(F.attention_weights)
@@ -464,5 +507,5 @@ def attention_weights(
     come from attnlab's from-scratch
     [`attention_weights`][attnlab.functional.sdpa.attention_weights].
     """
-    query, rule = _tuned(query, key, rule)
+    query, rule = temperature_tuned(query, key, rule)
     return _WEIGHTS(AttentionCall(query, key, None, rule, **options))

@@ -32,14 +32,13 @@ and contiguous in their last dimension.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args, overload
 
 import torch
 from torch import Tensor
 
 from attnlab.rules._precision import (
     autocast_inputs,
-    autocast_kernel,
     autocast_off,
     compute_dtype,
     softmax_scale,
@@ -74,6 +73,42 @@ _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
 
 
+@overload
+def flash_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    is_causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+    block_size: int | tuple[int, int] = 256,
+    align: Alignment = "top-left",
+    softcap: float | None = None,
+    sink_logits: Tensor | None = None,
+    alibi_slopes: Tensor | None = None,
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    is_causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+    block_size: int | tuple[int, int] = 256,
+    align: Alignment = "top-left",
+    softcap: float | None = None,
+    sink_logits: Tensor | None = None,
+    alibi_slopes: Tensor | None = None,
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
 @entry
 def flash_attention(
     query: Tensor,
@@ -88,7 +123,8 @@ def flash_attention(
     softcap: float | None = None,
     sink_logits: Tensor | None = None,
     alibi_slopes: Tensor | None = None,
-) -> Tensor:
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     r"""Scaled dot-product attention in tiles (FlashAttention), with its own backward pass.
 
     $$
@@ -164,9 +200,15 @@ def flash_attention(
             entries) against the number of Python steps. The default, 256, was the
             fastest of 128, 256 and 512 (and their pairs) for 4 x 8 heads of 64 features
             at 2048 and 4096 tokens on the 2-core CPU of the Benchmarks page.
+        return_lse: Also return each row's log-sum-exp $\ell_i = \ln \sum_j e^{s_{ij}}$
+            (natural log, the sink logit included), from which
+            [`weights_from_lse`][attnlab.functional.lse_weights.weights_from_lse]
+            recovers the attention weights; not differentiable.
 
     Returns:
-        The context vectors, shape `(..., L, Ev)`.
+        The context vectors, shape `(..., L, Ev)`; with `return_lse`, the pair `(out,
+        lse)`, `lse` of shape `(..., L)` in the compute dtype (float32, float64 for
+        float64 inputs), $-\infty$ for a row that sees no key (and no sink).
 
     Raises:
         TypeError: If an input is not a floating-point tensor, or a flag or size has the
@@ -206,6 +248,7 @@ def flash_attention(
         heads = query.shape[-3] if query.ndim > 2 else None  # one sink logit for each
         check_score_changes(softcap, sink_logits, query, heads)
         check_alibi_slopes("alibi_slopes", alibi_slopes, heads, like=query)
+        check_bool("return_lse", return_lse)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
     options = FlashOptions(
@@ -219,7 +262,8 @@ def flash_attention(
         softcap=softcap,
         alibi_slopes=alibi_slopes,  # one per head: _flash spreads them over the rows
     )
-    return _flash(query, key, value, sink_logits, options)
+    out, lse = _flash(query, key, value, sink_logits, options)
+    return (out, lse) if return_lse else out
 
 
 class FlashOptions(NamedTuple):
@@ -246,11 +290,15 @@ class FlashOptions(NamedTuple):
         return self if slopes is None else self._replace(alibi_slopes=slopes[h])
 
 
-@autocast_kernel(inputs=3)
 def _flash(
     query: Tensor, key: Tensor, value: Tensor, sink_logits: Tensor | None, options: FlashOptions
-) -> Tensor:
-    """`flash_attention` after its checks: the inputs flattened to `(n, L, E)`, widened."""
+) -> tuple[Tensor, Tensor]:
+    """`flash_attention` after its checks: the inputs flattened to `(n, L, E)`, widened.
+
+    Run as `autocast_kernel` runs a kernel (which returns one tensor): the output in the
+    (autocast) query's dtype, and the log-sum-exp in the compute dtype.
+    """
+    query, key, value = autocast_inputs(query, key, value)
     *batch, t_q, e = query.shape
     t_k, e_v = key.shape[-2], value.shape[-1]
     n = math.prod(batch)
@@ -258,14 +306,16 @@ def _flash(
     q, k, v = query.to(wide), key.to(wide), value.to(wide)
     sink_logits = _per_row(sink_logits, batch, wide)  # (n,)
     options = options._replace(alibi_slopes=_per_row(options.alibi_slopes, batch, wide))
-    out: Tensor = _FlashAttention.apply(  # type: ignore[no-untyped-call]
-        q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
-        k.reshape(n, t_k, e),  # (n, S, E)
-        v.reshape(n, t_k, e_v),  # (n, S, Ev)
-        sink_logits,
-        options,
-    )
-    return out.reshape(*batch, t_q, e_v)  # (..., L, Ev)
+    with autocast_off(query.device.type):
+        out, lse = _FlashAttention.apply(  # type: ignore[no-untyped-call]
+            q.reshape(n, t_q, e),  # (n, L, E), n = prod(batch)
+            k.reshape(n, t_k, e),  # (n, S, E)
+            v.reshape(n, t_k, e_v),  # (n, S, Ev)
+            sink_logits,
+            options,
+        )
+    # (..., L, Ev) and (..., L)
+    return out.reshape(*batch, t_q, e_v).to(query.dtype), lse.reshape(*batch, t_q)
 
 
 def _per_row(per_head: Tensor | None, batch: list[int], dtype: torch.dtype) -> Tensor | None:
@@ -289,12 +339,15 @@ def _check_inputs(query: object, key: object, value: object) -> tuple[Tensor, Te
 
 # --8<-- [start:function]
 class _FlashAttention(torch.autograd.Function):
-    """Saves Q, K, V, O and the log-sum-exp; backward recomputes the tiles."""
+    """Saves Q, K, V, O and the log-sum-exp; backward recomputes the tiles.
+
+    Returns O and the log-sum-exp; the latter is not differentiable.
+    """
 
     @staticmethod
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, sink_logits: Tensor | None, options: FlashOptions
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
         n, t_q, t_k = q.shape[0], q.shape[1], k.shape[1]
         out = q.new_empty(n, t_q, v.shape[2])
         lse = q.new_empty(n, t_q)
@@ -304,10 +357,11 @@ class _FlashAttention(torch.autograd.Function):
             out, lse = merge_sinks(out, lse, sink_logits)
         ctx.save_for_backward(q, k, v, out, lse, *([] if sink_logits is None else [sink_logits]))
         ctx.options = options
-        return out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(ctx: Any, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse, *saved_logits = ctx.saved_tensors
         options: FlashOptions = ctx.options
         with torch.no_grad(), autocast_off(q.device.type):

@@ -11,9 +11,8 @@ of indices instead of tensors:
   softmax (a bias such as ALiBi, a squashing such as softcapping).
 
 `create_block_mask` evaluates a `mask_mod` once over tiles of the score matrix and keeps
-for each tile whether it is empty (skipped), full (computed with no mask) or partial
-(computed, then masked by the `mask_mod`); a compiled kernel then visits only the tiles
-that are not empty, so a sparse mask costs what it keeps.
+for each tile whether it is empty (skipped), full (no mask) or partial (masked by the
+`mask_mod`): a sparse mask costs what it keeps.
 
 This module writes each rule of attnlab in that form: the masks of
 [`attnlab.rules.masks`][attnlab.rules.masks] ([`causal_mod`][attnlab.functional.flex.causal_mod]
@@ -32,16 +31,12 @@ pairs; [`block_mask`][attnlab.functional.flex.block_mask],
 and [`block_fraction`][attnlab.functional.flex.block_fraction] build a block mask and say how much
 of it is computed.
 
-FlexAttention has no term for learned attention sinks (gpt-oss: one logit per head in
-the softmax's denominator). [`attention`][attnlab.functional.flex.attention] adds it after the
-kernel from the log-sum-exp that FlexAttention returns: with $\ell_i$ the log-sum-exp of
-row $i$'s scores and $s_h$ the sink, the sink only enlarges the softmax's denominator
-from $e^{\ell_i}$ to $e^{\ell_i} + e^{s_h}$, so the output is FlexAttention's times
-$\sigma(\ell_i - s_h)$ ([`apply_sinks`][attnlab.functional.flex.apply_sinks]). A row whose keys
-are all masked has $\ell_i = -\infty$ and stays zero, as in
-[`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention]. The
-compiled CPU kernel does not return the log-sum-exp (PyTorch 2.13), so there the sink
-must be one more key instead, whose score a `score_mod` sets to the sink's logit.
+FlexAttention has no term for learned attention sinks (gpt-oss: one logit $s_h$ per head
+in the softmax's denominator). [`attention`][attnlab.functional.flex.attention] adds it
+from the log-sum-exp $\ell_i$ that FlexAttention returns (and hands that back with
+`return_lse=True`): the output of row $i$ is scaled by $\sigma(\ell_i - s_h)$
+([`apply_sinks`][attnlab.functional.flex.apply_sinks]). The compiled CPU kernel does not
+return the log-sum-exp (PyTorch 2.13): there a sink must be one more key instead.
 
 On a CPU, FlexAttention runs compiled (`torch.compile`, inference only: its CPU backward
 raises `NotImplementedError`) or eagerly, where it materialises the whole score matrix
@@ -53,7 +48,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, get_args
+from typing import Any, Literal, get_args, overload
 
 import torch
 from torch import Tensor
@@ -439,8 +434,7 @@ def document_mod(document_ids: Tensor, *, is_causal: bool = True) -> MaskMod:
     Args:
         document_ids: The document of each token, `(t,)` for one packing shared by the
             batch or `(b, t)` for one per batch entry; integers.
-        is_causal: Also hide each query's future (the name every attention function of
-            the package uses).
+        is_causal: Also hide each query's future.
 
     Returns:
         `mask_mod(b, h, q_idx, kv_idx)`.
@@ -750,11 +744,9 @@ def block_fraction(block_mask: BlockMask) -> float:
 def apply_sinks(out: Tensor, lse: Tensor, sink_logits: Tensor) -> Tensor:
     r"""Add learned attention sinks to FlexAttention's output, from its log-sum-exp.
 
-    A sink logit $s_h$ joins the softmax's denominator and brings no value, so the
-    output of row $i$ is FlexAttention's scaled by
-    $e^{\ell_i} / (e^{\ell_i} + e^{s_h}) = \sigma(\ell_i - s_h)$: the rule of
-    [`merge_sinks`][attnlab.functional.flash.merge_sinks], which flash_attention's tiles
-    follow too.
+    A sink logit $s_h$ joins the softmax's denominator and brings no value, so the output
+    of row $i$ is FlexAttention's scaled by $\sigma(\ell_i - s_h)$: the rule of
+    [`merge_sinks`][attnlab.functional.flash.merge_sinks], which flash_attention follows too.
 
     Args:
         out: FlexAttention's output `(b, H, L, Ev)`.
@@ -780,6 +772,7 @@ def _compiled_flex() -> Callable[..., Any]:
     return torch.compile(flex_attention, dynamic=False)
 
 
+@overload
 def attention(
     query: Tensor,
     key: Tensor,
@@ -791,17 +784,46 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     compiled: bool = False,
-) -> Tensor:
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
+    sink_logits: Tensor | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    compiled: bool = False,
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
+    sink_logits: Tensor | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    compiled: bool = False,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     r"""FlexAttention with attnlab's checks, and learned sink logits added from the log-sum-exp.
 
-    `torch.nn.attention.flex_attention.flex_attention(query, key, value, score_mod,
-    block_mask, scale, enable_gqa)`, then, with `sink_logits`, the correction of
-    [`apply_sinks`][attnlab.functional.flex.apply_sinks]. Eager by default (PyTorch then warns that
-    it materialises the scores); `compiled=True` runs the kernel compiled by
-    `torch.compile` (once per shape and mask: seconds on a CPU), for inference only on
-    a CPU. Each compile is a new entry for the same function in dynamo's cache, whose
-    default limit is 8 (`torch._dynamo.config.recompile_limit`); past it, PyTorch
-    warns and the calls run eagerly.
+    PyTorch's `flex_attention(query, key, value, score_mod, block_mask, scale,
+    enable_gqa)`, then, with `sink_logits`, [`apply_sinks`][attnlab.functional.flex.apply_sinks].
+    Eager by default (PyTorch warns that it materialises the scores); `compiled=True`
+    runs it compiled by `torch.compile` (once per shape and mask: seconds on a CPU,
+    inference only there; past dynamo's `recompile_limit` of 8, eagerly again).
 
     Args:
         query: Queries `(b, H, L, E)`.
@@ -816,18 +838,19 @@ def attention(
         scale: Factor of the scores; default $1/\sqrt{E}$.
         enable_gqa: Let `H` be a multiple of `Hkv` (grouped-query attention).
         compiled: Run the compiled kernel.
+        return_lse: Also return the log-sum-exp `(b, H, L)` (natural log, the sinks in it),
+            for [`weights_from_lse`][attnlab.functional.lse_weights.weights_from_lse].
 
     Returns:
-        The context vectors `(b, H, L, Ev)`.
+        The context vectors `(b, H, L, Ev)`; with `return_lse`, the pair `(out, lse)`.
 
     Raises:
         TypeError: If an input is not a floating-point tensor, `block_mask` is not a
             `BlockMask`, `score_mod` does not take 5 positional arguments, or a flag is
             not a bool.
-        ValueError: If the inputs are not 4-d or do not fit together, or `sink_logits` is not
-            one logit per head.
-        NotImplementedError: For `sink_logits` with `compiled=True` on a CPU, whose compiled
-            kernel does not return the log-sum-exp (PyTorch 2.13).
+        ValueError: If the inputs are not 4-d or do not fit, or `sink_logits` not one per head.
+        NotImplementedError: For `sink_logits` or `return_lse` with `compiled=True` on a
+            CPU, whose compiled kernel does not return the log-sum-exp (PyTorch 2.13).
 
     Examples:
         >>> import warnings
@@ -855,19 +878,22 @@ def attention(
     check_scale("scale", scale)
     check_bool("enable_gqa", enable_gqa)
     check_bool("compiled", compiled)
-    if compiled and sink_logits is not None and q.device.type == "cpu":
+    needs_lse = check_bool("return_lse", return_lse) or sink_logits is not None
+    if compiled and needs_lse and q.device.type == "cpu":
         raise NotImplementedError(
-            "sinks with compiled=True need FlexAttention's log-sum-exp, which its compiled "
-            "CPU kernel does not return (PyTorch: 'return_lse is not supported yet'); run "
-            "it eagerly (compiled=False), or add the sink as one more key whose score a "
-            "score_mod sets to the sink's logit, with a zero value"
+            f"{'return_lse' if sink_logits is None else 'sinks'} with compiled=True needs "
+            "FlexAttention's log-sum-exp, which its compiled CPU kernel does not return; run "
+            "it eagerly (compiled=False), or make a sink one more key of zero value whose "
+            "score a score_mod sets to the sink's logit"
         )
     kernel: Callable[..., Any] = flex_attention
-    if compiled:
-        kernel = _compiled_flex()
+    kernel = _compiled_flex() if compiled else kernel
     args = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
-    if sink_logits is None:
+    if not needs_lse:
         out: Tensor = kernel(q, k, v, **args, enable_gqa=enable_gqa)
         return out
     out, aux = kernel(q, k, v, **args, enable_gqa=enable_gqa, return_aux=AuxRequest(lse=True))
-    return apply_sinks(out, aux.lse, sink_logits)
+    lse = aux.lse  # (b, H, L), natural log
+    if sink_logits is not None:
+        out, lse = merge_sinks(out, lse, sink_logits)
+    return (out, lse) if return_lse else out

@@ -44,10 +44,13 @@ from attnlab.caches.shared import KV_SOURCES, KVSource, SharedKVReader
 from attnlab.functional.backends import (
     Backend,
     BackendProperty,
+    CallOptions,
     attend,
+    attend_with_lse,
     attention_weights,
     check_backend_call,
 )
+from attnlab.functional.lse_weights import weights_from_rule
 from attnlab.layers.heads import merge_heads, split_heads
 from attnlab.layers.norms import QKNorm, QKNormSpec, RMSNorm, rms_normalize
 from attnlab.rules._validation import (
@@ -440,6 +443,10 @@ class GroupedQueryAttention(nn.Module):
                 False attends to every key (an encoder), which a window refuses.
             need_weights: Also return the attention weights `(b, num_heads, t, t_k)`
                 (without dropout) over the `t_k` keys attended to, whatever the backend.
+                On `"flash"` they are recovered from the kernel's log-sum-exp, one pass
+                over the keys without `(t, t_k)` scores (transformers issue 33996; see
+                [`weights_from_lse`][attnlab.functional.lse_weights.weights_from_lse]);
+                the other backends compute them from scratch.
 
         Returns:
             Like `x`; with `need_weights`, the pair `(out, weights)`.
@@ -489,7 +496,9 @@ class GroupedQueryAttention(nn.Module):
                 "window, dropout, need_weights, scale, softcap, sink_logits, alibi_slopes or "
                 "temperature"
             )
-        attended: list[tuple[Tensor, Tensor | None]] = []  # keys and mask, for need_weights
+        attended: list[tuple[Tensor, Tensor | None, Tensor | None]] = []  # for need_weights
+        # Flash's weights come from its log-sum-exp (not with a CausalBias attn_mask).
+        with_lse = need_weights and self.backend == "flash" and attn_mask is None
 
         def kernel(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             mask = attn_mask
@@ -497,10 +506,13 @@ class GroupedQueryAttention(nn.Module):
                 # The mask spans every token seen (as checked); the keys are the last of
                 # them: the window dropped the oldest, or a RollingKVCache forgot them.
                 mask = mask[..., -k.shape[2] :]
-            attended.append((k, mask))
-            return attend(  # (b, h, t, head_dim)
-                self.backend, q, k, v, rule, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
-            )
+            options: CallOptions = {"attn_mask": mask, "dropout_p": dropout_p, "enable_gqa": True}
+            if not with_lse:
+                attended.append((k, mask, None))  # keys, mask and the kernel's lse
+                return attend(self.backend, q, k, v, rule, **options)  # (b, h, t, head_dim)
+            heads, lse = attend_with_lse(self.backend, q, k, v, rule, **options)
+            attended.append((k, mask, lse))
+            return heads
 
         # The cache stores the new keys and values and runs the kernel over the ones the
         # queries see (a paged view reads its blocks instead; a reader, another layer's).
@@ -517,8 +529,11 @@ class GroupedQueryAttention(nn.Module):
         out = out[0] if unbatched else out
         if not need_weights:
             return out
-        k, mask = attended[0]
-        weights = attention_weights(q, k, rule, attn_mask=mask, enable_gqa=True)  # (b, h, t, t_k)
+        k, mask, lse = attended[0]
+        if lse is None:  # (b, h, t, t_k)
+            weights = attention_weights(q, k, rule, attn_mask=mask, enable_gqa=True)
+        else:  # the same queries, keys and rule as the kernel's
+            weights = weights_from_rule(q, k, lse, rule, enable_gqa=True)
         return out, weights[0] if unbatched else weights
 
     # -- interoperability with Hugging Face transformers ---------------------------------

@@ -449,8 +449,10 @@ class Decoder(nn.Module):
     ) -> list[Tensor]:
         """The attention weights of every layer on `ids`, `(b, num_heads, t, t)` each.
 
-        Computed from scratch beside the normal forward (the fused kernels do not return
-        them), without a cache, under `torch.no_grad()`; dropout is not applied.
+        Computed beside the normal forward, without a cache, under `torch.no_grad()`;
+        dropout is not applied. Layers on the `"flash"` backend rebuild them from the
+        kernel's log-sum-exp; the others compute them from scratch (fused kernels do not
+        return them).
 
         Args:
             ids: Token ids, `(b, t)` or `(t,)` (then each map is `(num_heads, t, t)`).

@@ -23,7 +23,7 @@ evaluate over the whole score matrix (`"torch"`, `"scratch"`) or tile by tile
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,7 +34,13 @@ from attnlab.rules._validation import check_positive_float, check_tensor
 if TYPE_CHECKING:  # for annotations only: at run time it would lengthen the kernels' imports
     from attnlab.rules.masks import Alignment
 
-__all__ = ["ScoreRule", "alibi_bias", "check_alibi_slopes", "check_temperature"]
+__all__ = [
+    "ScoreRule",
+    "alibi_bias",
+    "check_alibi_slopes",
+    "check_temperature",
+    "temperature_tuned",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,8 +79,9 @@ class ScoreRule:
             query $i$, at position $p = i + o$ among the keys, is first multiplied by
             $1 + \text{attn\_scale} \cdot \log(1 + \lfloor (p + 1) /
             \text{floor\_scale} \rfloor)$, so that scores sharpen as the context grows
-            (its NoPE layers); None for none. Applied once, in
-            [`attend`][attnlab.functional.backends.attend], for every backend.
+            (its NoPE layers); None for none. Applied once, by
+            [`temperature_tuned`][attnlab.rules.scores.temperature_tuned], which
+            [`attend`][attnlab.functional.backends.attend] calls for every backend.
 
     Examples:
         >>> rule = ScoreRule(is_causal=True, align="bottom-right", window=4)
@@ -92,7 +99,7 @@ class ScoreRule:
     temperature: tuple[float, float] | None = None
 
 
-def alibi_bias(slopes: Tensor, queries: range, keys: range) -> Tensor:
+def alibi_bias(slopes: Tensor, queries: range | Tensor, keys: range) -> Tensor:
     r"""ALiBi's bias $m_h (j - i)$ for the queries at positions `queries` and keys at `keys`.
 
     The one formula of the bias: the kernels that hold all scores call it once over
@@ -101,7 +108,8 @@ def alibi_bias(slopes: Tensor, queries: range, keys: range) -> Tensor:
 
     Args:
         slopes: One slope per head (or per flattened batch-and-head row), shape `(n,)`.
-        queries: The queries' positions, in the keys' frame.
+        queries: The queries' positions, in the keys' frame: a range, or a 1-d integer
+            tensor of any of them (a selection of rows).
         keys: The keys' positions.
 
     Returns:
@@ -112,7 +120,10 @@ def alibi_bias(slopes: Tensor, queries: range, keys: range) -> Tensor:
         tensor([[[-1.0000, -0.5000,  0.0000,  0.5000],
                  [-1.5000, -1.0000, -0.5000,  0.0000]]])
     """
-    i = torch.arange(queries.start, queries.stop, device=slopes.device)  # (L,)
+    if isinstance(queries, Tensor):
+        i = queries.to(slopes.device)  # (L,)
+    else:
+        i = torch.arange(queries.start, queries.stop, device=slopes.device)  # (L,)
     j = torch.arange(keys.start, keys.stop, device=slopes.device)  # (S,)
     distance = (j[None, :] - i[:, None]).to(slopes.dtype)  # (L, S), <= 0 where causal
     return slopes[:, None, None] * distance  # (n, L, S)
@@ -168,3 +179,27 @@ def check_temperature(name: str, value: object) -> tuple[float, float] | None:
     for part, number in zip(("floor_scale", "attn_scale"), value, strict=True):
         check_positive_float(f"{name} ({part})", number)
     return value
+
+
+def temperature_tuned(query: Tensor, key: Tensor, rule: ScoreRule) -> tuple[Tensor, ScoreRule]:
+    """The queries multiplied by `rule.temperature`'s factor, and the rule without it.
+
+    The one place temperature tuning happens: every backend's call
+    ([`attend`][attnlab.functional.backends.attend]) and the weights recovered from a
+    log-sum-exp go through it. Query `i` sits at position `i + o` among the `S` keys
+    (`o` of `rule.align`).
+
+    Examples:
+        >>> q, rule = torch.ones(1, 3, 2), ScoreRule(temperature=(2.0, 1.0))
+        >>> tuned, rest = temperature_tuned(q, torch.ones(1, 3, 2), rule)
+        >>> tuned[0, :, 0], rest.temperature
+        (tensor([1.0000, 1.6931, 1.6931]), None)
+    """
+    if rule.temperature is None:
+        return query, rule
+    floor_scale, attn_scale = rule.temperature
+    t, s = query.shape[-2], key.shape[-2]
+    first = s - t if rule.align == "bottom-right" else 0
+    p = torch.arange(first, first + t, device=query.device, dtype=torch.float32)
+    factor = torch.log1p(torch.floor((p + 1.0) / floor_scale)) * attn_scale + 1.0
+    return (query * factor[:, None]).to(query.dtype), replace(rule, temperature=None)
