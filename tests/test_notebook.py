@@ -22,6 +22,13 @@ SITE = "https://example.org/attnlab/"
 API = {"attnlab.SelfAttention": "reference/article/#attnlab.SelfAttention"}
 MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 DISPLAY = "from IPython.display import"  # how a figure cell starts in a notebook
+
+
+def _figure_cell(source: str) -> bool:
+    """A cell that displays a figure: `SVG(...)`/`HTML(...)`, or an object showing itself."""
+    return source.startswith(DISPLAY) or source.rstrip("\n").endswith("  # drawn below the cell")
+
+
 PageRun = Callable[[str], outputs.PageRun]
 
 
@@ -93,7 +100,7 @@ def test_code_cells_are_the_chapters_blocks_in_order(
     for chapter, nb in notebooks.items():
         expected = [b.code.rstrip("\n") for b in _blocks(chapter)]
         code = [c["source"].rstrip("\n") for c in _cells(nb, "code")]
-        shown = [c for c in code if not c.startswith(DISPLAY)]
+        shown = [c for c in code if not _figure_cell(c)]
         assert shown == expected, chapter
 
 
@@ -103,7 +110,7 @@ def test_outputs_are_what_the_chapter_shows(notebooks: dict[str, dict[str, Any]]
     compared = 0
     for chapter, nb in notebooks.items():
         chapter_blocks = _blocks(chapter)
-        cells = [c for c in _cells(nb, "code") if not c["source"].startswith(DISPLAY)]
+        cells = [c for c in _cells(nb, "code") if not _figure_cell(c["source"])]
         assert len(cells) == len(chapter_blocks)
         for k, (cell, block) in enumerate(zip(cells, chapter_blocks, strict=True), start=1):
             assert cell["execution_count"] is not None
@@ -136,9 +143,9 @@ def test_chapter_figures_are_drawn_in_their_notebooks(
         ]
         assert len(figures) == wanted, chapter
         for figure in figures:
-            assert "<svg" in figure
+            assert "<svg" in figure or "data-attn-model-view" in figure
             assert figure.rstrip().endswith(("</svg>", "</figure>", "</div>"))
-        figure_cells = [c for c in _cells(nb, "code") if c["source"].startswith(DISPLAY)]
+        figure_cells = [c for c in _cells(nb, "code") if _figure_cell(c["source"])]
         assert len(figure_cells) == wanted, chapter
         assert all("print(" not in c["source"].split("\n")[-1] for c in figure_cells)
         drawn += wanted
@@ -157,6 +164,9 @@ def test_figure_source_displays_instead_of_printing() -> None:
         "from IPython.display import HTML\n\n"
         "x = 1\nHTML(draw(x, title='t'))  # drawn below the cell"
     )
+    # An object that displays itself (a model view, its script inline) is the cell's value.
+    own, mime = notebook._figure_source("view = make()\nprint(view.html())\n")
+    assert (own, mime) == ("view = make()\nview  # drawn below the cell", "text/html")
     with pytest.raises(ValueError, match="must end with print"):
         notebook._figure_source("x = 1\n")
 

@@ -343,8 +343,8 @@ def _phone_pages(site_dir: Path) -> list[str]:
     """The pages issue 28 changed or added, found by where they live in the built site.
 
     The home page and every other page at the top of the site (a glossary, the notebooks'
-    index, a section's own page), every page of the modern chapters, and the one chapter
-    beyond the article that issue 28 changed.
+    index, a section's own page), every page of the modern chapters, and the chapters
+    beyond the article that issues 28 and 31 changed.
     """
     pages = [str(p.relative_to(site_dir)) for p in _pages(site_dir) if p.name == "index.html"]
     return [
@@ -352,7 +352,7 @@ def _phone_pages(site_dir: Path) -> list[str]:
         for page in pages
         if page.count("/") <= 1
         or page.startswith("modern/")
-        or page == "beyond/induction-heads/index.html"
+        or page in ("beyond/induction-heads/index.html", "beyond/flash-attention/index.html")
     ]
 
 
@@ -658,6 +658,97 @@ def test_the_search_reader_gives_the_entries_the_search_plugin_makes() -> None:
     assert ahead == own
     assert [e["location"] for e in own][:3] == ["p0/", "p1/", "p1/#s"]
     assert "axis" not in json.dumps(own)  # the figure is not indexed
+
+
+MODEL_VIEW_PAGE = "modern/real-llm/index.html"
+# Reports, once the page's model view has decoded its first text, every text's decoded
+# arrays (base64 of their bytes) and what the page shows.
+MODEL_VIEW_DRIVER = """
+window.addEventListener("load", function () {
+  var root = document.querySelector("[data-attn-model-view]");
+  function bytes(array) {
+    var b = new Uint8Array(array.buffer, array.byteOffset, array.byteLength), s = "";
+    for (var i = 0; i < b.length; i += 8192) {
+      s += String.fromCharCode.apply(null, b.subarray(i, i + 8192));
+    }
+    return btoa(s);
+  }
+  (function wait() {
+    if (!root || root.getAttribute("data-attn-mv-text") !== "0") return setTimeout(wait, 20);
+    var entries = root.attnModelView.entries;
+    Promise.all(entries.map(window.attnModelView.decode)).then(function (all) {
+      var out = {thumbs: root.querySelectorAll(".attn-mv-thumb").length,
+        tokens: root.querySelectorAll(".attn-mv-token").length,
+        decoded: all.map(function (d) {
+          return {thumbs: bytes(d.thumbs), full: d.full ? bytes(d.full) : null,
+                  keys: d.keys ? bytes(d.keys) : null, values: d.values ? bytes(d.values) : null};
+        })};
+      var pre = document.createElement("pre");
+      pre.id = "result";
+      pre.textContent = JSON.stringify(out);
+      document.body.appendChild(pre);
+    });
+  })();
+});
+"""
+
+
+def _array(text: str, dtype: Any) -> Any:
+    import base64
+
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=dtype).long()
+
+
+@pytest.mark.skipif(BROWSER is None, reason=MISSING)
+def test_model_view_page_shows_smollm2s_own_weights(
+    site: tuple[Path, str], smollm2: tuple[Any, Any, Any], tmp_path: Path
+) -> None:
+    # The real page, opened from a file as an offline copy is: its script decodes the data
+    # the build computed, which must be the model's weights within the encoding's step.
+    import torch
+
+    from attnlab.tools.model_view import attention_weights
+
+    site_dir, _ = site
+    page = site_dir / MODEL_VIEW_PAGE
+    assert page.stat().st_size <= 2_000_000  # the whole page, its view's data included
+    markup = page.read_text("utf-8")
+    entries = json.loads(markup.split('class="attn-mv-data">')[1].split("</script>")[0])
+    copy = site_dir / "modern/real-llm/driven.html"
+    copy.write_text(markup.replace("</body>", f"<script>{MODEL_VIEW_DRIVER}</script></body>"))
+    command = headless(
+        tmp_path / "profile", "--virtual-time-budget=20000", "--dump-dom", copy.as_uri()
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    copy.unlink()
+    found = re.search(r'<pre id="result">(.*?)</pre>', done.stdout, flags=re.S)
+    assert found, "the model view did not decode its data: " + done.stderr[-2000:]
+    shown = json.loads(html.unescape(found[1]))
+    _, decoder, tokenizer = smollm2
+    assert [e["name"] for e in entries][::4] == ["The article's sentence", "A passage of this site"]
+    assert shown["thumbs"] == 270
+    assert shown["tokens"] == entries[0]["t"] == 7
+    step = 1 / 510 + 1e-6
+    for entry, decoded in zip(entries, shown["decoded"], strict=True):
+        t, k, cells, pool = entry["t"], entry["k"], entry["cells"], entry["pool"]
+        assert entry["tokens"] == [tokenizer.decode(i) for i in entry["ids"]]
+        weights = attention_weights(decoder, torch.tensor(entry["ids"]))  # (30, 9, t, t)
+        if entry["thumbs"]:
+            padded = torch.zeros(30, 9, cells * pool, cells * pool)
+            padded[..., :t, :t] = weights
+            pooled = padded.reshape(30, 9, cells, pool, cells, pool).amax(dim=(3, 5))
+            thumbs = _array(decoded["thumbs"], torch.uint8).reshape(30, 9, cells, cells) / 255
+            torch.testing.assert_close(thumbs, pooled, atol=step, rtol=0)
+        if decoded["full"] is not None:
+            rows, cols = torch.tril_indices(t, t)
+            full = _array(decoded["full"], torch.uint8).reshape(30, 9, -1) / 255
+            torch.testing.assert_close(full, weights[..., rows, cols], atol=step, rtol=0)
+            continue
+        keys = _array(decoded["keys"], torch.int16).reshape(30, 9, t, k)
+        values = _array(decoded["values"], torch.uint8).reshape(30, 9, t, k) / 255
+        torch.testing.assert_close(values, weights.gather(-1, keys), atol=step, rtol=0)
 
 
 # Last in the file, so that the browser the `site` fixture started has had the other

@@ -271,7 +271,9 @@ def _figure_source(code: str) -> tuple[str, str]:
 
     The site's block prints HTML for the page; in Jupyter that would be text, so the
     final ``print`` becomes a value that Jupyter displays: ``SVG(figure_to_svg(fig))``
-    for a matplotlib figure printed in ``<div class="attn-figure">``, else ``HTML(...)``.
+    for a matplotlib figure printed in ``<div class="attn-figure">``, the object itself for
+    ``print(x.html())`` (it displays itself, e.g. a model view with its script inline),
+    else ``HTML(...)``.
     """
     svg, n = FIGURE_PRINT.subn(r"SVG(figure_to_svg(\g<fig>))  # drawn below the cell", code)
     if n == 1:
@@ -290,6 +292,9 @@ def _figure_source(code: str) -> tuple[str, str]:
     lines = code.rstrip("\n").split("\n")
     shown = ast.get_source_segment(code, last.value.args[0])
     head = "\n".join(lines[: last.lineno - 1])
+    own = re.fullmatch(r"(\w+)\.html\(\)", str(shown))
+    if own:  # an object that shows itself in Jupyter (a model view: with its script)
+        return f"{head}\n{own[1]}  # drawn below the cell".lstrip("\n"), "text/html"
     call = f"HTML({shown})  # drawn below the cell"
     if "\n" in str(shown) or len(call) > MAX_LINE:  # one argument per line, as ruff would
         call = f"HTML(  # drawn below the cell\n    {shown}\n)"
