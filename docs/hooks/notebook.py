@@ -101,6 +101,9 @@ class NotebookError(RuntimeError):
     """A chapter's cell raised while its notebook was executed."""
 
 
+DISPLAY = "from IPython.display import"  # how a cell that displays SVG or HTML starts
+
+
 def _is_figure(fence: blocks.Fence) -> bool:
     return fence.is_exec and 'html="1"' in fence.info
 
@@ -277,7 +280,7 @@ def _figure_source(code: str) -> tuple[str, str]:
     """
     svg, n = FIGURE_PRINT.subn(r"SVG(figure_to_svg(\g<fig>))  # drawn below the cell", code)
     if n == 1:
-        return "from IPython.display import SVG\n\n" + svg.rstrip("\n"), "image/svg+xml"
+        return f"{DISPLAY} SVG\n\n" + svg.rstrip("\n"), "image/svg+xml"
     tree = ast.parse(code)
     last = tree.body[-1] if tree.body else None
     if not (
@@ -299,7 +302,7 @@ def _figure_source(code: str) -> tuple[str, str]:
     if "\n" in str(shown) or len(call) > MAX_LINE:  # one argument per line, as ruff would
         call = f"HTML(  # drawn below the cell\n    {shown}\n)"
     body = f"{head}\n{call}"
-    return "from IPython.display import HTML\n\n" + body.lstrip("\n"), "text/html"
+    return f"{DISPLAY} HTML\n\n" + body.lstrip("\n"), "text/html"
 
 
 def _results(
@@ -329,6 +332,11 @@ def _outputs(cell: Any, fence: blocks.Fence, result: outputs.Result | None, coun
     printed = result.printed
     if _is_figure(fence):
         cell["source"], mime = _figure_source(cell["source"])
+        if not cell["source"].startswith(DISPLAY):
+            # An object that draws itself (a model view) keeps no stored copy: its data
+            # (a megabyte and more) would double the download, and running the cell,
+            # which it needs anyway for its script, draws it.
+            return
         if mime == "image/svg+xml":
             from IPython.display import SVG
 
