@@ -256,7 +256,19 @@ def test_bad_arguments_are_refused_by_name(change: dict[str, Any], message: str)
 
 
 @pytest.mark.parametrize("with_cache", [False, True])
-def test_gqa_layer_weights_on_flash_equal_scratch(with_cache: bool) -> None:
+def test_gqa_layer_weights_on_flash_equal_scratch(
+    with_cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import attnlab.layers.gqa as gqa
+
+    recovered: list[str] = []  # the backends whose weights came from a log-sum-exp
+    real = gqa.weights_from_rule
+
+    def spy(*args: Any, **kwargs: Any) -> Tensor:
+        recovered.append(layer.backend)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gqa, "weights_from_rule", spy)
     layer = GroupedQueryAttention(
         40,
         num_heads=H,
@@ -278,6 +290,7 @@ def test_gqa_layer_weights_on_flash_equal_scratch(with_cache: bool) -> None:
             results[backend] = layer(x[:, 5:] if cache else x, cache=cache, need_weights=True)
         layer.backend = "flash"
         plain = layer(x) if not with_cache else results["flash"][0]
+    assert recovered == ["flash"]  # scratch materialises them
     (out, weights), (out_s, weights_s) = results["flash"], results["scratch"]
     torch.testing.assert_close(weights, weights_s, **TOL)
     torch.testing.assert_close(out, out_s, atol=1e-5, rtol=1e-5)

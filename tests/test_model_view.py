@@ -77,12 +77,21 @@ def decode(entry: dict[str, Any]) -> dict[str, Tensor]:
     return out
 
 
-def test_model_view_weights_equal_the_decoders_materialised_softmax(decoder: Decoder) -> None:
+def test_model_view_weights_equal_the_decoders_materialised_softmax(
+    decoder: Decoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import attnlab.layers.gqa as gqa
+
     ids = torch.tensor(CharTokenizer().encode("the cat sat on the mat; the cat"))
     backends = [block.self_attn.backend for block in decoder.layers]
+    calls: list[int] = []
+    real = gqa.weights_from_rule
+    monkeypatch.setattr(gqa, "weights_from_rule", lambda *a, **k: calls.append(1) or real(*a, **k))
     recovered = mv.attention_weights(decoder, ids)  # on flash, from the log-sum-exp
+    assert len(calls) == 3  # every layer's weights came from its log-sum-exp
     assert [block.self_attn.backend for block in decoder.layers] == backends  # restored
     softmax = torch.stack(decoder.attention_maps(ids))  # from scratch, materialised
+    assert len(calls) == 3
     assert recovered.shape == (3, 4, len(ids), len(ids))
     torch.testing.assert_close(recovered, softmax, atol=1e-6, rtol=0)
 
@@ -140,9 +149,22 @@ def test_the_cache_keeps_the_data_under_the_weights_texts_and_source(
 
     monkeypatch.setattr(mv, "attention_weights", unused)
     assert mv.model_view(decoder, tokenizer, "a cat", cache_key="weights-1") == first
-    for text, key in (("a dog", "weights-1"), ("a cat", "weights-2")):
+    changes: list[tuple[str, dict[str, Any]]] = [
+        ("a dog", {}),
+        ("a cat", {"cache_key": "weights-2"}),
+        ("a cat", {"top_k": 2}),
+        ("a cat", {"thumb": 3}),
+    ]
+    for text, change in changes:
         with pytest.raises(AssertionError, match="computed again"):
-            mv.model_view(decoder, tokenizer, text, cache_key=key)
+            mv.model_view(decoder, tokenizer, text, **{"cache_key": "weights-1", **change})
+
+    class Other(CharTokenizer):  # the same ids, other texts for them
+        def decode(self, ids: int | list[int]) -> str:
+            return "?"
+
+    with pytest.raises(AssertionError, match="computed again"):
+        mv.model_view(decoder, Other(), "a cat", cache_key="weights-1")
     monkeypatch.setattr(mv, "_source_digest", lambda: "edited")
     with pytest.raises(AssertionError, match="computed again"):
         mv.model_view(decoder, tokenizer, "a cat", cache_key="weights-1")
@@ -157,6 +179,7 @@ def test_markup_and_standalone_file_cannot_end_their_script_early(
 
     view = mv.model_view(decoder, Tricky(), {"a </script> name": "abc"})
     markup = view.html()
+    assert "<" not in markup.split('class="attn-mv-data">')[1].split("</script>")[0]
     assert markup.count("</script>") == 1
     assert markup.endswith("</script></div>")
     assert "a &lt;/script&gt; name" in markup  # the fallback line, escaped
@@ -176,6 +199,10 @@ def test_markup_and_standalone_file_cannot_end_their_script_early(
         ({"texts": 3}, TypeError, r"texts must be a str, a sequence of str or a mapping"),
         ({"texts": "ab", "top_k": 0}, ValueError, r"top_k"),
         ({"texts": "ab", "thumb": 2.5}, TypeError, r"thumb"),
+        ({"texts": []}, ValueError, r"texts is empty"),
+        ({"texts": {"ids": [1.7, 2.2]}}, TypeError, r"texts\['ids'\]"),
+        ({"texts": {"ids": [1, 61]}}, ValueError, r"texts\['ids'\]"),
+        ({"texts": {"ids": 5}}, TypeError, r"texts\['ids'\]"),
     ],
 )
 def test_bad_input_names_the_argument(
@@ -209,3 +236,48 @@ def test_texts_are_named_by_their_start(decoder: Decoder) -> None:
     view = mv.model_view(decoder, CharTokenizer(), ["x" * 50, "x" * 45, "ab"])
     assert [e["name"] for e in view.texts] == ["x" * 40, "x" * 40 + " (2)", "ab"]
     assert [e["ids"] for e in view.texts][2] == CharTokenizer().encode("ab")
+
+
+@pytest.mark.parametrize("floats", [10**9, 2 * 3 * 4 * 40 * 40])  # all in one pass; two passes
+def test_texts_padded_into_one_batch_keep_their_own_weights(
+    decoder: Decoder, floats: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mv, "_BATCH_FLOATS", floats)
+    texts = [[5, 9, 2], list(range(1, 41)), [7] * 12]
+    calls = []
+    real = mv.attention_weights
+    monkeypatch.setattr(
+        mv, "attention_weights", lambda d, ids: calls.append(ids.shape) or real(d, ids)
+    )
+    maps = list(mv._all_maps(decoder, texts))
+    assert calls == ([(3, 40)] if floats > 10**6 else [(2, 40), (1, 12)])
+    for text, got in zip(texts, maps, strict=True):
+        torch.testing.assert_close(got, real(decoder, torch.tensor(text)), atol=1e-6, rtol=0)
+
+
+def test_ids_as_a_tokenizers_batch_of_one(decoder: Decoder) -> None:
+    view = mv.model_view(decoder, CharTokenizer(), {"ids": torch.tensor([[3, 4, 5]])})
+    assert view.texts[0]["ids"] == [3, 4, 5]
+
+
+def test_encode_checks_its_input() -> None:
+    maps = torch.zeros(2, 4, 5, 5)
+    with pytest.raises(ValueError, match=r"maps must be \(layers, heads, t, t\), got \(2, 4, 5\)"):
+        mv.encode(maps[..., 0], "x", ["a"] * 5, kv_heads=2)
+    with pytest.raises(ValueError, match=r"labels has 4 entries for 5 tokens"):
+        mv.encode(maps, "x", ["a"] * 4, kv_heads=2)
+    with pytest.raises(ValueError, match=r"kv_heads=3 must divide the 4 heads"):
+        mv.encode(maps, "x", ["a"] * 5, kv_heads=3)
+    with pytest.raises(ValueError, match=r"top_k"):
+        mv.encode(maps, "x", ["a"] * 5, kv_heads=2, top_k=0)
+
+
+def test_layers_with_other_key_value_heads_are_refused() -> None:
+    from attnlab.models.config import GlobalAttentionConfig
+
+    config = DecoderConfig(
+        vocab_size=61, d_model=24, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=6,
+        hidden_dim=40, windows=(3, None), global_attention=GlobalAttentionConfig(8, 1),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"layers have \[1, 2\] key/value heads"):
+        mv.model_view(Decoder(config), CharTokenizer(), "ab")

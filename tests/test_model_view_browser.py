@@ -52,6 +52,10 @@ DRIVER = r"""
   function mouse(node, type, x, y) {
     node.dispatchEvent(new MouseEvent(type, {bubbles: true, clientX: x, clientY: y}));
   }
+  function band(b) {  // where a band's row starts, as a share of its thumbnail's height
+    var inset = getComputedStyle(b).clipPath.match(/inset\(([\d.]+)%/);
+    return inset ? Number(inset[1]) / 100 : null;
+  }
   function key(node, name) {
     node.dispatchEvent(new KeyboardEvent("keydown", {key: name, bubbles: true}));
   }
@@ -79,11 +83,7 @@ DRIVER = r"""
       tokenLit: spans[5].classList.contains("is-lit"),
       shown: bands.filter(function (b) { return getComputedStyle(b).display === "block"; }).length,
       bands: bands.length,
-      tops: bands.map(function (b) {  // where the band is drawn, in rows of its thumbnail
-        var box = b.parentNode.getBoundingClientRect();
-        return (b.getBoundingClientRect().top - box.top - b.parentNode.clientTop) /
-          b.parentNode.clientHeight;
-      })};
+      tops: bands.map(band)};
     // 2. Tap token 7 (pointer events, then a click): it stays lit when the pointer leaves.
     hit = top(spans[7]);
     ["pointerdown", "pointerup"].forEach(function (type) {
@@ -106,6 +106,11 @@ DRIVER = r"""
       readout: root.querySelector(".attn-mv-readout").textContent};
     // 4. Point at the heatmap's cell (query 7, key 3).
     var heat = root.querySelector(".attn-mv-heat"), t = entries[0].t;
+    var ctx = heat.getContext("2d");
+    out.pixels = [[7, 3], [3, 7], [7, 7]].map(function (c) {
+      return Array.from(ctx.getImageData(c[1], c[0], 1, 1).data.slice(0, 3));
+    });
+    out.position = thumb.style.backgroundPosition;
     heat.scrollIntoView({block: "center"});
     var hr = heat.getBoundingClientRect();
     mouse(heat, "mousemove", hr.left + (3.5 / t) * hr.width, hr.top + (7.5 / t) * hr.height);
@@ -146,6 +151,19 @@ DRIVER = r"""
         head: root.getAttribute("data-attn-mv-head"),
         cells: grid.style.getPropertyValue("--mv-cells")};
       out.width2 = document.documentElement.scrollWidth;
+      // The last token's row: the last of 32 cells, in every thumbnail (all layers shown).
+      from.value = "0";
+      from.dispatchEvent(new Event("change", {bubbles: true}));
+      var last = root.querySelectorAll(".attn-mv-token");
+      mouse(top(last[last.length - 1]), "mouseover");
+      out.lastTops = Array.from(root.querySelectorAll(".attn-mv-band")).map(function (b) {
+        var box = b.parentNode.getBoundingClientRect(), r = b.getBoundingClientRect();
+        return [band(b), getComputedStyle(b).display];
+      });
+      out.thumbHeight = root.querySelector(".attn-mv-thumb").clientHeight;
+      // What the large view reads of a row kept as its top weights.
+      var data = root.attnModelView.data;
+      out.rows = [10, 63].map(function (i) { return window.attnModelView.row(data, 0, 0, i); });
       done();
     });
   }
@@ -162,8 +180,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )  # fmt: skip
     decoder = Decoder(config).eval()
     tokenizer = CharTokenizer()
-    texts = {"short": "the cat sat on the mat", "long": "the dog sat on the log, " * 3}
-    view = mv.model_view(decoder, tokenizer, texts, top_k=4, full_up_to=24, thumb=16)
+    long = ("the dog sat on the log. " * 3)[:64]  # 32 cells of 2 tokens: rows under 2 px
+    texts = {"short": "the cat sat on the mat", "long": long}
+    view = mv.model_view(decoder, tokenizer, texts, top_k=4, full_up_to=24, thumb=32)
     folder = tmp_path_factory.mktemp("view")
     page = view.save(folder / "view.html")
     html = page.read_text("utf-8").replace("</body>", f"<script>{DRIVER}</script></body>")
@@ -253,6 +272,17 @@ def test_browser_model_view_hover_tap_click_and_keys(run: dict[str, Any]) -> Non
             f"Query 7 \u201c{tokens[7]}\u201d \u2192 key {key} \u201c{tokens[key]}\u201d: "
             f"{shown[7, key]:.2f}"
         )
+    # The heatmap's pixels: a weight in the site's blues, a masked pair the lightest one.
+    from attnlab.tools.plotting import _blues
+
+    def rgb(weight: float) -> list[int]:
+        colour = _blues(round(weight * 255) / 255)
+        return [int(colour[k : k + 2], 16) for k in (1, 3, 5)]
+
+    for (i, j), got in zip([(7, 3), (3, 7), (7, 7)], r["pixels"], strict=True):
+        want = rgb(float(weights[i, j])) if j <= i else rgb(0.0)
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1, (i, j)
+    assert r["position"] == "40% 50%"  # layer 1 of 3, head 2 of 6: its tile of the sheet
     assert r["closed"] == {"hidden": True, "focus": "Layer 1, head 2 (kv head 0)"}
     assert r["moved"] == ["2", "3", 0, 1]  # one tab stop in the grid
     assert r["entered"] == "2,3"
@@ -262,10 +292,22 @@ def test_browser_model_view_hover_tap_click_and_keys(run: dict[str, Any]) -> Non
 
 def test_browser_model_view_fits_a_phone_and_switches_texts(run: dict[str, Any]) -> None:
     r, long = run["result"], run["view"].texts[1]
+    assert (long["mode"], long["pool"], long["cells"]) == ("top", 2, 32)
     scroll, width = r["width"]  # the frame's width, less its vertical scroll bar
     assert scroll == width
     assert PHONE - 20 <= width <= PHONE
     assert r["width2"] == width
+    # On a phone the rows of 32 cells are under 2 px, and the last one still shows.
+    assert r["thumbHeight"] < 64
+    assert all(display == "block" for _, display in r["lastTops"])
+    assert [top for top, _ in r["lastTops"]] == pytest.approx([31 / 32] * 18, abs=0.01)
+    # A row kept as its top weights: the keys up to the query (its own included).
+    weights = run["maps"][1][0, 0]
+    for i, got in zip((10, 63), r["rows"], strict=True):
+        keep = weights[i].topk(long["k"]).indices.sort().values
+        keep = [int(j) for j in keep if j <= i and round(float(weights[i, j]) * 255) > 0]
+        assert got["keys"] == keep
+        assert got["rest"] == pytest.approx(1 - sum(got["weights"]))
     assert r["second"] == {
         "tokens": long["t"],
         "pressed": "true",

@@ -190,6 +190,8 @@ def weights_from_rule(
     Returns:
         The weights `(..., R, S)`.
     """
+    if not isinstance(rule, ScoreRule):
+        raise TypeError(f"rule must be a ScoreRule, got {type(rule).__name__}")
     query, rule = temperature_tuned(query, key, rule)
     return weights_from_lse(
         query,

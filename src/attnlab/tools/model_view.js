@@ -54,11 +54,11 @@
     ".attn-mv-thumb:focus-visible,.attn-mv-thumb[aria-pressed=true]{outline:2px solid rgb(" + ACCENT + ");",
     "outline-offset:1px;z-index:1}",
     ".attn-mv-thumb{background-repeat:no-repeat;background-origin:content-box;image-rendering:pixelated}",
-    // A band is one row of its thumbnail, moved by its view's own rule (transform: one
-    // rule for all, no layout).
-    ".attn-mv-band{position:absolute;left:0;right:0;top:0;display:none;pointer-events:none;",
-    "height:calc(100% / var(--mv-cells,1));",
-    "min-height:2px;background:rgba(" + ACCENT + ",.3);box-shadow:0 0 0 1px rgb(" + ACCENT + ")}",
+    // A band covers its thumbnail and is clipped to one row by its view's own rule: one
+    // rule moves all bands, with no layout, exact at any size (a row may be under 1 px).
+    ".attn-mv-band{position:absolute;inset:0;display:none;pointer-events:none;",
+    "background:rgba(" + ACCENT + ",.6)}",
+    ".attn-mv-live{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0)}",
     ".attn-mv-grid.is-lit .attn-mv-band{display:block}",
     ".attn-mv-detail{margin:.6em 0;padding:.5em;border:1px solid var(--md-default-fg-color--lighter,#999);",
     "border-radius:.2em}",
@@ -197,8 +197,11 @@
     var sheet = el("style");
     root.appendChild(sheet);
     root.setAttribute("data-attn-mv-id", String(++View.count));
-    sheet.sheet.insertRule('[data-attn-mv-id="' + View.count + '"] .attn-mv-band{}', 0);
+    var scope = '[data-attn-mv-id="' + View.count + '"] ';
+    sheet.sheet.insertRule(scope + ".attn-mv-band{}", 0);
+    sheet.sheet.insertRule(scope + ".attn-mv-thumb{}", 1);
     this.band = sheet.sheet.cssRules[0].style; // moves every band of this view at once
+    this.sheet = sheet.sheet.cssRules[1].style; // every thumbnail's image: one for all
     this.build();
     this.selectText(0);
   }
@@ -238,8 +241,11 @@
     this.tokens = el("div", {"class": "attn-mv-tokens", role: "toolbar", "aria-label": "Tokens: " +
       "point at, focus or tap one to light its row in every head"});
     root.appendChild(this.tokens);
-    this.readout = el("p", {"class": "attn-mv-readout", "aria-live": "polite"});
+    this.readout = el("p", {"class": "attn-mv-readout"});
     root.appendChild(this.readout);
+    // What the keyboard changes is read out by screen readers; pointer moves are not.
+    this.live = el("p", {"class": "attn-mv-live", "aria-live": "polite"});
+    root.appendChild(this.live);
 
     this.detail = el("section", {"class": "attn-mv-detail", hidden: ""});
     var title = el("div", {"class": "attn-mv-detail-title"});
@@ -303,6 +309,18 @@
 
   View.prototype.listen = function () {
     var self = this;
+    // Keys with a modifier belong to the browser (Alt+Left: back), and nothing answers
+    // before the first text is decoded.
+    function ours(event) {
+      if (!self.data || event.altKey || event.ctrlKey || event.metaKey) return false;
+      self.keyboard = true;
+      return true;
+    }
+    this.root.addEventListener("pointerdown", function (event) {
+      self.keyboard = false;
+      self.touch = event.pointerType === "touch";
+    });
+    this.root.addEventListener("mousemove", function () { self.keyboard = false; });
     function tokenOf(target) {
       var span = target.closest && target.closest(".attn-mv-token");
       return span ? Number(span.getAttribute("data-i")) : null;
@@ -319,11 +337,13 @@
     this.tokens.addEventListener("focusout", function () { self.light(null); });
     this.tokens.addEventListener("click", function (event) {
       var i = tokenOf(event.target);
-      if (i !== null) self.pin(i);
+      if (i === null || !self.data) return;
+      self.pin(i);
+      if (self.touch) self.light(null, true); // a tap has no hover to keep: the pin decides
     });
     this.tokens.addEventListener("keydown", function (event) {
       var i = tokenOf(event.target);
-      if (i === null) return;
+      if (i === null || !ours(event)) return;
       var next = moveIndex(event.key, i, self.data.entry.t, 1);
       if (event.key === "Enter" || event.key === " ") { self.pin(i); event.preventDefault(); return; }
       if (next === null) return;
@@ -332,11 +352,11 @@
     });
     this.grid.addEventListener("click", function (event) {
       var thumb = event.target.closest && event.target.closest(".attn-mv-thumb");
-      if (thumb) self.openHead(Number(thumb.getAttribute("data-layer")), Number(thumb.getAttribute("data-head")));
+      if (thumb && self.data) self.openHead(Number(thumb.getAttribute("data-layer")), Number(thumb.getAttribute("data-head")));
     });
     this.grid.addEventListener("keydown", function (event) {
       var thumb = event.target.closest && event.target.closest(".attn-mv-thumb");
-      if (!thumb) return;
+      if (!thumb || !ours(event)) return;
       var e = self.data.entry, l = Number(thumb.getAttribute("data-layer"));
       var h = Number(thumb.getAttribute("data-head")), lo = Number(self.from.value);
       var hi = Math.max(lo, Number(self.to.value)), key = event.key;
@@ -355,20 +375,22 @@
       self.focusThumb(l, h);
     });
     this.detail.addEventListener("keydown", function (event) {
-      if (event.key === "Escape") { event.preventDefault(); self.closeHead(true); }
+      if (event.key === "Escape" && ours(event)) { event.preventDefault(); self.closeHead(true); }
     });
     function lineAt(event) {
       var rect = self.lines.getBoundingClientRect();
       return Math.max(0, Math.min(self.data.entry.t - 1, Math.floor((event.clientY - rect.top - 4) / self.rowH)));
     }
     this.lines.addEventListener("mousemove", function (event) {
+      if (!self.data) return;
       self.pointing = true; // the pointer is on the lines: do not scroll them under it
       self.light(lineAt(event));
     });
     this.lines.addEventListener("mouseleave", function () { self.pointing = false; self.light(null); });
-    this.lines.addEventListener("click", function (event) { self.pin(lineAt(event)); });
+    this.lines.addEventListener("click", function (event) { if (self.data) self.pin(lineAt(event)); });
     this.lines.addEventListener("pointerdown", function () { self.pointing = true; });
     this.lines.addEventListener("keydown", function (event) {
+      if (!ours(event)) return;
       self.pointing = false;
       var i = self.current(), t = self.data.entry.t;
       var next = moveIndex(event.key, i === null ? -1 : i, t, 0);
@@ -382,10 +404,11 @@
       var j = Math.floor((event.clientX - rect.left) / rect.width * t);
       return [Math.max(0, Math.min(t - 1, i)), Math.max(0, Math.min(t - 1, j))];
     }
-    this.heat.addEventListener("mousemove", function (event) { self.pointCell(cellAt(event)); });
-    this.heat.addEventListener("click", function (event) { self.pointCell(cellAt(event)); });
+    this.heat.addEventListener("mousemove", function (event) { if (self.head) self.pointCell(cellAt(event)); });
+    this.heat.addEventListener("click", function (event) { if (self.head) self.pointCell(cellAt(event)); });
     this.heat.addEventListener("mouseleave", function () { self.cursor.hidden = true; self.say(); });
     this.heat.addEventListener("keydown", function (event) {
+      if (!ours(event)) return;
       var t = self.data.entry.t, i = self.cell[0], j = self.cell[1], key = event.key;
       if (key === "ArrowUp") i = Math.max(0, i - 1);
       else if (key === "ArrowDown") i = Math.min(t - 1, i + 1);
@@ -397,7 +420,7 @@
       event.preventDefault();
       self.pointCell([i, j]);
     });
-    this.heat.addEventListener("focus", function () { self.pointCell(self.cell); });
+    this.heat.addEventListener("focus", function () { if (self.head) self.pointCell(self.cell); });
     this.heat.addEventListener("blur", function () { self.cursor.hidden = true; });
     window.addEventListener("resize", function () { if (self.head) self.drawLines(); });
   };
@@ -422,6 +445,7 @@
       if (self.text !== n) return;
       self.data = data;
       self.lit = self.pinned = null;
+      self.cell = [0, 0];
       self.fillTokens();
       self.drawThumbs();
       self.grid.style.setProperty("--mv-cells", String(entry.cells));
@@ -430,6 +454,7 @@
       self.root.removeAttribute("aria-busy");
       self.root.setAttribute("data-attn-mv-text", String(n));
     }, function (error) {
+      self.root.removeAttribute("aria-busy");
       self.readout.textContent = "The data could not be read: " + (error.message || error);
     });
   };
@@ -438,7 +463,8 @@
     var strip = this.tokens, frag = document.createDocumentFragment();
     strip.textContent = "";
     this.data.entry.tokens.forEach(function (token, i) {
-      frag.appendChild(el("span", {"class": "attn-mv-token", "data-i": i,
+      frag.appendChild(el("span", {"class": "attn-mv-token", "data-i": i, role: "button",
+        "aria-pressed": "false",
         tabindex: i === 0 ? "0" : "-1", title: "token " + i}, shown(token)));
     });
     strip.appendChild(frag);
@@ -462,13 +488,11 @@
       }
     }
     ctx.putImageData(image, 0, 0);
-    var url = "url(" + sheet.toDataURL("image/png") + ")";
+    this.sheet.backgroundImage = "url(" + sheet.toDataURL("image/png") + ")";
+    this.sheet.backgroundSize = e.heads * 100 + "% " + e.layers * 100 + "%";
     var across = e.heads > 1 ? e.heads - 1 : 1, down = e.layers > 1 ? e.layers - 1 : 1;
     for (k = 0; k < this.thumbs.length; k++) {
-      var style = this.thumbs[k].style;
-      style.backgroundImage = url;
-      style.backgroundSize = e.heads * 100 + "% " + e.layers * 100 + "%";
-      style.backgroundPosition = (k % e.heads) / across * 100 + "% " + Math.floor(k / e.heads) / down * 100 + "%";
+      this.thumbs[k].style.backgroundPosition = (k % e.heads) / across * 100 + "% " + Math.floor(k / e.heads) / down * 100 + "%";
     }
   };
 
@@ -485,6 +509,9 @@
   };
 
   View.prototype.focusThumb = function (l, h, quiet) {
+    // The grid's one Tab stop stays on a layer that is shown.
+    var lo = Number(this.from.value), hi = Math.max(lo, Number(this.to.value));
+    l = Math.min(Math.max(l, lo), hi);
     var e = this.entries[0], next = this.thumbs[l * e.heads + h];
     this.thumbs.forEach(function (thumb) { thumb.tabIndex = -1; });
     next.tabIndex = 0;
@@ -507,13 +534,15 @@
     this.lit = i;
     var now = this.current();
     if (now === before && !force) return;
-    if (before !== null && this.spans[before]) this.spans[before].classList.remove("is-lit");
+    if (this.litSpan) this.litSpan.classList.remove("is-lit");
+    this.litSpan = now === null ? null : this.spans[now];
     if (now === null) {
       this.grid.classList.remove("is-lit");
     } else {
-      this.spans[now].classList.add("is-lit");
-      this.band.transform = "translateY(" + 100 * Math.floor(now / this.data.entry.pool) + "%)";
-      if (before === null) this.grid.classList.add("is-lit");
+      this.litSpan.classList.add("is-lit");
+      var cells = this.data.entry.cells, row = Math.floor(now / this.data.entry.pool);
+      this.band.clipPath = "inset(" + 100 * row / cells + "% 0 " + 100 * (cells - row - 1) / cells + "% 0)";
+      this.grid.classList.add("is-lit");
     }
     this.root.setAttribute("data-attn-mv-lit", now === null ? "" : String(now));
     if (this.head) {
@@ -532,9 +561,13 @@
   };
 
   View.prototype.pin = function (i, keep) {
-    if (this.pinned !== null && this.spans[this.pinned]) this.spans[this.pinned].classList.remove("is-pinned");
+    var old = this.pinned !== null ? this.spans[this.pinned] : null;
+    if (old) { old.classList.remove("is-pinned"); old.setAttribute("aria-pressed", "false"); }
     this.pinned = this.pinned === i && !keep ? null : i;
-    if (this.pinned !== null) this.spans[this.pinned].classList.add("is-pinned");
+    if (this.pinned !== null) {
+      this.spans[this.pinned].classList.add("is-pinned");
+      this.spans[this.pinned].setAttribute("aria-pressed", "true");
+    }
     this.light(this.lit === null ? null : i, true);
   };
 
@@ -562,7 +595,7 @@
         if (r.others > 0 && !this.data.full) text += "; the other " + r.others + " keys: " + fixed(r.rest);
       }
     }
-    this.readout.textContent = text;
+    this.tell(text);
   };
 
   View.prototype.openHead = function (l, h, again) {
@@ -588,7 +621,7 @@
     this.head = null;
     this.detail.hidden = true;
     this.root.setAttribute("data-attn-mv-head", "");
-    if (focus) thumb.focus();
+    if (focus) this.focusThumb(Number(thumb.getAttribute("data-layer")), Number(thumb.getAttribute("data-head")));
     this.say();
   };
 
@@ -608,7 +641,8 @@
   };
 
   View.prototype.pointCell = function (cell) {
-    var e = this.data.entry, t = e.t, i = cell[0], j = cell[1];
+    var e = this.data.entry, t = e.t;
+    var i = Math.min(cell[0], t - 1), j = Math.min(cell[1], t - 1);
     this.cell = [i, j];
     var size = this.heat.clientWidth / t;
     this.cursor.style.left = (1 + j * size) + "px";
@@ -617,8 +651,14 @@
     this.cursor.hidden = false;
     var r = row(this.data, this.head[0], this.head[1], i), n = r.keys.indexOf(j);
     var w = n >= 0 ? fixed(r.weights[n]) : j > i ? "0 (a later token: masked)" : "below the kept " + e.k + " (part of the other keys' " + fixed(r.rest) + ")";
-    this.readout.textContent = "Query " + i + " \u201c" + shown(e.tokens[i]) + "\u201d \u2192 key " + j +
-      " \u201c" + shown(e.tokens[j]) + "\u201d: " + w;
+    this.tell("Query " + i + " \u201c" + shown(e.tokens[i]) + "\u201d \u2192 key " + j +
+      " \u201c" + shown(e.tokens[j]) + "\u201d: " + w);
+  };
+
+  // The read-out line; a screen reader hears it when the keyboard made it.
+  View.prototype.tell = function (text) {
+    this.readout.textContent = text;
+    if (this.keyboard) this.live.textContent = text;
   };
 
   View.prototype.drawLines = function () {

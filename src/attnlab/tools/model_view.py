@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 from attnlab.models.decoder import Decoder
-from attnlab.rules._validation import check_positive_int
+from attnlab.rules._validation import check_int_sequence, check_positive_int
 
 __all__ = [
     "MAX_TOKENS",
@@ -105,8 +105,9 @@ class ModelView:
         return len(self._json())
 
     def _json(self) -> str:
-        # A "</" inside the JSON would end the <script> that carries it.
-        return json.dumps(list(self.texts), separators=(",", ":")).replace("</", "<\\/")
+        # No "<" inside the <script> that carries the JSON: "</script" would end it, and
+        # "<!--<script" would make the parser skip its end.
+        return json.dumps(list(self.texts), separators=(",", ":")).replace("<", "\\u003c")
 
     def html(self) -> str:
         """The view's markup: a `<div data-attn-model-view>` with its data inside.
@@ -172,36 +173,48 @@ def model_view(
         cache_key: Names the weights (e.g. the SHA-256 of the file they came from): the
             encoded data are then kept in
             [`cache_dir`][attnlab.models.pretrained.cache_dir]`/model-view`, under a name
-            that also hashes the texts, the settings and the source of attnlab, so any
-            change of those computes them again. None: computed every call.
+            that also hashes the tokens and their texts, the settings and the source of
+            attnlab, so any change of those computes them again. None: computed every
+            call.
 
     Returns:
         A [`ModelView`][attnlab.tools.model_view.ModelView].
 
     Raises:
         TypeError: If `decoder` is not a `Decoder` or a setting is not an int.
-        ValueError: If a text is empty or longer than
-            [`MAX_TOKENS`][attnlab.tools.model_view.MAX_TOKENS] tokens, a setting is not
-            positive, or the decoder has layers without attention weights.
+        ValueError: If `texts` is empty, a text is empty or longer than
+            [`MAX_TOKENS`][attnlab.tools.model_view.MAX_TOKENS] tokens, an id is outside
+            the vocabulary, a setting is not positive, or the decoder has layers without
+            attention weights or with different numbers of key/value heads.
     """
     if not isinstance(decoder, Decoder):
         raise TypeError(f"decoder must be an attnlab Decoder, got {type(decoder).__name__}")
+    c = decoder.config
+    kv_heads = {c.heads(layer)[0] for layer in range(c.num_layers)}
+    if len(kv_heads) > 1:
+        raise ValueError(
+            "the model view groups every layer's query heads alike, but this model's "
+            f"layers have {sorted(kv_heads)} key/value heads (global_attention)"
+        )
     settings = {
         "top_k": check_positive_int("top_k", top_k),
         "full_up_to": check_positive_int("full_up_to", full_up_to),
         "thumb": check_positive_int("thumb", thumb),
     }
     named = _named(texts)
-    tokens = {name: _ids(name, value, tokenizer) for name, value in named.items()}
+    if not named:
+        raise ValueError("texts is empty: give one text or more")
+    tokens = {name: _ids(name, value, tokenizer, c.vocab_size) for name, value in named.items()}
     labels = {name: [tokenizer.decode(i) for i in ids] for name, ids in tokens.items()}
-    cached = None if cache_key is None else _cache_file(cache_key, tokens, settings)
+    key = {"tokens": tokens, "labels": labels, **settings}
+    cached = None if cache_key is None else _cache_file(cache_key, key)
     if cached is not None and cached.is_file():
         return ModelView(tuple(json.loads(cached.read_text("utf-8"))))
     entries = []
-    for name, ids in tokens.items():
-        maps = attention_weights(decoder, torch.tensor(ids))  # (layers, heads, t, t)
-        kv_heads = decoder.config.num_kv_heads
-        entry = encode(maps, name, labels[name], kv_heads=kv_heads, **settings)
+    for (name, ids), maps in zip(
+        tokens.items(), _all_maps(decoder, [*tokens.values()]), strict=True
+    ):
+        entry = encode(maps, name, labels[name], kv_heads=c.num_kv_heads, **settings)
         entries.append({**entry, "ids": ids})
     view = ModelView(tuple(entries))
     if cached is not None:
@@ -226,13 +239,20 @@ def _named(texts: object) -> dict[str, str | Sequence[int]]:
     return named
 
 
-def _ids(name: str, value: object, tokenizer: Tokenizer) -> list[int]:
-    ids = tokenizer.encode(value) if isinstance(value, str) else [int(i) for i in value]  # type: ignore[attr-defined]
+def _ids(name: str, value: object, tokenizer: Tokenizer, vocab_size: int) -> list[int]:
+    """A text's token ids: the tokenizer's, or the ids given (`(t,)` or `(1, t)`)."""
+    if isinstance(value, str):
+        ids = list(tokenizer.encode(value))
+    else:
+        if isinstance(value, Tensor) and value.ndim == 2 and value.shape[0] == 1:
+            value = value[0]  # a tokenizer's `input_ids` of one text
+        checked = check_int_sequence(f"texts[{name!r}]", value, high=vocab_size)
+        ids = [int(i) for i in checked]
     if not 0 < len(ids) <= MAX_TOKENS:
         raise ValueError(
             f"texts[{name!r}] has {len(ids)} tokens; a model view takes 1 to {MAX_TOKENS}"
         )
-    return list(ids)
+    return ids
 
 
 @contextmanager
@@ -255,12 +275,50 @@ def _on_flash(decoder: Decoder) -> Iterator[None]:
 
 
 def attention_weights(decoder: Decoder, ids: Tensor) -> Tensor:
-    """Every layer's and head's attention weights on `ids` `(t,)`: `(layers, heads, t, t)`.
+    """Every layer's and head's attention weights on `ids`.
 
     Run on attnlab's FlashAttention, the weights recovered from its log-sum-exp.
+
+    Args:
+        decoder: The model.
+        ids: Token ids `(t,)`, or `(b, t)` for a batch.
+
+    Returns:
+        `(layers, heads, t, t)`, or `(layers, b, heads, t, t)` for a batch.
     """
+    ids = ids.to(decoder.embed_tokens.weight.device)
     with _on_flash(decoder):
-        return torch.stack(decoder.attention_maps(ids)).float()  # (layers, heads, t, t)
+        maps = torch.stack(decoder.attention_maps(ids))  # (layers, [b,] heads, t, t)
+    return maps.float().cpu()
+
+
+_BATCH_FLOATS = 2**26  # 256 MiB of float32 maps per forward pass, at most
+
+
+def _all_maps(decoder: Decoder, texts: list[list[int]]) -> Iterator[Tensor]:
+    """Each text's maps `(layers, heads, t, t)`, from as few forward passes as fit.
+
+    The model is causal: a text's weights do not depend on tokens after it, so texts
+    padded to one length run as one batch and each keeps the top-left `t x t` of its
+    maps (a forward pass per batch instead of per text: each new length costs the CPU's
+    matrix kernels a first call).
+    """
+    c = decoder.config
+    group: list[list[int]] = []
+    for ids in [*texts, []]:  # an empty text flushes the last group
+        longest = max([len(ids), *map(len, group)])
+        if group and (
+            not ids or (len(group) + 1) * longest**2 * c.num_layers * c.num_heads > _BATCH_FLOATS
+        ):
+            batch = torch.zeros(len(group), max(map(len, group)), dtype=torch.long)
+            for n, text in enumerate(group):
+                batch[n, : len(text)] = torch.tensor(text)  # the rest: token 0, after it
+            maps = attention_weights(decoder, batch)  # (layers, b, heads, T, T)
+            for n, text in enumerate(group):
+                yield maps[:, n, :, : len(text), : len(text)]
+            group = []
+        if ids:
+            group.append(ids)
 
 
 def _bytes(x: Tensor) -> bytes:
@@ -277,8 +335,21 @@ def encode(
     full_up_to: int = 32,
     thumb: int = 32,
 ) -> dict[str, Any]:
-    """One text's entry of a view from its maps `(layers, heads, t, t)` (module docstring)."""
+    """One text's entry of a view from its maps `(layers, heads, t, t)` (module docstring).
+
+    Raises:
+        ValueError: If `maps` is not `(layers, heads, t, t)`, `labels` is not one per
+            token, `kv_heads` does not divide `heads`, or a setting is not positive.
+    """
+    if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"maps must be (layers, heads, t, t), got {tuple(maps.shape)}")
     layers, heads, t, _ = maps.shape
+    if len(labels) != t:
+        raise ValueError(f"labels has {len(labels)} entries for {t} tokens")
+    if kv_heads <= 0 or heads % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} must divide the {heads} heads")
+    for option, value in (("top_k", top_k), ("full_up_to", full_up_to), ("thumb", thumb)):
+        check_positive_int(option, value)
     pool = math.ceil(t / thumb)
     cells = math.ceil(t / pool)
     padded = torch.zeros(layers, heads, cells * pool, cells * pool)
@@ -333,12 +404,12 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def _cache_file(key: str, tokens: Mapping[str, list[int]], settings: Mapping[str, int]) -> Path:
+def _cache_file(key: str, what: Mapping[str, Any]) -> Path:
     from attnlab.models.pretrained import cache_dir
 
-    what = json.dumps([_FORMAT, key, tokens, dict(settings), _source_digest()])
-    name = hashlib.sha256(what.encode()).hexdigest()[:24]
-    return cache_dir() / "model-view" / f"{name}.json"
+    name = json.dumps([_FORMAT, key, what, _source_digest()])
+    digest = hashlib.sha256(name.encode()).hexdigest()[:24]
+    return cache_dir() / "model-view" / f"{digest}.json"
 
 
 def _write(path: Path, view: ModelView) -> None:
