@@ -32,7 +32,7 @@ and contiguous in their last dimension.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple, get_args, overload
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack, get_args, overload
 
 import torch
 from torch import Tensor
@@ -67,46 +67,38 @@ from attnlab.rules.masks import (
 )
 from attnlab.rules.scores import alibi_bias, check_alibi_slopes
 
-__all__ = ["TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
+__all__ = ["FlashKeywords", "TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
 _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
 
 
-@overload
-def flash_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    is_causal: bool = False,
-    window: int | None = None,
-    scale: float | None = None,
-    block_size: int | tuple[int, int] = 256,
-    align: Alignment = "top-left",
-    softcap: float | None = None,
-    sink_logits: Tensor | None = None,
-    alibi_slopes: Tensor | None = None,
-    return_lse: Literal[False] = False,
-) -> Tensor: ...
+class FlashKeywords(TypedDict, total=False):
+    """The keywords of [`flash_attention`][attnlab.functional.flash.flash_attention] besides
+    `return_lse` (for its typed overloads)."""
+
+    is_causal: bool
+    window: int | None
+    scale: float | None
+    block_size: int | tuple[int, int]
+    align: Alignment
+    softcap: float | None
+    sink_logits: Tensor | None
+    alibi_slopes: Tensor | None
 
 
 @overload
 def flash_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    is_causal: bool = False,
-    window: int | None = None,
-    scale: float | None = None,
-    block_size: int | tuple[int, int] = 256,
-    align: Alignment = "top-left",
-    softcap: float | None = None,
-    sink_logits: Tensor | None = None,
-    alibi_slopes: Tensor | None = None,
-    return_lse: Literal[True],
-) -> tuple[Tensor, Tensor]: ...
+    query: Tensor, key: Tensor, value: Tensor, *, return_lse: Literal[False] = False,
+    **options: Unpack[FlashKeywords],
+) -> Tensor: ...  # fmt: skip
+
+
+@overload
+def flash_attention(
+    query: Tensor, key: Tensor, value: Tensor, *, return_lse: Literal[True],
+    **options: Unpack[FlashKeywords],
+) -> tuple[Tensor, Tensor]: ...  # fmt: skip
 
 
 @entry

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args, overload
+from typing import Any, Literal, TypedDict, Unpack, get_args, overload
 
 import torch
 from torch import Tensor
@@ -772,36 +772,30 @@ def _compiled_flex() -> Callable[..., Any]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-@overload
-def attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
-    sink_logits: Tensor | None = None,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    compiled: bool = False,
-    return_lse: Literal[False] = False,
-) -> Tensor: ...
+class FlexKeywords(TypedDict, total=False):
+    """The keywords of [`attention`][attnlab.functional.flex.attention] besides
+    `return_lse` (for its typed overloads)."""
+
+    block_mask: BlockMask | None
+    score_mod: ScoreMod | None
+    sink_logits: Tensor | None
+    scale: float | None
+    enable_gqa: bool
+    compiled: bool
 
 
 @overload
 def attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
-    sink_logits: Tensor | None = None,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    compiled: bool = False,
-    return_lse: Literal[True],
-) -> tuple[Tensor, Tensor]: ...
+    query: Tensor, key: Tensor, value: Tensor, *, return_lse: Literal[False] = False,
+    **options: Unpack[FlexKeywords],
+) -> Tensor: ...  # fmt: skip
+
+
+@overload
+def attention(
+    query: Tensor, key: Tensor, value: Tensor, *, return_lse: Literal[True],
+    **options: Unpack[FlexKeywords],
+) -> tuple[Tensor, Tensor]: ...  # fmt: skip
 
 
 def attention(
