@@ -232,30 +232,67 @@ def flash_attention(
         # Checked as autocast casts them; the kernel then finds them cast.
         query, key, value = autocast_inputs(query, key, value)
         _check_inputs(query, key, value)
-        check_bool("is_causal", is_causal)
-        check_window(window, None)  # no attn_mask here: the window is the mask
-        check_scale("scale", scale)
-        block_q, block_k = check_block_size(block_size)
-        check_choice("align", align, get_args(Alignment))
         heads = query.shape[-3] if query.ndim > 2 else None  # one sink logit for each
-        check_score_changes(softcap, sink_logits, query, heads)
-        check_alibi_slopes("alibi_slopes", alibi_slopes, heads, like=query)
+        check_rule(
+            query, heads, is_causal, window, scale, align, softcap, sink_logits, alibi_slopes
+        )
+        block_q, block_k = check_block_size(block_size)
         check_bool("return_lse", return_lse)
     else:
         block_q, block_k = block_size if isinstance(block_size, tuple) else (block_size,) * 2
-    options = FlashOptions(
+    # ALiBi's slopes: one per head; _flash spreads them over the rows.
+    rule = (is_causal, window, scale, align, softcap, alibi_slopes)
+    options = rule_options(query, key.shape[-2], *rule, block_q=block_q, block_k=block_k)
+    out, lse = _flash(query, key, value, sink_logits, options)
+    return (out, lse) if return_lse else out
+
+
+def check_rule(
+    query: Tensor,
+    heads: int | None,
+    is_causal: object,
+    window: object,
+    scale: object,
+    align: object,
+    softcap: object,
+    sink_logits: object,
+    alibi_slopes: object,
+) -> None:
+    """The checks of flash's score keywords, for `flash_attention` and `weights_from_lse`
+    (`heads`: the query heads that sink logits and ALiBi slopes are one per, or None)."""
+    check_bool("is_causal", is_causal)
+    check_window(window, None)  # no attn_mask here: the window is the mask
+    check_scale("scale", scale)
+    check_choice("align", align, get_args(Alignment))
+    check_score_changes(softcap, sink_logits, query, heads)
+    check_alibi_slopes("alibi_slopes", alibi_slopes, heads, like=query)
+
+
+def rule_options(
+    query: Tensor,
+    t_k: int,
+    is_causal: bool,
+    window: int | None,
+    scale: float | None,
+    align: Alignment,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    *,
+    block_q: int,
+    block_k: int,
+) -> FlashOptions:
+    """The `FlashOptions` of checked score keywords, for queries `query` and `t_k` keys."""
+    return FlashOptions(
         is_causal=is_causal_window(is_causal, window),
         scale=softmax_scale(query.shape[-1], scale),  # E = 0 too; a 0-d tensor welcome
         block_q=block_q,
         block_k=block_k,
         window=window,
         # Query i sits at key position i + offset for the causal and window rules.
-        offset=alignment_offset(query.shape[-2], key.shape[-2], align),
+        offset=alignment_offset(query.shape[-2], t_k, align),
         softcap=softcap,
-        alibi_slopes=alibi_slopes,  # one per head: _flash spreads them over the rows
+        alibi_slopes=alibi_slopes,
     )
-    out, lse = _flash(query, key, value, sink_logits, options)
-    return (out, lse) if return_lse else out
 
 
 class FlashOptions(NamedTuple):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import get_args
 
 import torch
 from torch import Tensor
@@ -34,23 +33,22 @@ from attnlab.functional.flash import (
     _needs_bias,
     _per_row,
     _q_factor,
+    check_rule,
+    rule_options,
 )
-from attnlab.rules._precision import autocast_inputs, autocast_kernel, compute_dtype, softmax_scale
+from attnlab.rules._precision import autocast_inputs, autocast_kernel, compute_dtype
 from attnlab.rules._validation import (
     check_bool,
-    check_choice,
     check_int_sequence,
     check_multiple,
     check_positive_int,
     check_qkv,
-    check_scale,
-    check_score_changes,
     check_tensor,
     checking,
     entry,
 )
-from attnlab.rules.masks import Alignment, alignment_offset, check_window, is_causal_window, visible
-from attnlab.rules.scores import ScoreRule, alibi_bias, check_alibi_slopes, temperature_tuned
+from attnlab.rules.masks import Alignment, visible
+from attnlab.rules.scores import ScoreRule, alibi_bias, temperature_tuned
 
 __all__ = ["Rows", "weights_from_lse", "weights_from_rule"]
 
@@ -147,25 +145,15 @@ def weights_from_lse(
     if checking():
         query, key = autocast_inputs(query, key)  # as the kernel sees them
         heads = _check_inputs(query, key, lse, enable_gqa)
-        check_bool("is_causal", is_causal)
-        check_window(window, None)
-        check_scale("scale", scale)
-        check_choice("align", align, get_args(Alignment))
-        check_score_changes(softcap, sink_logits, query, heads)
-        check_alibi_slopes("alibi_slopes", alibi_slopes, heads, like=query)
+        scores = (is_causal, window, scale, align, softcap, sink_logits, alibi_slopes)
+        check_rule(query, heads, *scores)
         check_positive_int("block_size", block_size)
         _check_rows(rows, query.shape[-2])
     t_q = query.shape[-2]
-    options = FlashOptions(
-        is_causal=is_causal_window(is_causal, window),
-        scale=softmax_scale(query.shape[-1], scale),
-        block_q=block_size,  # unused: the rows are one tile of queries
-        block_k=block_size,
-        window=window,
-        offset=alignment_offset(t_q, key.shape[-2], align),
-        softcap=softcap,
-        alibi_slopes=_per_row(alibi_slopes, list(query.shape[:-2]), compute_dtype(query.dtype)),
-    )
+    slopes = _per_row(alibi_slopes, list(query.shape[:-2]), compute_dtype(query.dtype))
+    # The rows are one tile of queries: block_q is not used.
+    rule = (is_causal, window, scale, align, softcap, slopes)
+    options = rule_options(query, key.shape[-2], *rule, block_q=block_size, block_k=block_size)
     return _recover(query, key, lse, _positions(rows, t_q, query.device), options)
 
 
