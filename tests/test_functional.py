@@ -559,7 +559,9 @@ def test_backend_registry_combines_a_mask_with_the_causal_rule() -> None:
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="backend='flash' takes no attn_mask"):
         _backends.attend("flash", q, k, v, ScoreRule(is_causal=True), attn_mask=padding)
-    with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', 'flash'"):
+    with pytest.raises(
+        ValueError, match="backend must be one of 'torch', 'scratch', 'flash', 'triton'"
+    ):
         _backends.check_backend("cuda")
 
 

@@ -444,7 +444,11 @@ def test_decode_step_mask_is_bottom_right_aligned() -> None:
             ValueError,
             r"rope\.layout must be one of 'half', 'interleaved'",
         ),
-        ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
+        (
+            {"backend": "cuda"},
+            ValueError,
+            "backend must be one of 'torch', 'scratch', 'flash', 'triton'",
+        ),
         ({"bias": 1}, TypeError, r"bias must be True, False or 'qkv', got 1"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
         (

@@ -702,7 +702,11 @@ def test_mla_dynamic_cache_batch_mismatch_raises() -> None:
         ({"rope": Rope(-1.0)}, ValueError, "rope.base must be a finite float greater than 1"),
         ({"rope": Rope(0.5)}, ValueError, "rope.base must be a finite float greater than 1"),
         ({"window": 0}, ValueError, "window must be a positive int, got 0"),
-        ({"backend": "cuda"}, ValueError, "backend must be one of 'torch', 'scratch', 'flash'"),
+        (
+            {"backend": "cuda"},
+            ValueError,
+            "backend must be one of 'torch', 'scratch', 'flash', 'triton'",
+        ),
         (
             {"rope": Rope(layout="yes")},
             ValueError,

@@ -261,7 +261,9 @@ def test_backend_argument_and_attribute() -> None:
     assert _module().backend == "torch"
     assert _module(backend="scratch").backend == "scratch"
     assert _module(backend="flash").backend == "flash"
-    with pytest.raises(ValueError, match="backend must be one of 'torch', 'scratch', 'flash'"):
+    with pytest.raises(
+        ValueError, match="backend must be one of 'torch', 'scratch', 'flash', 'triton'"
+    ):
         _module(backend="cuda")  # type: ignore[arg-type]
     mha = _module()
     with pytest.raises(ValueError, match="backend"):

@@ -150,7 +150,7 @@ CONSTRUCTOR_CASES = _cases(
     mha_backend_unknown=(
         lambda: MultiHeadAttention(D_IN, D_OUT, HEADS, backend="cuda"),  # type: ignore[arg-type]
         ValueError,
-        "backend must be one of 'torch', 'scratch', 'flash', got 'cuda'",
+        "backend must be one of 'torch', 'scratch', 'flash', 'triton', got 'cuda'",
     ),
     mha_from_torch_dropout_one=(
         lambda: MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, dropout=1.0)),
@@ -422,7 +422,7 @@ def test_multihead_rejects_bad_input(
 
 def test_multihead_backend_assignment_rejected() -> None:
     module = _mha()
-    pattern = "backend must be one of 'torch', 'scratch', 'flash', got 'cuda'"
+    pattern = "backend must be one of 'torch', 'scratch', 'flash', 'triton', got 'cuda'"
     with pytest.raises(ValueError, match=pattern):
         module.backend = "cuda"  # type: ignore[assignment]
     assert module.backend == "torch"

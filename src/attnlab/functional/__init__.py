@@ -9,7 +9,7 @@ Every function here takes tensors and returns tensors; none owns weights. The mo
 - [`lse_weights`][attnlab.functional.lse_weights]: the attention weights of any rows,
   recovered from a fused kernel's log-sum-exp in one pass over the keys;
 - [`backends`][attnlab.functional.backends]: the registry the layers pick a kernel from by
-  name (`"torch"`, `"scratch"`, `"flash"`);
+  name (`"torch"`, `"scratch"`, `"flash"`, `"triton"`);
 - [`flex`][attnlab.functional.flex]: every mask as a FlexAttention `mask_mod`/`score_mod`;
 - [`paged`][attnlab.functional.paged]: attention over a paged KV cache's pools and tables;
 - [`paged_fast`][attnlab.functional.paged_fast]: the same, fast on the CPU, which serving runs;

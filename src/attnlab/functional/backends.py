@@ -8,13 +8,17 @@ Hugging Face's `ALL_ATTENTION_FUNCTIONS` registry serves every model:
 - `"scratch"`: attnlab's
   [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention];
 - `"flash"`: attnlab's [`flash_attention`][attnlab.functional.flash.flash_attention] (in tiles, with
-  its own backward pass).
+  its own backward pass);
+- `"triton"`: the same algorithm as Triton kernels,
+  [`triton_flash_attention`][attnlab.functional.triton_flash.triton_flash_attention]
+  (compiled on a CUDA GPU, run in Triton's interpreter on CPU tensors without one; needs
+  `pip install "attnlab[triton]"`, and naming the backend without Triton says so).
 
 FlashAttention takes no arbitrary mask and no dropout: it masks only by position
-(causal, sliding window). A call that asks `"flash"` for either raises a `ValueError` that
-names the backend and the argument, even with validation off: silently ignoring a mask
-would give wrong results, and falling back to another kernel would hide that the memory
-saving the user chose is not there.
+(causal, sliding window). A call that asks `"flash"` or `"triton"` for either raises a
+`ValueError` that names the backend and the argument, even with validation off: silently
+ignoring a mask would give wrong results, and falling back to another kernel would hide
+that the memory saving the user chose is not there.
 
 ALiBi (`rule.alibi_slopes`, one slope per query head) runs on every backend: `"torch"`
 and `"scratch"` get its bias [`alibi_bias`][attnlab.rules.scores.alibi_bias] as a float
@@ -35,7 +39,7 @@ and the two that have it, rather than quietly running another kernel.
 
 API (internal; modules import these names):
 
-- `Backend`: `Literal["torch", "scratch", "flash"]`, re-exported as
+- `Backend`: `Literal["torch", "scratch", "flash", "triton"]`, re-exported as
   `attnlab.layers.multihead.Backend`.
 - `BACKEND_NAMES`: the names, in that order.
 - `AttentionCall`: one call of the registry, `(query, key, value, rule, attn_mask,
@@ -61,8 +65,8 @@ API (internal; modules import these names):
   that `attend` mixes the values with, whatever the backend (computed from scratch:
   fused kernels do not return them); same keywords as `attend`.
 - `attend_with_lse(backend, query, key, value, rule=ScoreRule(), **options)`: `attend`
-  and each row's log-sum-exp, on `"flash"` only (`"torch"` and `"scratch"` refuse by
-  name), from which
+  and each row's log-sum-exp, on `"flash"` and `"triton"` only (`"torch"` and
+  `"scratch"` refuse by name; `returns_lse(backend)` says which), from which
   [`weights_from_rule`][attnlab.functional.lse_weights.weights_from_rule] recovers the
   weights in one pass over the keys.
 - `check_backend_call(backend, rule=None, *, attn_mask, dropout_p)`: the `ValueError`
@@ -88,7 +92,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Literal, NamedTuple, TypedDict, Unpack, overload
 
 import torch
@@ -115,21 +119,23 @@ __all__ = [
     "check_backend",
     "check_backend_call",
     "materialize",
+    "returns_lse",
     "takes_mask",
 ]
 
-Backend = Literal["torch", "scratch", "flash"]
+Backend = Literal["torch", "scratch", "flash", "triton"]
 """Which scaled dot-product attention a module runs.
 
 `"torch"` is PyTorch's fused `torch.nn.functional.scaled_dot_product_attention`;
 `"scratch"` is attnlab's own
 [`scaled_dot_product_attention`][attnlab.functional.sdpa.scaled_dot_product_attention];
 `"flash"` is attnlab's [`flash_attention`][attnlab.functional.flash.flash_attention] (no
-`attn_mask`,
-no dropout).
+`attn_mask`, no dropout); `"triton"` is the same algorithm as Triton kernels,
+[`triton_flash_attention`][attnlab.functional.triton_flash.triton_flash_attention] (no
+`attn_mask`, no dropout; needs Triton).
 """
 
-BACKEND_NAMES: tuple[Backend, ...] = ("torch", "scratch", "flash")
+BACKEND_NAMES: tuple[Backend, ...] = ("torch", "scratch", "flash", "triton")
 
 
 _PLAIN = ScoreRule()
@@ -176,6 +182,8 @@ def check_backend(value: object) -> Backend:
     if not isinstance(value, str) or value not in BACKEND_NAMES:
         allowed = ", ".join(repr(c) for c in BACKEND_NAMES)
         raise ValueError(f"backend must be one of {allowed}, got {value!r}")
+    if value == "triton":  # asked for by name: say now how to install Triton if it is missing
+        _triton().kernels()
     return value
 
 
@@ -207,14 +215,26 @@ class BackendProperty:
 
 
 def takes_mask(backend: Backend) -> bool:
-    """Whether `backend` can apply an arbitrary mask (FlashAttention masks only by
-    position: `is_causal` and `window`).
+    """Whether `backend` can apply an arbitrary mask (FlashAttention, in PyTorch or Triton,
+    masks only by position: `is_causal` and `window`).
 
     Examples:
-        >>> takes_mask("torch"), takes_mask("flash")
-        (True, False)
+        >>> takes_mask("torch"), takes_mask("flash"), takes_mask("triton")
+        (True, False, False)
     """
-    return backend != "flash"
+    return backend not in _LSE
+
+
+def returns_lse(backend: Backend) -> bool:
+    """Whether `backend` returns each row's log-sum-exp
+    ([`attend_with_lse`][attnlab.functional.backends.attend_with_lse]): the FlashAttention
+    kernels.
+
+    Examples:
+        >>> [returns_lse(b) for b in BACKEND_NAMES]
+        [False, False, True, True]
+    """
+    return backend in _LSE
 
 
 def check_backend_call(
@@ -235,12 +255,12 @@ def check_backend_call(
         return
     if attn_mask is not None and not isinstance(attn_mask, CausalBias):
         raise ValueError(
-            "backend='flash' takes no attn_mask or key_padding_mask (FlashAttention masks "
-            "only by position: is_causal, window); use backend='torch' or 'scratch'"
+            f"backend={backend!r} takes no attn_mask or key_padding_mask (FlashAttention "
+            "masks only by position: is_causal, window); use backend='torch' or 'scratch'"
         )
     if dropout_p > 0.0:
         raise ValueError(
-            f"backend='flash' has no dropout, but dropout_p={dropout_p} (training mode "
+            f"backend={backend!r} has no dropout, but dropout_p={dropout_p} (training mode "
             "with dropout > 0); call module.eval(), set dropout=0.0, or use "
             "backend='torch' or 'scratch'"
         )
@@ -372,13 +392,13 @@ def _torch(call: AttentionCall) -> Tensor:
     )
 
 
-def _flash_rule(rule: ScoreRule, attn_mask: object) -> ScoreRule:
+def _flash_rule(backend: Backend, rule: ScoreRule, attn_mask: object) -> ScoreRule:
     """The rule flash runs: a `CausalBias` `attn_mask` becomes its causality and alignment."""
     if not isinstance(attn_mask, CausalBias):
         return rule
     if rule.is_causal or rule.window is not None:
         raise ValueError(
-            "backend='flash' cannot combine a CausalBias attn_mask with is_causal or a "
+            f"backend={backend!r} cannot combine a CausalBias attn_mask with is_causal or a "
             "window; pass one of them"
         )
     return replace(rule, is_causal=True, align=F.causal_bias_alignment(attn_mask))
@@ -389,7 +409,7 @@ def _flash_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
     query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
     assert value is not None  # attend's calls have values
     check_backend_call("flash", attn_mask=attn_mask, dropout_p=dropout_p)
-    rule = _flash_rule(rule, attn_mask)
+    rule = _flash_rule("flash", rule, attn_mask)
     if enable_gqa:  # FlashAttention here needs one key/value head per query head
         key = F.repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
         value = F.repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
@@ -413,15 +433,53 @@ def _flash_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
     )
 
 
-def _flash(call: AttentionCall) -> Tensor:
-    return _flash_lse(call)[0]
+def _triton() -> ModuleType:
+    """The Triton backend's module, loaded when the backend is first named (it imports
+    Triton itself only then too)."""
+    from attnlab.functional import triton_flash
 
+    return triton_flash
+
+
+def _triton_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """`triton_flash_attention` of the call: its output and log-sum-exp; GQA without copies."""
+    query, key, value, rule, attn_mask, dropout_p, enable_gqa = call
+    assert value is not None  # attend's calls have values
+    check_backend_call("triton", attn_mask=attn_mask, dropout_p=dropout_p)
+    rule = _flash_rule("triton", rule, attn_mask)
+    lead = 3 if enable_gqa else 2  # the dimensions each tensor keeps: (H,) L, E
+    batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
+        query.shape[:-lead], key.shape[:-lead], value.shape[:-lead]
+    )
+    query, key, value = (t.expand(*batch, *t.shape[-lead:]) for t in (query, key, value))
+    lse: tuple[Tensor, Tensor] = _triton().triton_flash_attention(
+        query,
+        key,
+        value,
+        is_causal=rule.is_causal,
+        window=rule.window,
+        scale=None if rule.scale is None else float(rule.scale),
+        align=rule.align,
+        softcap=rule.softcap,
+        sink_logits=rule.sink_logits,
+        alibi_slopes=rule.alibi_slopes,
+        enable_gqa=enable_gqa,
+        return_lse=True,
+    )
+    return lse
+
+
+_LSE: Mapping[Backend, Callable[[AttentionCall], tuple[Tensor, Tensor]]] = MappingProxyType(
+    {"flash": _flash_lse, "triton": _triton_lse}
+)
+"""The backends that return a log-sum-exp, and their calls that return it."""
 
 BACKENDS: Mapping[Backend, AttentionFunction] = MappingProxyType(
     {
         "torch": _torch,
         "scratch": _with_positional_mask(F.scaled_dot_product_attention),
-        "flash": _flash,
+        "flash": lambda call: _flash_lse(call)[0],
+        "triton": lambda call: _triton_lse(call)[0],
     }
 )
 """Backend name -> attention function (unvalidated) of one `AttentionCall`."""
@@ -465,7 +523,8 @@ def attend_with_lse(
 ) -> tuple[Tensor, Tensor]:
     """[`attend`][attnlab.functional.backends.attend], and each row's log-sum-exp `(..., L)`.
 
-    Only `"flash"` returns one (natural log, the sinks in it, float32 or float64); give
+    Only `"flash"` and `"triton"` return one (natural log, the sinks in it, float32 or
+    float64); give
     it with the same `query`, `key`, `rule` and `enable_gqa` to
     [`weights_from_rule`][attnlab.functional.lse_weights.weights_from_rule] for the
     weights (without a `CausalBias` `attn_mask`, which that does not read).
@@ -484,14 +543,14 @@ def attend_with_lse(
         >>> torch.allclose(p, w, atol=1e-6), lse.shape
         (True, torch.Size([1, 4, 5]))
     """
-    if backend != "flash":
+    if not returns_lse(backend):
         raise ValueError(
             f"backend={backend!r} returns no log-sum-exp (PyTorch's fused kernel keeps it "
-            "internal); use backend='flash', or FlexAttention's "
+            "internal); use backend='flash' or 'triton', or FlexAttention's "
             "attnlab.functional.flex.attention(..., return_lse=True)"
         )
     query, rule = temperature_tuned(query, key, rule)
-    return _flash_lse(AttentionCall(query, key, value, rule, **options))
+    return _LSE[backend](AttentionCall(query, key, value, rule, **options))
 
 
 _WEIGHTS = _with_positional_mask(F.attention_weights)

@@ -49,6 +49,7 @@ from attnlab.functional.backends import (
     attend_with_lse,
     attention_weights,
     check_backend_call,
+    returns_lse,
 )
 from attnlab.functional.lse_weights import weights_from_rule
 from attnlab.layers.heads import merge_heads, split_heads
@@ -255,7 +256,8 @@ class GroupedQueryAttention(nn.Module):
         gates: Learned sinks (`sink_logits`) and an output gate (`gate_proj`) as a
             [`HeadGates`][attnlab.layers.gqa.HeadGates]; None for neither.
         dropout: Probability of dropping an attention weight, in training mode only.
-        backend: `"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs.
+        backend: `"torch"`, `"scratch"`, `"flash"` or `"triton"`: which attention
+            `forward` runs.
         kv: Where the keys and values come from ([`KVSource`][attnlab.caches.shared.KVSource]):
             `"projected"`, from `k_proj` and `v_proj`; `"keys"`, the values are the
             keys' projection (before QK-norm and RoPE, normalised only by a value norm),
@@ -353,7 +355,8 @@ class GroupedQueryAttention(nn.Module):
             self.k_norm = None  # the keys are normalised where they are computed
 
     backend = BackendProperty()
-    """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
+    """`"torch"`, `"scratch"`, `"flash"` or `"triton"`: which attention `forward` runs
+    (checked when set)."""
 
     @property
     def group_size(self) -> int:
@@ -497,8 +500,8 @@ class GroupedQueryAttention(nn.Module):
                 "temperature"
             )
         attended: list[tuple[Tensor, Tensor | None, Tensor | None]] = []  # for need_weights
-        # Flash's weights come from its log-sum-exp (not with a CausalBias attn_mask).
-        with_lse = need_weights and self.backend == "flash" and attn_mask is None
+        # FlashAttention's weights come from its log-sum-exp (not with a CausalBias attn_mask).
+        with_lse = need_weights and returns_lse(self.backend) and attn_mask is None
 
         def kernel(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             mask = attn_mask

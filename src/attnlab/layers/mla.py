@@ -276,7 +276,7 @@ class MultiHeadLatentAttention(nn.Module):
         dropout: Probability of dropping an attention weight, in training mode only.
         window: Sliding-window size of the causal mask (keys per query, itself
             included), or None; it applies with `forward(..., is_causal=True)`.
-        backend: `"torch"`, `"scratch"` or `"flash"` (no `attn_mask`, no dropout).
+        backend: `"torch"`, `"scratch"`, `"flash"` or `"triton"` (no `attn_mask`, no dropout).
 
     Shapes:
         x: `(b, t, d_model)` or unbatched `(t, d_model)`. Output: the same shape.
@@ -373,7 +373,8 @@ class MultiHeadLatentAttention(nn.Module):
         )
 
     backend = BackendProperty()
-    """`"torch"`, `"scratch"` or `"flash"`: which attention `forward` runs (checked when set)."""
+    """`"torch"`, `"scratch"`, `"flash"` or `"triton"`: which attention `forward` runs
+    (checked when set)."""
 
     def new_cache(
         self,
@@ -547,7 +548,7 @@ class MultiHeadLatentAttention(nn.Module):
                 features, dtype, device, shape, a negative position, or both given); the
                 cache cannot take the new latents (batch size, dtype, device, room); the
                 mask does not broadcast; the module has a window and `is_causal` is False;
-                or `backend="flash"` gets a mask or dropout.
+                or `backend="flash"` (`"triton"`) gets a mask or dropout.
         """
         if checking():
             _check_call(

@@ -72,8 +72,9 @@ class MultiHeadAttention(nn.Module):
         alibi_slopes: ALiBi (BLOOM, MPT): one slope per head, `(num_heads,)`, the
             [`ScoreRule`][attnlab.rules.scores.ScoreRule] field of that name, kept as a
             buffer; e.g. [`alibi_slopes`][attnlab.functional.flex.alibi_slopes]`(num_heads)`.
-        backend: `"torch"` (PyTorch's fused kernel), `"scratch"` (attnlab's) or
-            `"flash"` (attnlab's FlashAttention: no mask but `is_causal`/`window`, no dropout).
+        backend: `"torch"` (PyTorch's fused kernel), `"scratch"` (attnlab's),
+            `"flash"` (attnlab's FlashAttention: no mask but `is_causal`/`window`, no
+            dropout) or `"triton"` (the same as Triton kernels; needs Triton).
 
     Shapes:
         x: `(b, t, d_in)` or unbatched `(t, d_in)`. context: `(b, s, d_context)` or
@@ -137,7 +138,8 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_out, d_out, bias=bias)
 
     backend = BackendProperty()
-    """`"torch"`, `"scratch"` or `"flash"`: which scaled dot-product attention `forward` runs."""
+    """`"torch"`, `"scratch"`, `"flash"` or `"triton"`: which scaled dot-product attention
+    `forward` runs."""
 
     def extra_repr(self) -> str:
         return (
@@ -256,8 +258,8 @@ class MultiHeadAttention(nn.Module):
                 `d_context != d_in` (or `d_value != d_context`), `attn_mask` does not
                 broadcast to `(b, num_heads, t, s)`, `key_padding_mask` is not `(b, s)`,
                 a mask is on another device, both `attn_mask` and `is_causal` (or
-                `window`) are given, `window` is not positive, or `backend="flash"` is
-                asked for a mask or for dropout (training mode with `dropout > 0`).
+                `window`) are given, `window` is not positive, or `backend="flash"` (or
+                `"triton"`) is asked for a mask or for dropout (training mode with `dropout > 0`).
         """
         if checking():
             self._check_inputs(x, context, value, attn_mask, is_causal, window, key_padding_mask)
