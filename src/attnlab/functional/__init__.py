@@ -8,6 +8,9 @@ Every function here takes tensors and returns tensors; none owns weights. The mo
   online-softmax merge of partial results;
 - [`lse_weights`][attnlab.functional.lse_weights]: the attention weights of any rows,
   recovered from a fused kernel's log-sum-exp in one pass over the keys;
+- [`triton_flash`][attnlab.functional.triton_flash] and
+  [`triton_kernels`][attnlab.functional.triton_kernels]: FlashAttention-2 as Triton
+  kernels (compiled on a GPU, interpreted on the CPU; needs Triton);
 - [`backends`][attnlab.functional.backends]: the registry the layers pick a kernel from by
   name (`"torch"`, `"scratch"`, `"flash"`, `"triton"`);
 - [`flex`][attnlab.functional.flex]: every mask as a FlexAttention `mask_mod`/`score_mod`;

@@ -124,8 +124,8 @@ def _scores(
     q, k, rows, cols, S, offset, window, q_factor, cap2, slope2,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
-    """One tile's scores in base 2, masked with -inf, and tanh(x / c) for the backward."""
+):
+    """A tile's scores in base 2 (-inf where masked), and tanh(x / c) for the backward."""
     s = dot(q, tl.trans(k), PRECISION, ACC) * q_factor  # (BLOCK_M, BLOCK_N)
     t = s  # unused without a softcap
     if SOFTCAP:  # s = x / c: now c tanh(x / c), in base 2
@@ -146,7 +146,7 @@ def _scores(
 def _key_tiles(
     start_m, L, S, offset, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-):  # fmt: skip
+):
     """The key tiles `[lo, hi)` that some query of the query tile `start_m` sees."""
     a0 = start_m * BLOCK_M + offset  # the tile's first query, among the keys
     a1 = tl.minimum(start_m * BLOCK_M + BLOCK_M, L) + offset  # one past its last
@@ -171,7 +171,9 @@ def forward(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
     ALIBI: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
+):
+    """The output and the log-sum-exp (base 2) of one tile of queries of one head, and
+    the number of key tiles it computed."""
     start_m = tl.program_id(0)  # this program's tile of queries
     bh = tl.program_id(1)  # batch * Hq + query head
     kv = bh // group  # its key/value head
@@ -185,7 +187,9 @@ def forward(
     m = tl.full([BLOCK_M], -3.0e38, ACC)  # running max (finite: see below)
     ell = tl.full([BLOCK_M], 0.0, ACC)  # running sum
     acc = tl.full([BLOCK_M, BLOCK_EV], 0.0, ACC)  # running output
-    lo, hi = _key_tiles(start_m, L, S, offset, window, BLOCK_M, BLOCK_N, CAUSAL, WINDOWED)
+    lo, hi = _key_tiles(
+        start_m, L, S, offset, window, BLOCK_M, BLOCK_N, CAUSAL, WINDOWED
+    )
     visited = 0
     for start_n in range(lo, hi, BLOCK_N):  # only the tiles the mask leaves
         cols = start_n + tl.arange(0, BLOCK_N)
@@ -193,7 +197,7 @@ def forward(
         s, _ = _scores(
             q, k, rows, cols, S, offset, window, q_factor, cap2, slope2,
             CAUSAL, WINDOWED, SOFTCAP, ALIBI, PRECISION, ACC,
-        )  # fmt: skip
+        )
         # A row with no key in this tile keeps m finite, so s - m is -inf, not NaN.
         m_new = tl.maximum(m, row_max(s))
         p = tl.exp2(s - m_new[:, None])  # unnormalized probabilities
@@ -226,7 +230,7 @@ def forward(
 def backward_preprocess(
     Out, dOut, Delta, N, EV: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_EV: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
+):
     """D_i = dO_i . O_i, one number per query, before the two gradient kernels."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # of all N = B Hq L
     ev = tl.arange(0, BLOCK_EV)
@@ -256,7 +260,7 @@ def backward_dkdv(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     PRECISION: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
+):
     """dK and dV of one tile of keys: a loop over the query tiles that see it, in every
     query head of its group, so no two programs write the same rows."""
     start_n = tl.program_id(0)
@@ -288,7 +292,7 @@ def backward_dkdv(
             s, t = _scores(
                 q, k, rows, cols, S, offset, window, q_factor, cap2, slope2,
                 CAUSAL, WINDOWED, SOFTCAP, ALIBI, PRECISION, ACC,
-            )  # fmt: skip
+            )
             p = tl.exp2(s - lse2[:, None])  # P_ij = exp(s_ij - lse_i), recomputed
             dv += dot(tl.trans(p).to(do.dtype), do, PRECISION, ACC)  # P^T dO
             dp = dot(do, tl.trans(v), PRECISION, ACC)  # dO V^T
@@ -312,7 +316,7 @@ def backward_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     PRECISION: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
+):
     """dQ of one tile of queries: the forward's loop over key tiles, again."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -326,7 +330,9 @@ def backward_dq(
     if ALIBI:
         slope2 = tl.load(Slope2 + bh % heads)
     dq = tl.full([BLOCK_M, BLOCK_E], 0.0, ACC)
-    lo, hi = _key_tiles(start_m, L, S, offset, window, BLOCK_M, BLOCK_N, CAUSAL, WINDOWED)
+    lo, hi = _key_tiles(
+        start_m, L, S, offset, window, BLOCK_M, BLOCK_N, CAUSAL, WINDOWED
+    )
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(K, kv * S, cols, S, e, E)
@@ -334,7 +340,7 @@ def backward_dq(
         s, t = _scores(
             q, k, rows, cols, S, offset, window, q_factor, cap2, slope2,
             CAUSAL, WINDOWED, SOFTCAP, ALIBI, PRECISION, ACC,
-        )  # fmt: skip
+        )
         p = tl.exp2(s - lse2[:, None])
         ds = p * (dot(do, tl.trans(v), PRECISION, ACC) - delta[:, None])
         if SOFTCAP:
