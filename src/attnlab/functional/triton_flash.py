@@ -45,7 +45,8 @@ MAX_HEAD_DIM = 256
 """The largest query/key or value head size the kernels take (padded to a power of two)."""
 
 _INSTALL = (
-    'pip install "attnlab[triton]" (triton>=3.6: a wheel of about 290 MB, about 1 GB installed)'
+    'pip install "attnlab[triton]" (triton>=3.6, Linux only: a wheel of about 290 MB, '
+    "about 1 GB installed)"
 )
 
 
@@ -99,8 +100,8 @@ def tile_sizes(head_dim: int, value_dim: int | None = None) -> tuple[int, int]:
 
 
 def _padded(size: int) -> int:
-    """A head size as the kernels hold it: the next power of two, at least 16 (`tl.dot`'s
-    smallest)."""
+    """A head size as the kernels hold it: the next power of two (a tile's sides are), at
+    least 16 (on a GPU, `tl.dot`'s inner size must be 16 or more for 16-bit inputs)."""
     return max(16, 1 << max(0, size - 1).bit_length())
 
 
@@ -344,7 +345,8 @@ class _Launch(NamedTuple):
         """The compile-time arguments every kernel of the pass shares."""
         precision = None  # float16/bfloat16/float64: the products' own precision
         if dtype == torch.float32:  # PyTorch's rule for float32 matmuls on a GPU
-            precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+            tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"  # or allow_tf32
+            precision = "tf32" if tf32 else "ieee"
         return dict(
             ACC=kernels().accumulator(dtype),
             E=e, EV=e_v, BLOCK_E=_padded(e), BLOCK_EV=_padded(e_v), BLOCK_M=self.block_m,

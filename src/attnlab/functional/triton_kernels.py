@@ -1,6 +1,6 @@
 r"""FlashAttention-2 as Triton kernels: the forward pass and the three kernels of the backward.
 
-The algorithm of [`flash`][attnlab.functional.flash] (Dao, 2023,
+The algorithm of [`flash_attention`][attnlab.functional.flash.flash_attention] (Dao, 2023,
 https://arxiv.org/abs/2307.08691), written as GPUs run it: one *program* per tile of
 queries (forward, $dQ$) or of keys ($dK$, $dV$), its tiles loaded into registers, the
 products on `tl.dot`, the running maximum and sum of the online softmax held in
@@ -78,28 +78,32 @@ def load_tile(P, first, rows, n_rows, cols, n_cols):
     """Rows `rows` and columns `cols` of the `(n_rows, n_cols)` row-major matrix that
     starts at row `first` of `P`; zeros where a tile runs past the matrix's edge."""
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    where = P + (first + rows[:, None]) * n_cols + cols[None, :]
-    return tl.load(where, mask=mask, other=0.0)
+    at = (first + rows[:, None]).to(tl.int64) * n_cols + cols[None, :]  # int64: no overflow
+    return tl.load(P + at, mask=mask, other=0.0)
 
 
 @jit
 def store_tile(P, x, first, rows, n_rows, cols, n_cols):
     """Write `x` where `load_tile` with the same arguments reads (inside the edges)."""
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    tl.store(P + (first + rows[:, None]) * n_cols + cols[None, :], x, mask=mask)
+    at = (first + rows[:, None]).to(tl.int64) * n_cols + cols[None, :]
+    tl.store(P + at, x, mask=mask)
 
 
 @jit
 def dot(a, b, PRECISION: tl.constexpr, ACC: tl.constexpr):
-    """`a @ b` on the tensor cores, accumulated in `ACC` (float32, or float64)."""
+    """`a @ b` accumulated in `ACC` (float32, or float64): on a GPU's tensor cores for
+    float16, bfloat16 and TF32, on its ordinary units for float32 with "ieee"."""
     return tl.dot(a, b, input_precision=PRECISION, out_dtype=ACC)
 
 
 @jit
 def row_sum(x):
     """`tl.sum(x, 1)` in either mode: `tl.sum` and `tl.max` are themselves `@triton.jit`
-    functions, made for one mode when Triton was imported; `tl.reduce` with their
-    combining functions runs in both."""
+    functions, made for one mode when Triton was imported; `tl.reduce` is built in and
+    runs in both. Its combining functions are Triton's own (private names), which the
+    interpreter knows and runs as NumPy's sum and max (any other runs element by
+    element in Python)."""
     return tl.reduce(x, 1, tl.standard._sum_combine)
 
 
@@ -156,7 +160,8 @@ def _key_tiles(
     lo = 0
     if WINDOWED:  # keys before the first query's window: too old
         lo = tl.maximum(0, a0 - window + 1)
-    return (lo // BLOCK_N) * BLOCK_N, hi
+    some = lo < hi  # else no key is left (queries past the keys' end): no tile at all
+    return tl.where(some, (lo // BLOCK_N) * BLOCK_N, 0), tl.where(some, hi, 0)
 
 
 # --8<-- [end:scores]
@@ -214,10 +219,10 @@ def forward(
         ell = ell * alpha + tl.exp2(sink2 - m_new)
         acc = acc * alpha[:, None]
         m = m_new
-    seen = ell > 0.0  # a row that saw no key: output 0, log-sum-exp -inf
-    ell = tl.where(seen, ell, 1.0)
+    has_key = ell > 0.0  # a row that saw no key: output 0, log-sum-exp -inf
+    ell = tl.where(has_key, ell, 1.0)
     store_tile(Out, acc / ell[:, None], bh * L, rows, L, ev, EV)  # normalized once
-    lse2 = tl.where(seen, m + tl.log2(ell), float("-inf"))
+    lse2 = tl.where(has_key, m + tl.log2(ell), float("-inf"))
     tl.store(Lse2 + bh * L + rows, lse2, mask=rows < L)
     tl.store(Tiles + bh * tl.num_programs(0) + start_m, visited)
 
@@ -242,6 +247,7 @@ def backward_preprocess(
 # --8<-- [end:preprocess]
 
 
+# --8<-- [start:dkdv]
 @jit
 def _row_stats(Lse2, Delta, first, rows, L):
     """The saved log-sum-exp (base 2) and D of some rows; a row that saw no key gets a
@@ -251,7 +257,6 @@ def _row_stats(Lse2, Delta, first, rows, L):
     return lse2, tl.load(Delta + first + rows, mask=rows < L, other=0.0)
 
 
-# --8<-- [start:dkdv]
 @jit
 def backward_dkdv(
     Q, K, V, dOut, Lse2, Delta, dK, dV, Slope2,
@@ -276,8 +281,8 @@ def backward_dkdv(
     j1 = tl.minimum(start_n * BLOCK_N + BLOCK_N, S) - offset
     lo, hi = 0, L
     if CAUSAL:  # queries before the first key see none of them
-        lo = (tl.maximum(j0, 0) // BLOCK_M) * BLOCK_M
-    if WINDOWED:  # queries whose window ends before these keys
+        lo = tl.where(j0 < L, (tl.maximum(j0, 0) // BLOCK_M) * BLOCK_M, L)
+    if WINDOWED:  # queries from hi on: these keys are older than their windows
         hi = tl.minimum(L, j1 - 1 + window)
     for g in range(0, group):  # the query heads that share this key/value head
         bh = kv * group + g
