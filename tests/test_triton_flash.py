@@ -31,19 +31,14 @@ from attnlab.rules.scores import ScoreRule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
+BR = "bottom-right"
 # name: (Hq, H, L, S, E, Ev, rule keywords): each case a property, lengths not multiples of 16
 CASES: dict[str, tuple[int, int, int, int, int, int, dict[str, Any]]] = {
     "no mask, ragged tiles": (2, 2, 21, 19, 8, 8, {}),
     "causal top-left, L < S": (2, 2, 13, 35, 8, 8, {"is_causal": True}),
-    "causal bottom-right, L < S": (
-        2,
-        2,
-        13,
-        35,
-        8,
-        8,
-        {"is_causal": True, "align": "bottom-right"},
-    ),
+    "causal bottom-right, L < S": (2, 2, 13, 35, 8, 8, {"is_causal": True, "align": BR}),
+    "causal bottom-right, offset 1": (1, 1, 20, 21, 8, 8, {"is_causal": True, "align": BR}),
+    "window of 2, narrower than a tile": (1, 1, 20, 20, 8, 8, {"window": 2}),
     "window, L > S (rows that see no key)": (2, 2, 40, 18, 8, 8, {"window": 3}),
     "GQA, 3 query heads per key head": (6, 2, 17, 17, 8, 8, {"is_causal": True}),
     "softcap": (2, 2, 20, 20, 8, 8, {"softcap": 2.0, "is_causal": True}),
@@ -99,12 +94,36 @@ def test_triton_flash_equal_to_sdpa_and_flash(case: str) -> None:
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def test_triton_flash_log_sum_exp_is_flashs() -> None:
-    tensors, _ = _inputs(2, 2, 19, 23, 8, 8, torch.float32)
-    rule = {"window": 4, "align": "bottom-right", "sink_logits": torch.tensor([0.3, 2.0])}
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"window": 4, "align": "bottom-right", "sink_logits": torch.tensor([0.3, 2.0])},
+        {"window": 2},  # 20 queries, 5 keys: rows 6 on see no key, their lse is -inf
+    ],
+)
+def test_triton_flash_log_sum_exp_is_flashs(rule: dict[str, Any]) -> None:
+    tensors, _ = _inputs(2, 2, 20, 5 if rule["window"] == 2 else 23, 8, 8, torch.float32)
     _, lse = triton_flash_attention(*tensors, return_lse=True, **rule)
     _, expected = flash_attention(*tensors, return_lse=True, **rule)
-    torch.testing.assert_close(lse, expected)
+    torch.testing.assert_close(lse, expected)  # -inf where flash has -inf
+
+
+def test_triton_flash_batch_of_two_grouped_heads_with_sinks_and_alibi() -> None:
+    """Sink logits and slopes are per query head whatever the batch: the kernels index
+    them by `bh % heads`, and the sinks' gradient sums over the batch."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(s, generator=gen) for s in ((2, 4, 9, 8), (2, 2, 9, 8), (2, 2, 9, 8)))
+    grad = torch.randn(2, 4, 9, 8, generator=gen)
+    rule = {
+        "is_causal": True,
+        "sink_logits": torch.tensor([0.5, -1.0, 0.2, 1.5]),
+        "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625]),
+    }
+    ours = _run(
+        lambda *x, **r: triton_flash_attention(*x, enable_gqa=True, **r), (q, k, v), grad, rule
+    )
+    for got, want in zip(ours, _run(_flash, (q, k, v), grad, rule), strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("rule", [{"is_causal": True}, {"window": 5, "softcap": 3.0}])
@@ -131,6 +150,9 @@ def test_triton_flash_float16_error_at_most_twice_flashs(rule: dict[str, Any]) -
         (50, 90, {"is_causal": True, "align": "bottom-right"}),
         (80, 30, {"window": 7}),  # the last programs see no key at all: no tile
         (64, 20, {"window": 2}),  # a window ends mid-tile past the keys: still no tile
+        (32, 32, {"window": 1}),  # the first tile of a window starts at the query's
+        (32, 32, {"window": 2}),  # and the window's first key may sit in the tile before
+        (16, 48, {"window": 4, "align": "bottom-right"}),  # the queries' offset moves it
     ],
 )
 def test_triton_flash_skips_the_tiles_the_mask_hides(t_q: int, t_k: int, rule: dict) -> None:
@@ -157,6 +179,9 @@ def _no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"device": "meta"}, ValueError, r"need cpu tensors, got query.device=meta"),
         ({"e": 320}, ValueError, r"head sizes up to 256, got query.shape=\(1, 4, 5, 320\)"),
         ({"kv_heads": 3}, ValueError, r"H dividing Hq \(enable_gqa=True\)"),
+        ({"value_e": 320}, ValueError, r"head sizes up to 256, got value.shape=\(1, 2, 5, 320\)"),
+        ({"value_heads": 1}, ValueError, r"same batch dimensions and H dividing Hq"),
+        ({"key_batch": 2}, ValueError, r"same batch dimensions"),
         ({"enable_gqa": False}, ValueError, r"H == Hq, got query.shape=\(1, 4, 5, 8\)"),
         ({"window": 0}, ValueError, r"window"),
         ({"sink_logits": torch.zeros(3)}, ValueError, r"sink_logits"),
@@ -168,12 +193,14 @@ def test_triton_flash_refuses_bad_input_before_launch(
 ) -> None:
     _no_launch(monkeypatch)
     opts = {"dtype": torch.float32, "device": "cpu", "e": 8, "kv_heads": 2}
+    opts |= {"value_e": 8, "value_heads": 2, "key_batch": 1}
     opts.update({k: change.pop(k) for k in list(change) if k in opts})
     like = {"dtype": opts["dtype"], "device": opts["device"]}
     q = torch.zeros(1, 4, 5, opts["e"], **like)
-    k = torch.zeros(1, opts["kv_heads"], 5, opts["e"], **like)
+    k = torch.zeros(opts["key_batch"], opts["kv_heads"], 5, opts["e"], **like)
+    v = torch.zeros(opts["key_batch"], opts["value_heads"], 5, opts["value_e"], **like)
     with pytest.raises(error, match=message):
-        triton_flash_attention(q, k, k, **{"enable_gqa": True, **change})
+        triton_flash_attention(q, k, v, **{"enable_gqa": True, **change})
 
 
 @pytest.mark.parametrize(
@@ -190,6 +217,20 @@ def test_triton_backend_refuses_mask_and_dropout(
     q = torch.zeros(1, 2, 5, 8)
     with pytest.raises(ValueError, match=message):
         attend("triton", q, q, q, **options)
+
+
+def test_triton_backend_passes_the_whole_rule() -> None:
+    """The registry's entry hands every field of the ScoreRule, and a CausalBias mask as
+    its causality, to the kernels."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k = torch.randn(1, 2, 7, 8), torch.randn(1, 2, 11, 8)
+    sinks, slopes = torch.tensor([0.5, -1.0]), torch.tensor([0.5, 0.25])
+    rule = ScoreRule(window=3, align=BR, scale=0.3, sink_logits=sinks, alibi_slopes=slopes)
+    torch.testing.assert_close(attend("triton", q, k, k, rule), attend("flash", q, k, k, rule))
+    mask = causal_lower_right(7, 11)
+    got = attend("triton", q, k, k, attn_mask=mask)
+    torch.testing.assert_close(got, attend("flash", q, k, k, attn_mask=mask))
 
 
 def test_triton_backend_in_layers_equal_to_flash() -> None:
