@@ -418,19 +418,8 @@ def _flash_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
     )
     query = query.expand(*batch, *query.shape[-2:])  # flash does not broadcast
     key, value = key.expand(*batch, *key.shape[-2:]), value.expand(*batch, *value.shape[-2:])
-    return flash_attention(
-        query,
-        key,
-        value,
-        is_causal=rule.is_causal,
-        window=rule.window,
-        scale=None if rule.scale is None else float(rule.scale),
-        align=rule.align,
-        softcap=rule.softcap,
-        sink_logits=rule.sink_logits,  # one per query head: after repeat_heads as before
-        alibi_slopes=rule.alibi_slopes,
-        return_lse=True,
-    )
+    # sink logits and slopes are one per query head: after repeat_heads as before
+    return flash_attention(query, key, value, return_lse=True, **rule.keywords())
 
 
 def _triton() -> ModuleType:
@@ -452,19 +441,9 @@ def _triton_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
         query.shape[:-lead], key.shape[:-lead], value.shape[:-lead]
     )
     query, key, value = (t.expand(*batch, *t.shape[-lead:]) for t in (query, key, value))
-    lse: tuple[Tensor, Tensor] = _triton().triton_flash_attention(
-        query,
-        key,
-        value,
-        is_causal=rule.is_causal,
-        window=rule.window,
-        scale=None if rule.scale is None else float(rule.scale),
-        align=rule.align,
-        softcap=rule.softcap,
-        sink_logits=rule.sink_logits,
-        alibi_slopes=rule.alibi_slopes,
-        enable_gqa=enable_gqa,
-        return_lse=True,
+    kernel = _triton().triton_flash_attention
+    lse: tuple[Tensor, Tensor] = kernel(
+        query, key, value, enable_gqa=enable_gqa, return_lse=True, **rule.keywords()
     )
     return lse
 

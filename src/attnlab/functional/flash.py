@@ -32,7 +32,7 @@ and contiguous in their last dimension.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple, TypedDict, Unpack, get_args, overload
+from typing import Any, Literal, NamedTuple, Unpack, get_args, overload
 
 import torch
 from torch import Tensor
@@ -65,7 +65,7 @@ from attnlab.rules.masks import (
     is_causal_window,
     visible,
 )
-from attnlab.rules.scores import alibi_bias, check_alibi_slopes
+from attnlab.rules.scores import RuleKeywords, alibi_bias, check_alibi_slopes
 
 __all__ = ["FlashKeywords", "TileKind", "flash_attention", "key_range", "tile_kind", "tile_map"]
 _LOG2_E = math.log2(math.e)
@@ -73,18 +73,11 @@ _LN_2 = math.log(2.0)
 _TILE_FLOATS = 2**20  # 4 MiB of float32 scores per tile, all heads of a group together
 
 
-class FlashKeywords(TypedDict, total=False):
+class FlashKeywords(RuleKeywords, total=False):
     """The keywords of [`flash_attention`][attnlab.functional.flash.flash_attention] besides
-    `return_lse` (for its typed overloads)."""
+    `return_lse` (for its typed overloads): a score rule's, and the tiles' size."""
 
-    is_causal: bool
-    window: int | None
-    scale: float | None
     block_size: int | tuple[int, int]
-    align: Alignment
-    softcap: float | None
-    sink_logits: Tensor | None
-    alibi_slopes: Tensor | None
 
 
 @overload

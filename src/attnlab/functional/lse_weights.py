@@ -182,20 +182,9 @@ def weights_from_rule(
         raise TypeError(f"rule must be a ScoreRule, got {type(rule).__name__}")
     query, rule = temperature_tuned(query, key, rule)
     return weights_from_lse(
-        query,
-        key,
-        lse,
-        rows=rows,
-        is_causal=rule.is_causal,
-        window=rule.window,
-        scale=None if rule.scale is None else float(rule.scale),
-        align=rule.align,
-        softcap=rule.softcap,
-        sink_logits=rule.sink_logits,
-        alibi_slopes=rule.alibi_slopes,
-        enable_gqa=enable_gqa,
-        block_size=block_size,
-    )
+        query, key, lse, rows=rows, enable_gqa=enable_gqa, block_size=block_size,
+        **rule.keywords(),
+    )  # fmt: skip
 
 
 def _check_inputs(query: object, key: object, lse: object, enable_gqa: object) -> int | None:

@@ -27,7 +27,7 @@ import importlib.metadata
 import math
 import re
 from types import ModuleType
-from typing import Any, Literal, NamedTuple, TypedDict, Unpack, overload
+from typing import Any, Literal, NamedTuple, Unpack, overload
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from attnlab.functional.flash import check_rule
 from attnlab.rules._precision import autocast_inputs, compute_dtype, softmax_scale
 from attnlab.rules._validation import check_bool, check_qkv, checking, entry
 from attnlab.rules.masks import Alignment, alignment_offset, is_causal_window
+from attnlab.rules.scores import RuleKeywords
 
 __all__ = ["TritonKeywords", "kernels", "tile_sizes", "tiles_visited", "triton_flash_attention"]
 
@@ -105,18 +106,11 @@ def _padded(size: int) -> int:
     return max(16, 1 << max(0, size - 1).bit_length())
 
 
-class TritonKeywords(TypedDict, total=False):
+class TritonKeywords(RuleKeywords, total=False):
     """The keywords of
     [`triton_flash_attention`][attnlab.functional.triton_flash.triton_flash_attention]
-    besides `return_lse` (for its typed overloads)."""
+    besides `return_lse` (for its typed overloads): a score rule's, and `enable_gqa`."""
 
-    is_causal: bool
-    window: int | None
-    scale: float | None
-    align: Alignment
-    softcap: float | None
-    sink_logits: Tensor | None
-    alibi_slopes: Tensor | None
     enable_gqa: bool
 
 

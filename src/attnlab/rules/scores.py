@@ -24,7 +24,7 @@ evaluate over the whole score matrix (`"torch"`, `"scratch"`) or tile by tile
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # for annotations only: at run time it would lengthen the ker
     from attnlab.rules.masks import Alignment
 
 __all__ = [
+    "RuleKeywords",
     "ScoreRule",
     "alibi_bias",
     "check_alibi_slopes",
@@ -97,6 +98,40 @@ class ScoreRule:
     sink_logits: Tensor | None = None
     alibi_slopes: Tensor | None = None
     temperature: tuple[float, float] | None = None
+
+    def keywords(self) -> RuleKeywords:
+        """The rule as the tiled kernels' keywords (`flash_attention`,
+        `triton_flash_attention`, `weights_from_lse`): every field but `temperature`,
+        which [`temperature_tuned`][attnlab.rules.scores.temperature_tuned] applies to
+        the queries first; the scale as a float.
+
+        Examples:
+            >>> ScoreRule(scale=torch.tensor(0.5), window=4).keywords()["scale"]
+            0.5
+        """
+        return RuleKeywords(
+            is_causal=self.is_causal,
+            window=self.window,
+            scale=None if self.scale is None else float(self.scale),
+            align=self.align,
+            softcap=self.softcap,
+            sink_logits=self.sink_logits,
+            alibi_slopes=self.alibi_slopes,
+        )
+
+
+class RuleKeywords(TypedDict, total=False):
+    """A [`ScoreRule`][attnlab.rules.scores.ScoreRule] as keywords: what
+    [`ScoreRule.keywords`][attnlab.rules.scores.ScoreRule.keywords] returns (all of
+    them), and the rule's part of the tiled kernels' keywords (any of them)."""
+
+    is_causal: bool
+    window: int | None
+    scale: float | None
+    align: Alignment
+    softcap: float | None
+    sink_logits: Tensor | None
+    alibi_slopes: Tensor | None
 
 
 def alibi_bias(slopes: Tensor, queries: range | Tensor, keys: range) -> Tensor:
