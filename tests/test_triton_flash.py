@@ -186,6 +186,7 @@ def _no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"window": 0}, ValueError, r"window"),
         ({"sink_logits": torch.zeros(3)}, ValueError, r"sink_logits"),
         ({"return_lse": 1}, TypeError, r"return_lse"),
+        ({"value_e": None}, TypeError, r"value must be a torch.Tensor, got NoneType"),
     ],
 )
 def test_triton_flash_refuses_bad_input_before_launch(
@@ -198,7 +199,9 @@ def test_triton_flash_refuses_bad_input_before_launch(
     like = {"dtype": opts["dtype"], "device": opts["device"]}
     q = torch.zeros(1, 4, 5, opts["e"], **like)
     k = torch.zeros(opts["key_batch"], opts["kv_heads"], 5, opts["e"], **like)
-    v = torch.zeros(opts["key_batch"], opts["value_heads"], 5, opts["value_e"], **like)
+    v = None
+    if opts["value_e"] is not None:
+        v = torch.zeros(opts["key_batch"], opts["value_heads"], 5, opts["value_e"], **like)
     with pytest.raises(error, match=message):
         triton_flash_attention(q, k, v, **{"enable_gqa": True, **change})
 

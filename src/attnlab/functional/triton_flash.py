@@ -34,7 +34,7 @@ from torch import Tensor
 
 from attnlab.functional.flash import check_rule
 from attnlab.rules._precision import autocast_inputs, compute_dtype, softmax_scale
-from attnlab.rules._validation import check_bool, check_qkv, checking, entry
+from attnlab.rules._validation import check_bool, check_qkv, check_tensor, checking, entry
 from attnlab.rules.masks import Alignment, alignment_offset, is_causal_window
 from attnlab.rules.scores import RuleKeywords
 
@@ -212,7 +212,7 @@ def tiles_visited(
 
     The same keywords as
     [`triton_flash_attention`][attnlab.functional.triton_flash.triton_flash_attention]
-    (not `return_lse`). Equal to the row sums of
+    (not `return_lse`). Equal to the number of nonzero entries in each row of
     [`tile_map`][attnlab.functional.flash.tile_map] at the kernels'
     [`tile_sizes`][attnlab.functional.triton_flash.tile_sizes]: the kernel skips the
     tiles the PyTorch version skips.
@@ -247,7 +247,7 @@ def _check_inputs(query: object, key: object, value: object, enable_gqa: object)
     """The kernels' checks before any launch; returns the number of query heads (None for
     inputs without a head dimension, which take no sink logits or slopes)."""
     q, k, checked = check_qkv(query, key, value)
-    v = checked if checked is not None else k  # check_qkv checked it is a tensor
+    v = check_tensor("value", checked)  # the kernels need values: None is refused here
     check_bool("enable_gqa", enable_gqa)
     interpret = kernels().INTERPRET
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.float64)
