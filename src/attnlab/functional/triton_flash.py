@@ -192,10 +192,11 @@ def triton_flash_attention(
         >>> torch.allclose(out, ref, atol=1e-6)
         True
     """
-    rule = TritonKeywords(
-        is_causal=is_causal, window=window, scale=scale, align=align, softcap=softcap,
-        sink_logits=sink_logits, alibi_slopes=alibi_slopes, enable_gqa=enable_gqa,
-    )  # fmt: skip
+    rule: TritonKeywords = {  # a literal: torch.compile cannot trace a TypedDict's call
+        "is_causal": is_causal, "window": window, "scale": scale, "align": align,
+        "softcap": softcap, "sink_logits": sink_logits, "alibi_slopes": alibi_slopes,
+        "enable_gqa": enable_gqa,
+    }  # fmt: skip
     query, key, value, launch = _prepared(query, key, value, rule)
     if checking():
         check_bool("return_lse", return_lse)

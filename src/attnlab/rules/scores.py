@@ -109,15 +109,17 @@ class ScoreRule:
             >>> ScoreRule(scale=torch.tensor(0.5), window=4).keywords()["scale"]
             0.5
         """
-        return RuleKeywords(
-            is_causal=self.is_causal,
-            window=self.window,
-            scale=None if self.scale is None else float(self.scale),
-            align=self.align,
-            softcap=self.softcap,
-            sink_logits=self.sink_logits,
-            alibi_slopes=self.alibi_slopes,
-        )
+        # A dict literal, not RuleKeywords(...): torch.compile cannot trace a call of a
+        # TypedDict with optional keys, and the layers call this inside compiled code.
+        return {
+            "is_causal": self.is_causal,
+            "window": self.window,
+            "scale": None if self.scale is None else float(self.scale),
+            "align": self.align,
+            "softcap": self.softcap,
+            "sink_logits": self.sink_logits,
+            "alibi_slopes": self.alibi_slopes,
+        }
 
 
 class RuleKeywords(TypedDict, total=False):
