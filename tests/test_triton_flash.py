@@ -340,3 +340,4 @@ def test_gpu_benchmark_smoke_run_in_the_interpreter(tmp_path: Path) -> None:
         (20, 2, False),
     ]
     assert record["times"][0]["triton"]["forward_tflops"] > 0
+    assert record["times"][0]["triton_over_sdpa"]["forward_backward"]["median"] > 0

@@ -413,13 +413,18 @@ def _flash_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
     if enable_gqa:  # FlashAttention here needs one key/value head per query head
         key = F.repeat_heads(key, query.size(-3))  # (..., Hq, S, E)
         value = F.repeat_heads(value, query.size(-3))  # (..., Hq, S, Ev)
-    batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
-        query.shape[:-2], key.shape[:-2], value.shape[:-2]
-    )
-    query = query.expand(*batch, *query.shape[-2:])  # flash does not broadcast
-    key, value = key.expand(*batch, *key.shape[-2:]), value.expand(*batch, *value.shape[-2:])
+    query, key, value = _broadcast(query, key, value, keep=2)  # flash does not broadcast
     # sink logits and slopes are one per query head: after repeat_heads as before
     return flash_attention(query, key, value, return_lse=True, **rule.keywords())
+
+
+def _broadcast(query: Tensor, key: Tensor, value: Tensor, keep: int) -> tuple[Tensor, ...]:
+    """The three expanded to one batch shape, each keeping its last `keep` dimensions
+    (`(L, E)`, or `(H, L, E)` where key/value heads stay fewer than the query's)."""
+    batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
+        query.shape[:-keep], key.shape[:-keep], value.shape[:-keep]
+    )
+    return tuple(t.expand(*batch, *t.shape[-keep:]) for t in (query, key, value))
 
 
 def _triton() -> ModuleType:
@@ -436,11 +441,7 @@ def _triton_lse(call: AttentionCall) -> tuple[Tensor, Tensor]:
     assert value is not None  # attend's calls have values
     check_backend_call("triton", attn_mask=attn_mask, dropout_p=dropout_p)
     rule = _flash_rule("triton", rule, attn_mask)
-    lead = 3 if enable_gqa else 2  # the dimensions each tensor keeps: (H,) L, E
-    batch = torch.broadcast_shapes(  # type: ignore[no-untyped-call]
-        query.shape[:-lead], key.shape[:-lead], value.shape[:-lead]
-    )
-    query, key, value = (t.expand(*batch, *t.shape[-lead:]) for t in (query, key, value))
+    query, key, value = _broadcast(query, key, value, keep=3 if enable_gqa else 2)
     kernel = _triton().triton_flash_attention
     lse: tuple[Tensor, Tensor] = kernel(
         query, key, value, enable_gqa=enable_gqa, return_lse=True, **rule.keywords()

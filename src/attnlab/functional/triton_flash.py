@@ -22,6 +22,7 @@ interpreter's bfloat16 products are wrong in Triton 3.9).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import math
@@ -51,6 +52,7 @@ _INSTALL = (
 )
 
 
+@functools.cache  # once: every launch asks, and the version check reads metadata
 def kernels() -> ModuleType:
     """The kernels' module, [`triton_kernels`][attnlab.functional.triton_kernels], imported
     on first use (which fixes its mode).

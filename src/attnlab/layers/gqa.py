@@ -355,8 +355,7 @@ class GroupedQueryAttention(nn.Module):
             self.k_norm = None  # the keys are normalised where they are computed
 
     backend = BackendProperty()
-    """`"torch"`, `"scratch"`, `"flash"` or `"triton"`: which attention `forward` runs
-    (checked when set)."""
+    """Which kernel `forward` runs: a name of the registry's `BACKEND_NAMES` (checked)."""
 
     @property
     def group_size(self) -> int:

@@ -373,8 +373,7 @@ class MultiHeadLatentAttention(nn.Module):
         )
 
     backend = BackendProperty()
-    """`"torch"`, `"scratch"`, `"flash"` or `"triton"`: which attention `forward` runs
-    (checked when set)."""
+    """Which kernel `forward` runs: a name of the registry's `BACKEND_NAMES` (checked)."""
 
     def new_cache(
         self,

@@ -138,8 +138,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_out, d_out, bias=bias)
 
     backend = BackendProperty()
-    """`"torch"`, `"scratch"`, `"flash"` or `"triton"`: which scaled dot-product attention
-    `forward` runs."""
+    """Which kernel `forward` runs: a name of the registry's `BACKEND_NAMES` (checked)."""
 
     def extra_repr(self) -> str:
         return (

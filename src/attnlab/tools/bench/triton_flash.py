@@ -18,8 +18,9 @@ record says so in `device`, so its times are never read as a GPU's.
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,7 +32,13 @@ from attnlab.functional import triton_flash
 from attnlab.rules._provenance import begin
 from attnlab.rules.sizes import Sizes
 from attnlab.tools.bench import _command
-from attnlab.tools.bench.measure import CpuUse, round_floats, summary
+from attnlab.tools.bench.measure import (
+    CpuUse,
+    interleaved,
+    ratio_summary,
+    round_floats,
+    summary,
+)
 
 __all__ = ["BENCH", "TritonSettings", "compare", "main", "time_pair"]
 
@@ -46,7 +53,7 @@ class TritonSettings(Sizes):
         heads: Query heads, each with its own key/value head.
         head_dim: Features per head.
         check_tokens: The length of the equality check.
-        rounds: Timed calls of each function.
+        rounds: Timed calls of each function, the four interleaved in every round.
         warmups: Untimed calls before them (compilation, caches, the allocator).
     """
 
@@ -100,57 +107,61 @@ def compare(
     return record
 
 
-def _timed(
-    fn: Callable[[], object], rounds: int, warmups: int, device: torch.device
-) -> dict[str, float]:
-    def sync() -> None:
+def _synced(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """`fn`, then a wait for the GPU to finish it (a CUDA launch returns at once)."""
+
+    def call() -> None:
+        fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    for _ in range(warmups):
-        fn()
-    sync()
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        sync()
-        seconds.append(time.perf_counter() - start)
-    return summary(seconds)
+    return call
 
 
 def time_pair(
     settings: TritonSettings, t: int, causal: bool, dtype: torch.dtype, device: torch.device
 ) -> dict[str, Any]:
-    """Forward and forward + backward times of triton and SDPA at length `t`, and their
-    rates in TFLOP/s (the matrix products: 4 B H T^2 E forward, 2.5 times that
-    backward, halved when causal)."""
+    """Forward and forward + backward times of triton and SDPA at length `t`, interleaved
+    round by round, their rates in TFLOP/s (the matrix products: 4 B H T^2 E forward,
+    2.5 times that backward, halved when causal) and triton's time over SDPA's."""
     s = settings
     batch = max(1, s.tokens_per_batch // t)
     q, k, v = _inputs(batch, s.heads, t, s.head_dim, dtype, device)
     grad = torch.randn_like(q)
     flops = 4 * batch * s.heads * t * t * s.head_dim / (2 if causal else 1)
-    record: dict[str, Any] = {"tokens": t, "batch": batch, "causal": causal}
-    for name, fn in (
-        ("triton", triton_flash.triton_flash_attention),
-        ("sdpa", F.scaled_dot_product_attention),
-    ):
+    kernels: dict[str, Callable[..., torch.Tensor]] = {
+        "triton": triton_flash.triton_flash_attention,
+        "sdpa": F.scaled_dot_product_attention,
+    }
+    calls: dict[str, Callable[[], None]] = {}
+    for name, fn in kernels.items():
 
-        def forward(fn: Callable[..., torch.Tensor] = fn) -> torch.Tensor:
+        def forward(fn: Callable[..., torch.Tensor] = fn) -> object:
             with torch.no_grad():
                 return fn(q, k, v, is_causal=causal)
 
         def both(fn: Callable[..., torch.Tensor] = fn) -> object:
             return torch.autograd.grad(fn(q, k, v, is_causal=causal), (q, k, v), grad)
 
-        fwd = _timed(forward, s.rounds, s.warmups, device)
-        fwd_bwd = _timed(both, s.rounds, s.warmups, device)
+        calls[f"{name} forward"] = _synced(forward, device)
+        calls[f"{name} forward_backward"] = _synced(both, device)
+    for _ in range(s.warmups):  # compilation, caches, the allocator
+        for call in calls.values():
+            call()
+    times = interleaved(calls, s.rounds, random.Random(t))
+    record: dict[str, Any] = {"tokens": t, "batch": batch, "causal": causal}
+    for name in kernels:
+        fwd, fwd_bwd = times[f"{name} forward"], times[f"{name} forward_backward"]
         record[name] = {
-            "forward_s": fwd,
-            "forward_backward_s": fwd_bwd,
-            "forward_tflops": flops / fwd["median"] / 1e12,
-            "forward_backward_tflops": 3.5 * flops / fwd_bwd["median"] / 1e12,
+            "forward_s": summary(fwd),
+            "forward_backward_s": summary(fwd_bwd),
+            "forward_tflops": flops / statistics.median(fwd) / 1e12,
+            "forward_backward_tflops": 3.5 * flops / statistics.median(fwd_bwd) / 1e12,
         }
+    record["triton_over_sdpa"] = {
+        part: ratio_summary(times[f"triton {part}"], times[f"sdpa {part}"])
+        for part in ("forward", "forward_backward")
+    }
     return record
 
 
